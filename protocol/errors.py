@@ -1,0 +1,60 @@
+"""The protocol's errors: one base class, flat subclasses.
+
+Every decoder in e31.protocol raises only ProtocolError subclasses, whatever bytes it is fed.
+`remote` says whose fault the error is (as in h11): True when the bytes came from a peer that
+sent something invalid, False when local code misused the API.
+"""
+
+from __future__ import annotations
+
+
+class ProtocolError(Exception):
+    """Base of every error raised by e31.protocol."""
+
+    remote: bool = True
+
+
+class DecodeError(ProtocolError):
+    """Bytes that are not valid msgpack, or not of the expected shape and types."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame length prefix above MAX_FRAME (checked before anything is buffered)."""
+
+
+class NonCanonical(ProtocolError):
+    """A value encoded in a form other than the one minimal encoding we accept."""
+
+
+class BadSignature(ProtocolError):
+    """An Ed25519 signature that does not verify, or a signer that is not who the body names."""
+
+
+class UnknownKind(ProtocolError):
+    """An envelope kind with no registered message class."""
+
+
+class InvalidMessage(ProtocolError):
+    """A decoded message whose fields break the rules (lengths, ranges, relations)."""
+
+
+class Expired(ProtocolError):
+    """A message whose expiry has passed (checked only where messages arrive from the network)."""
+
+
+class WrongNetwork(ProtocolError):
+    """A message or handshake for a different network name."""
+
+
+class BadProof(ProtocolError):
+    """A Merkle inclusion or consistency proof that does not verify."""
+
+
+class HandshakeFailed(ProtocolError):
+    """A handshake that cannot complete: bad proof, replay, pinning mismatch, wrong state."""
+
+
+class LocalProtocolError(ProtocolError):
+    """Local code used the protocol API wrongly (a bug on our side, not the peer's)."""
+
+    remote = False
