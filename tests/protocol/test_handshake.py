@@ -1,0 +1,393 @@
+"""The transport handshake, run between two in-memory state machines."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import pytest
+from e31.protocol import handshake
+from e31.protocol.codec import encode_frame, pack, unpack
+from e31.protocol.errors import (
+    DecodeError,
+    FrameTooLarge,
+    HandshakeFailed,
+    LocalProtocolError,
+    NonCanonical,
+    ProtocolError,
+    WrongNetwork,
+)
+from e31.protocol.handshake import (
+    MAX_HANDSHAKE_FRAME,
+    HandshakeResult,
+    Initiator,
+    Responder,
+    State,
+    network_tag,
+)
+from e31.protocol.session import Session
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nacl.signing import SigningKey
+
+
+def key(n: int) -> SigningKey:
+    return SigningKey(hashlib.sha256(b"identity %d" % n).digest())
+
+
+def secret(label: str) -> bytes:
+    return hashlib.sha256(label.encode()).digest()
+
+
+ALICE, BOB, MALLORY = key(1), key(2), key(3)
+
+
+def pub(k: SigningKey) -> bytes:
+    return bytes(k.verify_key)
+
+
+@dataclass
+class Run:
+    ini: Initiator
+    resp: Responder
+    m1: bytes
+    m2: bytes
+    m3: bytes
+
+
+def run(tag: str = "", network: str = "main", resp_network: str = "main",
+        expect: bytes | None = None) -> Run:
+    ini = Initiator(ALICE, network, secret("i" + tag), expect=expect)
+    resp = Responder(BOB, resp_network, secret("r" + tag))
+    m1 = ini.initiate()
+    m2 = resp.receive_data(m1)
+    m3 = ini.receive_data(m2)
+    assert resp.receive_data(m3) == b""
+    return Run(ini, resp, m1, m2, m3)
+
+
+def payload(frame: bytes) -> bytes:
+    assert int.from_bytes(frame[:4], "big") == len(frame) - 4
+    return frame[4:]
+
+
+def test_a_handshake_authenticates_both_sides_and_agrees_on_keys() -> None:
+    r = run()
+    assert r.ini.done and r.resp.done
+    a, b = r.ini.result, r.resp.result
+    assert isinstance(a, HandshakeResult)
+    assert a.peer_key == pub(BOB) and b.peer_key == pub(ALICE)
+    assert a.send_key == b.recv_key and a.recv_key == b.send_key and a.send_key != a.recv_key
+    assert a.transcript_hash == b.transcript_hash and len(a.transcript_hash) == 32
+    assert a.initiator and not b.initiator
+    assert r.ini.unused_data == r.resp.unused_data == b""
+    assert len(r.m1) <= MAX_HANDSHAKE_FRAME and len(r.m2) <= MAX_HANDSHAKE_FRAME
+    assert a.send_key.hex() not in repr(a) and a.recv_key.hex() not in repr(a)
+
+
+def test_fresh_ephemerals_give_fresh_keys_and_same_inputs_give_same_bytes() -> None:
+    one, two, again = run("1"), run("2"), run("1")
+    assert one.ini.result.send_key != two.ini.result.send_key
+    assert one.ini.result.transcript_hash != two.ini.result.transcript_hash
+    assert (one.m1, one.m2, one.m3) == (again.m1, again.m2, again.m3)
+    assert one.ini.result == again.ini.result
+
+
+def test_identities_travel_encrypted() -> None:
+    r = run()
+    wire = r.m1 + r.m2 + r.m3
+    for k in (ALICE, BOB):
+        assert pub(k) not in wire
+
+
+def test_the_message_shapes() -> None:
+    r = run()
+    version, tag, e_i = unpack(payload(r.m1))
+    assert (version, tag, len(e_i)) == (handshake.VERSION, network_tag("main"), 32)
+    e_r, sealed2 = unpack(payload(r.m2))
+    assert len(e_r) == 32 and len(sealed2) == 1 + (2 + 32) + (2 + 64) + 16  # [key, signature] + tag
+    (sealed3,) = unpack(payload(r.m3))
+    assert len(sealed3) == len(sealed2)
+
+
+def test_pinning_the_right_responder_succeeds() -> None:
+    r = run(expect=pub(BOB))
+    assert r.ini.result.peer_key == pub(BOB)
+
+
+def test_pinning_the_wrong_responder_fails_before_the_initiator_reveals_itself() -> None:
+    ini = Initiator(ALICE, "main", secret("i"), expect=pub(MALLORY))
+    resp = Responder(BOB, "main", secret("r"))
+    m2 = resp.receive_data(ini.initiate())
+    with pytest.raises(HandshakeFailed, match="pinned"):
+        ini.receive_data(m2)
+    assert ini.state is State.FAILED and not ini.done
+    with pytest.raises(HandshakeFailed):
+        ini.receive_data(b"")
+
+
+def test_the_responder_refuses_another_network() -> None:
+    ini = Initiator(ALICE, "testnet", secret("i"))
+    resp = Responder(BOB, "main", secret("r"))
+    with pytest.raises(WrongNetwork):
+        resp.receive_data(ini.initiate())
+    assert resp.state is State.FAILED
+
+
+def test_a_rewritten_network_tag_still_never_completes() -> None:
+    # An attacker rewrites the tag so that a responder on "main" answers a "testnet" initiator: the
+    # network name is in both transcripts, so the initiator cannot open the reply.
+    ini = Initiator(ALICE, "testnet", secret("i"))
+    resp = Responder(BOB, "main", secret("r"))
+    version, _, e_i = unpack(payload(ini.initiate()))
+    m2 = resp.receive_data(encode_frame(pack([version, network_tag("main"), e_i])))
+    with pytest.raises(HandshakeFailed):
+        ini.receive_data(m2)
+
+
+def test_another_version_is_refused() -> None:
+    ini = Initiator(ALICE, "main", secret("i"))
+    _, tag, e_i = unpack(payload(ini.initiate()))
+    resp = Responder(BOB, "main", secret("r"))
+    with pytest.raises(HandshakeFailed, match="version 2"):
+        resp.receive_data(encode_frame(pack([2, tag, e_i])))
+
+
+def _forged_proof(monkeypatch: pytest.MonkeyPatch, claimed: SigningKey, signer: SigningKey) -> None:
+    """Make the next identity proof claim `claimed`'s key but carry `signer`'s signature."""
+
+    def forged(identity: SigningKey, label: bytes, transcript: bytes) -> bytes:
+        return pack([pub(claimed), signer.sign(label + transcript).signature])
+
+    monkeypatch.setattr(handshake, "_identity_proof", forged)
+
+
+def test_a_responder_proof_signed_by_another_key_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    ini = Initiator(ALICE, "main", secret("i"))
+    resp = Responder(MALLORY, "main", secret("r"))
+    m1 = ini.initiate()
+    _forged_proof(monkeypatch, claimed=BOB, signer=MALLORY)
+    m2 = resp.receive_data(m1)
+    monkeypatch.undo()
+    with pytest.raises(HandshakeFailed, match="responder's identity signature"):
+        ini.receive_data(m2)
+
+
+def test_an_initiator_proof_signed_by_another_key_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    ini = Initiator(MALLORY, "main", secret("i"))
+    resp = Responder(BOB, "main", secret("r"))
+    m2 = resp.receive_data(ini.initiate())
+    _forged_proof(monkeypatch, claimed=ALICE, signer=MALLORY)
+    m3 = ini.receive_data(m2)
+    monkeypatch.undo()
+    with pytest.raises(HandshakeFailed, match="initiator's identity signature"):
+        resp.receive_data(m3)
+
+
+def test_a_signature_from_the_other_role_does_not_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The initiator signs with the responder's label: a signature is bound to its role.
+    ini = Initiator(ALICE, "main", secret("i"))
+    resp = Responder(BOB, "main", secret("r"))
+    m2 = resp.receive_data(ini.initiate())
+    real = handshake._identity_proof
+    monkeypatch.setattr(handshake, "_identity_proof",
+                        lambda ident, label, t: real(ident, handshake._SIG_RESPONDER, t))
+    m3 = ini.receive_data(m2)
+    monkeypatch.undo()
+    with pytest.raises(HandshakeFailed):
+        resp.receive_data(m3)
+
+
+def test_replayed_handshake_messages_fail() -> None:
+    old = run("old")
+    # An old message 2 offered to a new initiator.
+    ini = Initiator(ALICE, "main", secret("i new"))
+    ini.initiate()
+    with pytest.raises(HandshakeFailed):
+        ini.receive_data(old.m2)
+    # An old message 1 and then the old message 3 replayed to a new responder.
+    resp = Responder(BOB, "main", secret("r new"))
+    assert resp.receive_data(old.m1) != old.m2
+    with pytest.raises(HandshakeFailed):
+        resp.receive_data(old.m3)
+    assert not resp.done
+
+
+def test_a_swapped_ephemeral_in_message_2_fails() -> None:
+    ini = Initiator(ALICE, "main", secret("i"))
+    resp = Responder(BOB, "main", secret("r"))
+    _, sealed = unpack(payload(resp.receive_data(ini.initiate())))
+    attacker = Responder(MALLORY, "main", secret("m"))
+    with pytest.raises(HandshakeFailed):
+        ini.receive_data(encode_frame(pack([attacker._public, sealed])))
+
+
+def test_a_low_order_ephemeral_key_fails() -> None:
+    resp = Responder(BOB, "main", secret("r"))
+    with pytest.raises(HandshakeFailed, match="low-order"):
+        resp.receive_data(encode_frame(pack([1, network_tag("main"), bytes(32)])))
+
+
+@pytest.mark.parametrize("which", ["m1", "m2", "m3"])
+def test_every_single_byte_change_breaks_the_handshake(which: str) -> None:
+    clean = run()
+    frame = getattr(clean, which)
+    for pos in range(4, len(frame)):
+        mutated = frame[:pos] + bytes([frame[pos] ^ 0x40]) + frame[pos + 1:]
+        ini = Initiator(ALICE, "main", secret("i"))
+        resp = Responder(BOB, "main", secret("r"))
+        with pytest.raises(ProtocolError):
+            m1 = ini.initiate()
+            m2 = resp.receive_data(mutated if which == "m1" else m1)
+            m3 = ini.receive_data(mutated if which == "m2" else m2)
+            resp.receive_data(mutated if which == "m3" else m3)
+        assert not (ini.done and resp.done)
+
+
+@pytest.mark.parametrize("which", ["m1", "m2", "m3"])
+def test_truncated_messages_fail(which: str) -> None:
+    clean = run()
+    body = payload(getattr(clean, which))
+    for cut in range(len(body)):
+        ini = Initiator(ALICE, "main", secret("i"))
+        resp = Responder(BOB, "main", secret("r"))
+        with pytest.raises(ProtocolError):
+            m1 = ini.initiate()
+            m2 = resp.receive_data(encode_frame(body[:cut]) if which == "m1" else m1)
+            m3 = ini.receive_data(encode_frame(body[:cut]) if which == "m2" else m2)
+            resp.receive_data(encode_frame(body[:cut]) if which == "m3" else m3)
+
+
+def test_a_half_frame_just_waits() -> None:
+    ini = Initiator(ALICE, "main", secret("i"))
+    resp = Responder(BOB, "main", secret("r"))
+    m1 = ini.initiate()
+    out = b"".join(resp.receive_data(m1[i:i + 1]) for i in range(len(m1)))
+    m3 = b"".join(ini.receive_data(out[i:i + 3]) for i in range(0, len(out), 3))
+    assert ini.done and not resp.done
+    for i in range(len(m3)):
+        resp.receive_data(m3[i:i + 1])
+    assert resp.done and resp.result.peer_key == pub(ALICE)
+
+
+def test_an_oversized_or_malformed_frame_fails() -> None:
+    resp = Responder(BOB, "main", secret("r"))
+    with pytest.raises(FrameTooLarge):
+        resp.receive_data((MAX_HANDSHAKE_FRAME + 1).to_bytes(4, "big"))
+    resp = Responder(BOB, "main", secret("r"))
+    with pytest.raises(DecodeError):
+        resp.receive_data(encode_frame(b"\xc1"))
+    resp = Responder(BOB, "main", secret("r"))
+    with pytest.raises(NonCanonical):  # the version as a 2-byte uint: not the minimal encoding
+        resp.receive_data(encode_frame(b"\x93\xcd\x00\x01" + pack(network_tag("main")) + pack(bytes(32))))
+    resp = Responder(BOB, "main", secret("r"))
+    with pytest.raises(HandshakeFailed, match="field 0"):
+        resp.receive_data(encode_frame(pack([True, network_tag("main"), bytes(32)])))
+    resp = Responder(BOB, "main", secret("r"))
+    with pytest.raises(HandshakeFailed, match="3 fields"):
+        resp.receive_data(encode_frame(pack({"version": 1})))
+
+
+def test_session_bytes_sent_with_message_3_are_handed_over() -> None:
+    ini = Initiator(ALICE, "main", secret("i"))
+    resp = Responder(BOB, "main", secret("r"))
+    m3 = ini.receive_data(resp.receive_data(ini.initiate()))
+    early = encode_frame(b"x" * 5000) + b"\x00\x00"
+    resp.receive_data(m3 + early)
+    assert resp.done and resp.unused_data == early
+
+
+def test_wrong_use_is_a_local_error() -> None:
+    ini = Initiator(ALICE, "main", secret("i"))
+    with pytest.raises(LocalProtocolError):
+        ini.receive_data(b"\x00")
+    with pytest.raises(LocalProtocolError):
+        _ = ini.result
+    ini.initiate()
+    with pytest.raises(LocalProtocolError):
+        ini.initiate()
+    with pytest.raises(LocalProtocolError):
+        ini.receive_data("text")  # type: ignore[arg-type]
+    r = run()
+    with pytest.raises(LocalProtocolError) as e:
+        r.resp.receive_data(b"more")
+    assert not e.value.remote
+    for bad in (
+        lambda: Initiator(ALICE, "main", b"short"),
+        lambda: Initiator(ALICE, "", secret("i")),
+        lambda: Initiator(pub(ALICE), "main", secret("i")),  # type: ignore[arg-type]
+        lambda: Initiator(ALICE, "main", secret("i"), expect=b"x"),
+        lambda: Responder(ALICE, 7, secret("r")),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(LocalProtocolError):
+            bad()
+
+
+def _fed(machine: Initiator | Responder, data: bytes) -> None:
+    try:
+        machine.receive_data(data)
+    except ProtocolError:
+        assert machine.state is State.FAILED
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.binary(max_size=700), framed=st.booleans())
+def test_arbitrary_bytes_in_every_state_raise_only_protocol_errors(data: bytes, framed: bool) -> None:
+    blob = encode_frame(data[:MAX_HANDSHAKE_FRAME]) if framed else data
+    resp = Responder(BOB, "main", secret("r"))
+    _fed(resp, blob)  # awaiting message 1
+    ini = Initiator(ALICE, "main", secret("i"))
+    m1 = ini.initiate()
+    _fed(ini, blob)  # awaiting message 2
+    resp = Responder(BOB, "main", secret("r"))
+    resp.receive_data(m1)
+    _fed(resp, blob)  # awaiting message 3
+    assert not resp.done
+
+
+@settings(max_examples=100, deadline=None)
+@given(fields=st.lists(st.one_of(st.binary(max_size=70), st.integers(-5, 5), st.text(max_size=5),
+                                 st.none(), st.booleans()), max_size=4))
+def test_well_formed_frames_of_wrong_content_fail(fields: list[object]) -> None:
+    frame = encode_frame(pack(fields))
+    resp = Responder(BOB, "main", secret("r"))
+    ini = Initiator(ALICE, "main", secret("i"))
+    resp2 = Responder(BOB, "main", secret("r"))
+    resp2.receive_data(ini.initiate())
+    for machine in (resp, ini, resp2):
+        with pytest.raises(ProtocolError):
+            machine.receive_data(frame)
+
+
+# The vector printed in docs/protocol-log-and-transport.md §4: an independent implementation must
+# produce these bytes from these inputs.
+VECTOR = {
+    "m1": "000000369301c410fc95eff13c582f22a3f02e19a76e2abfc4207b4e909bbe7ffe44c465a220037d608ee3"
+          "5897d31ef972f07f74892cb0f73f13",
+    "m2": "0000009a92c4200faa684ed28867b97f4a6a2dee5df8ce974e76b7018e3f22a1c4cf2678570f20c4757211"
+          "66572f369e8df2e0869246b4d5c1d39fb5d4e5f2ab5d30b1a69a98ef692149463c82f14cf62f3fd01d6235"
+          "6d99105a50e9232c083a9a5697f8ac5e62199ceb33b0ca8ad7556bec35fb8df8610bfc401c8db76e709df4"
+          "ba4892711ea334a3f18f7cb0d83c34e6272e84068aadc136ecc9eedc0c",
+    "m3": "0000007891c47506041aab9fabe5f371121ad813b7cdf13019e6ec4289b1b87d541bead2fce77c4bf5ce07"
+          "7a2d9a49603e74a4692d38de1784985719fbb3a2c297c2ba8d583c68cbee4a4b926d4f0674b18316864e9a"
+          "0885198e67585f6fcf88ed7876d6a4b8178a2153c4ba00b8558ed966c68712afeb71be969d94",
+    "transcript": "20679b06eeb0219cf7fd03a086ab1ec00355257367fd62a42d3b4b2b6cdb4e50",
+    "i2r": "f43070f680ea17a7d8db0b9d3f279fa12bacba9d1623532b1acdd2e9b4f386a7",
+    "r2i": "9c97c555b6236d80322f71445e5c50b0b375e2a11c8a8c1c8f6612cc862d6ce5",
+    "hello": "00000015e9f8e474e4ce5ba24dec4078b96966a42454bd4e86",
+}
+
+
+def test_the_documented_vector() -> None:
+    ini = Initiator(SigningKey(b"\x01" * 32), "main", b"\x11" * 32)
+    resp = Responder(SigningKey(b"\x02" * 32), "main", b"\x22" * 32)
+    m1 = ini.initiate()
+    m2 = resp.receive_data(m1)
+    m3 = ini.receive_data(m2)
+    resp.receive_data(m3)
+    assert (m1.hex(), m2.hex(), m3.hex()) == (VECTOR["m1"], VECTOR["m2"], VECTOR["m3"])
+    for side in (ini.result, resp.result):
+        assert side.transcript_hash.hex() == VECTOR["transcript"]
+    assert (ini.result.send_key.hex(), ini.result.recv_key.hex()) == (VECTOR["i2r"], VECTOR["r2i"])
+    assert (resp.result.recv_key.hex(), resp.result.send_key.hex()) == (VECTOR["i2r"], VECTOR["r2i"])
+    assert Session(ini.result).encrypt(b"hello").hex() == VECTOR["hello"]
