@@ -1,0 +1,712 @@
+"""The node's durable state: one SQLite database, DATA/node.sqlite.
+
+Settings and why:
+- WAL journal: readers never block the writer, and a crash (kill -9, power loss) leaves the database at
+  its last committed transaction.
+- synchronous=FULL: in WAL mode NORMAL is safe against a process crash but may lose the last commits on
+  power loss. The node tells peers things it has stored (acknowledgements, "safe to walk away"); a promise
+  made to a peer must survive a power cut, so each commit syncs the WAL. The node's write rate is small.
+- foreign_keys=ON, and every write method is one transaction (BEGIN IMMEDIATE ... COMMIT).
+- application_id marks the file as an e31 store; user_version is the schema version. Opening refuses a
+  file that is not SQLite, is another program's database, fails quick_check, or has a newer schema,
+  with a StoreError, and never writes to such a file. Older schemas are migrated forward in order, each
+  step in one transaction.
+
+Threads: one connection (check_same_thread=False) guarded by a lock; `AsyncStore` runs methods in a worker
+thread under a CapacityLimiter(1), so trio tasks queue instead of blocking the event loop. All SQL lives in
+this module. Times are Unix seconds (float) passed in by the caller, so tests control the clock.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import trio
+
+from .config import STORE_FILE
+
+APPLICATION_ID = 0x0E31_0001
+
+JOB_STATES = frozenset(
+    {"queued", "offered", "assigned", "fetching", "running", "done", "failed", "expired", "cancelled",
+     "disputed"}
+)
+JOB_ROLES = frozenset({"submitter", "executor"})
+PEER_SOURCES = frozenset({"bootstrap", "mdns", "exchange", "inbound", "manual"})
+
+
+class StoreError(Exception):
+    """The store cannot be opened or used; the message says which file and why."""
+
+
+# --- schema ---------------------------------------------------------------------------------------------
+# MIGRATIONS[i] takes a store at version i to version i + 1. Append only; never edit a released step.
+
+_V1 = """
+CREATE TABLE kv (
+    key   TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE peers (
+    node_id      TEXT PRIMARY KEY,
+    network      TEXT NOT NULL,
+    addresses    TEXT NOT NULL,            -- JSON list of "HOST:PORT", most recent first
+    source       TEXT NOT NULL,            -- how it was first found: bootstrap, mdns, exchange, ...
+    first_seen   REAL NOT NULL,
+    last_seen    REAL NOT NULL,
+    failures     INTEGER NOT NULL DEFAULT 0,  -- consecutive failed contacts
+    last_failure REAL,
+    contact      BLOB                      -- the peer's latest signed contact record, exact bytes
+);
+CREATE INDEX peers_network ON peers (network, last_seen);
+
+CREATE TABLE seen (
+    message_id BLOB PRIMARY KEY,
+    expires    REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX seen_expires ON seen (expires);
+"""
+
+_V2 = """
+CREATE TABLE jobs (
+    job_id     BLOB NOT NULL,
+    role       TEXT NOT NULL CHECK (role IN ('submitter', 'executor')),
+    manifest   BLOB NOT NULL,              -- the job manifest's exact bytes (job_id = its SHA-256)
+    state      TEXT NOT NULL,
+    submitter  TEXT NOT NULL,
+    executor   TEXT,
+    attempt    INTEGER NOT NULL DEFAULT 0,
+    created    REAL NOT NULL,
+    deadline   REAL NOT NULL,
+    updated    REAL NOT NULL,
+    started    REAL,
+    finished   REAL,
+    fuel_limit INTEGER,
+    fuel_used  INTEGER,
+    reason     TEXT,
+    PRIMARY KEY (job_id, role)
+) WITHOUT ROWID;
+CREATE INDEX jobs_state ON jobs (role, state, deadline);
+
+CREATE TABLE envelopes (
+    message_id BLOB PRIMARY KEY,
+    kind       TEXT NOT NULL,
+    raw        BLOB NOT NULL,              -- the signed envelope exactly as received or sent
+    job_id     BLOB,                       -- no foreign key: an envelope may precede its job
+    received   REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX envelopes_job ON envelopes (job_id, kind);
+
+CREATE TABLE results (
+    job_id     BLOB NOT NULL,
+    attempt    INTEGER NOT NULL,
+    executor   TEXT NOT NULL,
+    message_id BLOB NOT NULL REFERENCES envelopes (message_id),
+    status     TEXT NOT NULL,              -- the outcome kind: ok, trap, out_of_fuel, ...
+    fuel_used  INTEGER,
+    outputs    TEXT NOT NULL,              -- JSON object: output name -> blob hash
+    created    REAL NOT NULL,
+    PRIMARY KEY (job_id, attempt, executor)
+) WITHOUT ROWID;
+
+CREATE TABLE receipts (
+    digest           BLOB PRIMARY KEY,
+    job_id           BLOB NOT NULL,
+    attempt          INTEGER NOT NULL,
+    executor         TEXT NOT NULL,
+    message_id       BLOB NOT NULL REFERENCES envelopes (message_id),
+    log_index        INTEGER,              -- position in the executor's receipt log, once appended
+    created          REAL NOT NULL,
+    delivered        REAL,                 -- when the submitter acknowledged it
+    next_delivery    REAL,                 -- executor side: when to retry delivery
+    delivery_tries   INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE INDEX receipts_job ON receipts (job_id);
+CREATE INDEX receipts_pending ON receipts (next_delivery) WHERE delivered IS NULL;
+
+CREATE TABLE acks (
+    receipt_digest BLOB PRIMARY KEY REFERENCES receipts (digest),
+    message_id     BLOB NOT NULL REFERENCES envelopes (message_id),
+    created        REAL NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE blob_refs (
+    blob_hash    TEXT NOT NULL,
+    owner        TEXT NOT NULL,            -- what needs it: "job:<hex id>", "pin:<name>", ...
+    retain_until REAL,                     -- NULL: as long as the owner exists
+    PRIMARY KEY (blob_hash, owner)
+) WITHOUT ROWID;
+CREATE INDEX blob_refs_owner ON blob_refs (owner);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+# --- rows -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRow:
+    node_id: str
+    network: str
+    addresses: tuple[str, ...]
+    source: str
+    first_seen: float
+    last_seen: float
+    failures: int
+    last_failure: float | None
+    contact: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    job_id: bytes
+    role: str
+    manifest: bytes
+    state: str
+    submitter: str
+    executor: str | None
+    attempt: int
+    created: float
+    deadline: float
+    updated: float
+    started: float | None
+    finished: float | None
+    fuel_limit: int | None
+    fuel_used: int | None
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EnvelopeRow:
+    message_id: bytes
+    kind: str
+    raw: bytes
+    job_id: bytes | None
+    received: float
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRow:
+    job_id: bytes
+    attempt: int
+    executor: str
+    message_id: bytes
+    status: str
+    fuel_used: int | None
+    outputs: dict[str, str]
+    created: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptRow:
+    digest: bytes
+    job_id: bytes
+    attempt: int
+    executor: str
+    message_id: bytes
+    log_index: int | None
+    created: float
+    delivered: float | None
+    next_delivery: float | None
+    delivery_tries: int
+
+
+_JOB_COLUMNS = ", ".join(JobRow.__slots__)
+_JOB_UPDATABLE = frozenset(
+    {"state", "executor", "attempt", "deadline", "started", "finished", "fuel_limit", "fuel_used", "reason"}
+)
+_RECEIPT_COLUMNS = ", ".join(ReceiptRow.__slots__)
+
+
+def _peer(row: sqlite3.Row) -> PeerRow:
+    return PeerRow(
+        row["node_id"], row["network"], tuple(json.loads(row["addresses"])), row["source"],
+        row["first_seen"], row["last_seen"], row["failures"], row["last_failure"], row["contact"],
+    )
+
+
+def _result(row: sqlite3.Row) -> ResultRow:
+    return ResultRow(
+        row["job_id"], row["attempt"], row["executor"], row["message_id"], row["status"],
+        row["fuel_used"], json.loads(row["outputs"]), row["created"],
+    )
+
+
+# --- the store ------------------------------------------------------------------------------------------
+
+
+class Store:
+    """Synchronous access to the node's database; safe to share between threads."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._conn = _open(self.path)
+
+    @classmethod
+    def in_data_dir(cls, data_dir: Path | str) -> Store:
+        return cls(Path(data_dir) / STORE_FILE)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        with self._read() as c:
+            version: int = c.execute("PRAGMA user_version").fetchone()[0]
+            return version
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, _translate(self.path):
+            yield self._conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: everything inside commits together or not at all."""
+        with self._lock, _translate(self.path):
+            c = self._conn
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                yield c
+                c.execute("COMMIT")
+            except BaseException:
+                if c.in_transaction:  # also after a failed COMMIT (disk full), which may leave it open
+                    c.execute("ROLLBACK")
+                raise
+
+    # --- kv ---
+
+    def kv_get(self, key: str) -> bytes | None:
+        with self._read() as c:
+            row = c.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def kv_set(self, key: str, value: bytes) -> None:
+        with self.transaction() as c:
+            c.execute("INSERT INTO kv (key, value) VALUES (?, ?) "
+                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
+
+    def kv_delete(self, key: str) -> bool:
+        with self.transaction() as c:
+            return c.execute("DELETE FROM kv WHERE key = ?", (key,)).rowcount > 0
+
+    # --- peers ---
+
+    def upsert_peer(
+        self, node_id: str, network: str, addresses: Sequence[str], source: str, now: float,
+        contact: bytes | None = None,
+    ) -> None:
+        """Record that a peer was seen now at `addresses` (merged in front of those already known).
+
+        A sighting resets its failure count; its source stays the one it was first found by.
+        """
+        if source not in PEER_SOURCES:
+            raise ValueError(f"unknown peer source {source!r}")
+        with self.transaction() as c:
+            row = c.execute("SELECT addresses FROM peers WHERE node_id = ?", (node_id,)).fetchone()
+            known = json.loads(row[0]) if row else []
+            merged = list(dict.fromkeys([*addresses, *known]))[:16]
+            c.execute(
+                "INSERT INTO peers (node_id, network, addresses, source, first_seen, last_seen, contact) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (node_id) DO UPDATE SET "
+                "network = excluded.network, addresses = excluded.addresses, last_seen = excluded.last_seen, "
+                "failures = 0, contact = coalesce(excluded.contact, peers.contact)",
+                (node_id, network, json.dumps(merged), source, now, now, contact),
+            )
+
+    def peer_failed(self, node_id: str, now: float) -> int:
+        """Count a failed contact; returns the consecutive failures so far (0 if the peer is unknown)."""
+        with self.transaction() as c:
+            row = c.execute(
+                "UPDATE peers SET failures = failures + 1, last_failure = ? WHERE node_id = ? "
+                "RETURNING failures", (now, node_id),
+            ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def peer(self, node_id: str) -> PeerRow | None:
+        with self._read() as c:
+            row = c.execute("SELECT * FROM peers WHERE node_id = ?", (node_id,)).fetchone()
+        return None if row is None else _peer(row)
+
+    def peers(self, network: str | None = None) -> list[PeerRow]:
+        """Known peers, most recently seen first."""
+        with self._read() as c:
+            rows = c.execute(
+                "SELECT * FROM peers WHERE ?1 IS NULL OR network = ?1 ORDER BY last_seen DESC, node_id",
+                (network,),
+            ).fetchall()
+        return [_peer(r) for r in rows]
+
+    def remove_peer(self, node_id: str) -> bool:
+        with self.transaction() as c:
+            return c.execute("DELETE FROM peers WHERE node_id = ?", (node_id,)).rowcount > 0
+
+    def prune_peers(self, *, seen_before: float, min_failures: int) -> int:
+        """Forget peers not seen since `seen_before` that failed at least `min_failures` times in a row."""
+        with self.transaction() as c:
+            return c.execute("DELETE FROM peers WHERE last_seen < ? AND failures >= ?",
+                             (seen_before, min_failures)).rowcount
+
+    # --- seen messages ---
+
+    def mark_seen(self, message_id: bytes, expires: float) -> bool:
+        """Remember a message id until `expires`; True if it was new, False if already known."""
+        with self.transaction() as c:
+            cur = c.execute("INSERT INTO seen (message_id, expires) VALUES (?, ?) "
+                            "ON CONFLICT (message_id) DO NOTHING", (message_id, expires))
+            return cur.rowcount > 0
+
+    def is_seen(self, message_id: bytes, now: float) -> bool:
+        with self._read() as c:
+            row = c.execute("SELECT 1 FROM seen WHERE message_id = ? AND expires > ?",
+                            (message_id, now)).fetchone()
+        return row is not None
+
+    def prune_seen(self, now: float) -> int:
+        """Forget message ids whose expiry has passed; returns how many."""
+        with self.transaction() as c:
+            return c.execute("DELETE FROM seen WHERE expires <= ?", (now,)).rowcount
+
+    # --- jobs ---
+
+    def add_job(
+        self, *, job_id: bytes, role: str, manifest: bytes, state: str, submitter: str, created: float,
+        deadline: float, fuel_limit: int | None = None, executor: str | None = None, attempt: int = 0,
+    ) -> bool:
+        """Insert a job; returns False (and changes nothing) if this node already holds it in `role`."""
+        _check_job(role, state)
+        with self.transaction() as c:
+            cur = c.execute(
+                "INSERT INTO jobs (job_id, role, manifest, state, submitter, executor, attempt, created, "
+                "deadline, updated, fuel_limit) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (job_id, role) DO NOTHING",
+                (job_id, role, manifest, state, submitter, executor, attempt, created, deadline, created,
+                 fuel_limit),
+            )
+            return cur.rowcount > 0
+
+    def job(self, job_id: bytes, role: str) -> JobRow | None:
+        with self._read() as c:
+            row = c.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ? AND role = ?",
+                            (job_id, role)).fetchone()
+        return None if row is None else JobRow(*row)
+
+    def jobs(self, *, role: str | None = None, states: Sequence[str] | None = None) -> list[JobRow]:
+        """Jobs, oldest first, optionally only in `role` and in one of `states`."""
+        sql = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE (?1 IS NULL OR role = ?1)"
+        args: list[Any] = [role]
+        if states is not None:
+            sql += f" AND state IN ({', '.join('?' * len(states))})"
+            args += list(states)
+        with self._read() as c:
+            rows = c.execute(sql + " ORDER BY created, job_id", args).fetchall()
+        return [JobRow(*r) for r in rows]
+
+    def update_job(self, job_id: bytes, role: str, now: float, *, expect_state: str | None = None,
+                   **changes: Any) -> bool:
+        """Change a job's fields; with `expect_state`, only if it is still in that state (compare-and-set).
+
+        Returns whether a row changed. Only state, executor, attempt, deadline, started, finished,
+        fuel_limit, fuel_used and reason may change.
+        """
+        bad = set(changes) - _JOB_UPDATABLE
+        if bad:
+            raise ValueError(f"cannot update job field(s): {', '.join(sorted(bad))}")
+        if "state" in changes:
+            _check_job(role, changes["state"])
+        sets = ", ".join(f"{k} = ?" for k in changes)
+        sql = f"UPDATE jobs SET {sets + ', ' if sets else ''}updated = ? WHERE job_id = ? AND role = ?"
+        args: list[Any] = [*changes.values(), now, job_id, role]
+        if expect_state is not None:
+            sql += " AND state = ?"
+            args.append(expect_state)
+        with self.transaction() as c:
+            return c.execute(sql, args).rowcount > 0
+
+    # --- envelopes ---
+
+    def put_envelope(self, message_id: bytes, kind: str, raw: bytes, now: float,
+                     job_id: bytes | None = None) -> bool:
+        """Keep a signed envelope's exact bytes; returns False if it was already stored."""
+        with self.transaction() as c:
+            cur = c.execute(
+                "INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (message_id) DO NOTHING", (message_id, kind, raw, job_id, now),
+            )
+            return cur.rowcount > 0
+
+    def envelope(self, message_id: bytes) -> EnvelopeRow | None:
+        with self._read() as c:
+            row = c.execute("SELECT message_id, kind, raw, job_id, received FROM envelopes "
+                            "WHERE message_id = ?", (message_id,)).fetchone()
+        return None if row is None else EnvelopeRow(*row)
+
+    def envelopes_for_job(self, job_id: bytes, kind: str | None = None) -> list[EnvelopeRow]:
+        with self._read() as c:
+            rows = c.execute(
+                "SELECT message_id, kind, raw, job_id, received FROM envelopes "
+                "WHERE job_id = ?1 AND (?2 IS NULL OR kind = ?2) ORDER BY received, message_id",
+                (job_id, kind),
+            ).fetchall()
+        return [EnvelopeRow(*r) for r in rows]
+
+    # --- results, receipts, acknowledgements ---
+
+    def put_result(self, *, job_id: bytes, attempt: int, executor: str, message_id: bytes, status: str,
+                   outputs: dict[str, str], now: float, fuel_used: int | None = None) -> bool:
+        """Index a result whose envelope is already stored; False if this attempt's result is known."""
+        with self.transaction() as c:
+            cur = c.execute(
+                "INSERT INTO results (job_id, attempt, executor, message_id, status, fuel_used, outputs, "
+                "created) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (job_id, attempt, executor, message_id, status, fuel_used,
+                 json.dumps(outputs, sort_keys=True), now),
+            )
+            return cur.rowcount > 0
+
+    def results_for_job(self, job_id: bytes) -> list[ResultRow]:
+        with self._read() as c:
+            rows = c.execute("SELECT * FROM results WHERE job_id = ? ORDER BY attempt, executor",
+                             (job_id,)).fetchall()
+        return [_result(r) for r in rows]
+
+    def put_receipt(self, *, digest: bytes, job_id: bytes, attempt: int, executor: str, message_id: bytes,
+                    now: float, next_delivery: float | None = None) -> bool:
+        """Index a receipt whose envelope is already stored; False if it was known."""
+        with self.transaction() as c:
+            cur = c.execute(
+                "INSERT INTO receipts (digest, job_id, attempt, executor, message_id, created, "
+                "next_delivery) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
+                (digest, job_id, attempt, executor, message_id, now, next_delivery),
+            )
+            return cur.rowcount > 0
+
+    def receipt(self, digest: bytes) -> ReceiptRow | None:
+        with self._read() as c:
+            row = c.execute(f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE digest = ?", (digest,)).fetchone()
+        return None if row is None else ReceiptRow(*row)
+
+    def receipts_for_job(self, job_id: bytes) -> list[ReceiptRow]:
+        with self._read() as c:
+            rows = c.execute(f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE job_id = ? "
+                             "ORDER BY attempt, executor", (job_id,)).fetchall()
+        return [ReceiptRow(*r) for r in rows]
+
+    def receipts_due(self, now: float, limit: int = 100) -> list[ReceiptRow]:
+        """Unacknowledged receipts whose next delivery attempt is due."""
+        with self._read() as c:
+            rows = c.execute(
+                f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE delivered IS NULL "
+                "AND next_delivery IS NOT NULL AND next_delivery <= ? ORDER BY next_delivery LIMIT ?",
+                (now, limit),
+            ).fetchall()
+        return [ReceiptRow(*r) for r in rows]
+
+    def receipt_delivery_failed(self, digest: bytes, next_delivery: float) -> None:
+        with self.transaction() as c:
+            c.execute("UPDATE receipts SET delivery_tries = delivery_tries + 1, next_delivery = ? "
+                      "WHERE digest = ?", (next_delivery, digest))
+
+    def set_receipt_log_index(self, digest: bytes, log_index: int) -> None:
+        with self.transaction() as c:
+            c.execute("UPDATE receipts SET log_index = ? WHERE digest = ?", (log_index, digest))
+
+    def put_ack(self, receipt_digest: bytes, message_id: bytes, now: float) -> bool:
+        """Record the submitter's acknowledgement (envelope already stored); marks the receipt delivered."""
+        with self.transaction() as c:
+            cur = c.execute("INSERT INTO acks (receipt_digest, message_id, created) VALUES (?, ?, ?) "
+                            "ON CONFLICT (receipt_digest) DO NOTHING", (receipt_digest, message_id, now))
+            if cur.rowcount:
+                c.execute("UPDATE receipts SET delivered = ?, next_delivery = NULL WHERE digest = ?",
+                          (now, receipt_digest))
+            return cur.rowcount > 0
+
+    def ack_for(self, receipt_digest: bytes) -> EnvelopeRow | None:
+        with self._read() as c:
+            row = c.execute(
+                "SELECT e.message_id, e.kind, e.raw, e.job_id, e.received FROM acks a "
+                "JOIN envelopes e ON e.message_id = a.message_id WHERE a.receipt_digest = ?",
+                (receipt_digest,),
+            ).fetchone()
+        return None if row is None else EnvelopeRow(*row)
+
+    # --- blob references (what keeps a blob from garbage collection) ---
+
+    def ref_blob(self, blob_hash: str, owner: str, retain_until: float | None = None) -> None:
+        with self.transaction() as c:
+            c.execute("INSERT INTO blob_refs (blob_hash, owner, retain_until) VALUES (?, ?, ?) "
+                      "ON CONFLICT DO UPDATE SET retain_until = excluded.retain_until",
+                      (blob_hash, owner, retain_until))
+
+    def unref_owner(self, owner: str) -> int:
+        with self.transaction() as c:
+            return c.execute("DELETE FROM blob_refs WHERE owner = ?", (owner,)).rowcount
+
+    def live_blobs(self, now: float) -> set[str]:
+        """Hashes still referenced (no end of retention, or one in the future): not to be collected."""
+        with self._read() as c:
+            rows = c.execute("SELECT DISTINCT blob_hash FROM blob_refs "
+                             "WHERE retain_until IS NULL OR retain_until > ?", (now,)).fetchall()
+        return {r[0] for r in rows}
+
+    def expire_blob_refs(self, now: float) -> int:
+        with self.transaction() as c:
+            return c.execute("DELETE FROM blob_refs WHERE retain_until <= ?", (now,)).rowcount
+
+
+def _check_job(role: str, state: str) -> None:
+    if role not in JOB_ROLES:
+        raise ValueError(f"unknown job role {role!r}")
+    if state not in JOB_STATES:
+        raise ValueError(f"unknown job state {state!r}")
+
+
+@contextmanager
+def _translate(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.IntegrityError:
+        raise
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"{path}: {_describe(e)}") from e
+    except sqlite3.ProgrammingError as e:  # a closed store
+        raise StoreError(f"{path}: {e}") from e
+
+
+def _describe(e: sqlite3.Error) -> str:
+    text = str(e)
+    if "not a database" in text:
+        return "not an SQLite database (left untouched)"
+    if "malformed" in text or "corrupt" in text:
+        return f"the database is corrupt ({text}); it was left untouched"
+    if "locked" in text or "busy" in text:
+        return f"the database is locked by another process ({text})"
+    return text
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """Connect, check the file is ours and intact, set it up, migrate it; StoreError otherwise."""
+    if path.is_dir():
+        raise StoreError(f"{path}: is a directory, expected the node's database file")
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"{path.parent}: cannot create the data directory: {e.strerror or e}") from None
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
+    except sqlite3.Error as e:
+        raise StoreError(f"{path}: cannot open: {e}") from None
+    try:
+        conn.row_factory = sqlite3.Row
+        _check_and_setup(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _check_and_setup(conn: sqlite3.Connection, path: Path) -> None:
+    with _translate(path):
+        # Reading the header first: a non-database file fails here, before anything is written.
+        conn.execute("PRAGMA schema_version").fetchone()
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        has_tables = conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0] > 0
+        if app_id != APPLICATION_ID and (app_id != 0 or has_tables):
+            raise StoreError(f"{path}: an SQLite database, but not an e31 store (left untouched)")
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{path}: written by a newer e31 (schema version {version}; this e31 knows up to "
+                f"{SCHEMA_VERSION}); upgrade e31 to use this data dir"
+            )
+        if has_tables:
+            problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+            if problems != ["ok"]:
+                raise StoreError(f"{path}: the database is corrupt ({'; '.join(problems[:3])}); "
+                                 "it was left untouched")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode != "wal":
+            raise StoreError(f"{path}: cannot use write-ahead logging here (journal mode {mode})")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        migrate(conn, SCHEMA_VERSION)
+
+
+def migrate(conn: sqlite3.Connection, target: int) -> None:
+    """Apply the migrations that take the database from its version to `target`, each atomically."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    for step in range(version, target):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _statements(MIGRATIONS[step]):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version = {step + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration script into statements (sqlite3's executescript would commit on its own)."""
+    out: list[str] = []
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            out.append(pending.strip())
+            pending = ""
+    if pending.strip():
+        raise ValueError(f"incomplete SQL statement in a migration: {pending.strip()[:60]!r}")
+    return out
+
+
+# --- trio ---------------------------------------------------------------------------------------------
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class AsyncStore:
+    """The store for trio code: `await db.run(Store.peers, network="main")`.
+
+    Calls run one at a time in a worker thread (CapacityLimiter(1)), so the event loop never blocks on
+    disk I/O and calls keep their order.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._limiter = trio.CapacityLimiter(1)
+
+    @classmethod
+    async def open(cls, path: Path | str) -> AsyncStore:
+        return cls(await trio.to_thread.run_sync(Store, path))
+
+    async def run(self, method: Callable[Concatenate[Store, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+        def call() -> T:
+            return method(self.store, *args, **kwargs)
+
+        return await trio.to_thread.run_sync(call, limiter=self._limiter)
+
+    async def aclose(self) -> None:
+        await trio.to_thread.run_sync(self.store.close, limiter=self._limiter)

@@ -1,0 +1,355 @@
+"""The node's SQLite store: API, crash safety, migrations and refusing files that are not ours."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+from e31.node.store import (
+    APPLICATION_ID,
+    SCHEMA_VERSION,
+    STORE_FILE,
+    AsyncStore,
+    Store,
+    StoreError,
+    migrate,
+)
+
+ALICE = "e31n" + "a" * 52
+BOB = "e31n" + "b" * 52
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store.in_data_dir(tmp_path)
+    yield s
+    s.close()
+
+
+def test_new_store_settings(tmp_path: Path, store: Store) -> None:
+    assert store.path == tmp_path / STORE_FILE
+    assert store.schema_version == SCHEMA_VERSION
+    with store.transaction() as c:
+        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert c.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert c.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert c.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+
+
+def test_kv(store: Store) -> None:
+    assert store.kv_get("k") is None
+    store.kv_set("k", b"1")
+    store.kv_set("k", b"2")
+    assert store.kv_get("k") == b"2"
+    assert store.kv_delete("k") is True
+    assert store.kv_delete("k") is False
+
+
+def test_peers(store: Store) -> None:
+    store.upsert_peer(ALICE, "main", ["10.0.0.1:1"], "bootstrap", now=100.0)
+    store.upsert_peer(BOB, "main", ["10.0.0.2:1"], "mdns", now=150.0, contact=b"signed-record")
+    store.upsert_peer(ALICE, "main", ["10.0.0.9:1", "10.0.0.1:1"], "exchange", now=200.0)
+    alice = store.peer(ALICE)
+    assert alice is not None
+    assert alice.addresses == ("10.0.0.9:1", "10.0.0.1:1")
+    assert (alice.source, alice.first_seen, alice.last_seen) == ("bootstrap", 100.0, 200.0)
+    assert [p.node_id for p in store.peers()] == [ALICE, BOB]
+    assert store.peers(network="other") == []
+    assert store.peer_failed(BOB, now=160.0) == 1
+    assert store.peer_failed(BOB, now=170.0) == 2
+    assert store.peer_failed("e31nunknown", now=170.0) == 0
+    bob = store.peer(BOB)
+    assert bob is not None and (bob.failures, bob.last_failure, bob.contact) == (2, 170.0, b"signed-record")
+    store.upsert_peer(BOB, "main", [], "mdns", now=180.0)
+    bob = store.peer(BOB)
+    assert bob is not None and bob.failures == 0 and bob.contact == b"signed-record"
+    assert bob.addresses == ("10.0.0.2:1",)
+    store.peer_failed(BOB, now=190.0)
+    assert store.prune_peers(seen_before=190.0, min_failures=2) == 0
+    assert store.prune_peers(seen_before=190.0, min_failures=1) == 1
+    assert store.peer(BOB) is None
+    assert store.remove_peer(ALICE) is True
+    with pytest.raises(ValueError, match="source"):
+        store.upsert_peer(ALICE, "main", [], "rumour", now=1.0)
+
+
+def test_seen_messages(store: Store) -> None:
+    assert store.mark_seen(b"m1", expires=100.0) is True
+    assert store.mark_seen(b"m1", expires=100.0) is False
+    store.mark_seen(b"m2", expires=200.0)
+    assert store.is_seen(b"m1", now=50.0)
+    assert not store.is_seen(b"m1", now=100.0)
+    assert store.prune_seen(now=150.0) == 1
+    assert store.mark_seen(b"m1", expires=300.0) is True
+    assert store.is_seen(b"m2", now=150.0)
+
+
+def _job(store: Store, job_id: bytes, role: str = "submitter", state: str = "queued",
+         created: float = 1.0) -> bool:
+    return store.add_job(job_id=job_id, role=role, manifest=b"manifest:" + job_id, state=state,
+                         submitter=ALICE, created=created, deadline=1000.0, fuel_limit=10**9)
+
+
+def test_jobs(store: Store) -> None:
+    assert _job(store, b"j1") is True
+    assert _job(store, b"j1") is False
+    assert _job(store, b"j1", role="executor", state="fetching") is True
+    _job(store, b"j2", created=2.0)
+    job = store.job(b"j1", "submitter")
+    assert job is not None
+    assert (job.manifest, job.state, job.attempt, job.fuel_limit) == (b"manifest:j1", "queued", 0, 10**9)
+    assert [j.job_id for j in store.jobs(role="submitter")] == [b"j1", b"j2"]
+    assert [j.role for j in store.jobs(states=["fetching"])] == ["executor"]
+    assert store.update_job(b"j1", "submitter", 5.0, state="assigned", executor=BOB, attempt=1) is True
+    assert store.update_job(b"j1", "submitter", 6.0, expect_state="queued", state="offered") is False
+    assert store.update_job(b"j1", "submitter", 7.0, expect_state="assigned", state="running",
+                            started=7.0) is True
+    job = store.job(b"j1", "submitter")
+    assert job is not None
+    assert (job.state, job.executor, job.attempt, job.started, job.updated) == ("running", BOB, 1, 7.0, 7.0)
+    with pytest.raises(ValueError, match="manifest"):
+        store.update_job(b"j1", "submitter", 8.0, manifest=b"forged")
+    with pytest.raises(ValueError, match="state"):
+        store.update_job(b"j1", "submitter", 8.0, state="exploded")
+    with pytest.raises(ValueError, match="role"):
+        _job(store, b"j3", role="bystander")
+    assert store.job(b"j9", "submitter") is None
+
+
+def test_envelopes_keep_exact_bytes(store: Store) -> None:
+    raw = bytes(range(256)) * 3
+    assert store.put_envelope(b"id1", "offer", raw, now=1.0, job_id=b"j1") is True
+    assert store.put_envelope(b"id1", "offer", b"other", now=2.0, job_id=b"j1") is False
+    store.put_envelope(b"id2", "bid", b"bid-bytes", now=2.0, job_id=b"j1")
+    store.put_envelope(b"id3", "contact", b"c", now=3.0)
+    env = store.envelope(b"id1")
+    assert env is not None and env.raw == raw and env.kind == "offer"
+    assert [e.message_id for e in store.envelopes_for_job(b"j1")] == [b"id1", b"id2"]
+    assert [e.kind for e in store.envelopes_for_job(b"j1", kind="bid")] == ["bid"]
+
+
+def test_results_receipts_and_acks(store: Store) -> None:
+    _job(store, b"j1", role="executor", state="done")
+    store.put_envelope(b"res", "result", b"r", now=1.0, job_id=b"j1")
+    store.put_envelope(b"rct", "receipt", b"R", now=1.0, job_id=b"j1")
+    store.put_envelope(b"ack", "ack", b"A", now=5.0, job_id=b"j1")
+    assert store.put_result(job_id=b"j1", attempt=1, executor=BOB, message_id=b"res", status="ok",
+                            outputs={"stdout": "ab" * 32}, now=2.0, fuel_used=77) is True
+    [result] = store.results_for_job(b"j1")
+    assert (result.status, result.fuel_used, result.outputs) == ("ok", 77, {"stdout": "ab" * 32})
+    digest = hashlib.sha256(b"R").digest()
+    assert store.put_receipt(digest=digest, job_id=b"j1", attempt=1, executor=BOB, message_id=b"rct",
+                             now=2.0, next_delivery=3.0) is True
+    assert [r.digest for r in store.receipts_due(now=2.5)] == []
+    assert [r.digest for r in store.receipts_due(now=3.0)] == [digest]
+    store.receipt_delivery_failed(digest, next_delivery=10.0)
+    store.set_receipt_log_index(digest, 0)
+    receipt = store.receipt(digest)
+    assert receipt is not None and (receipt.delivery_tries, receipt.log_index) == (1, 0)
+    assert store.put_ack(digest, b"ack", now=6.0) is True
+    assert store.put_ack(digest, b"ack", now=7.0) is False
+    assert store.receipts_due(now=100.0) == []
+    receipt = store.receipt(digest)
+    assert receipt is not None and receipt.delivered == 6.0
+    ack = store.ack_for(digest)
+    assert ack is not None and ack.raw == b"A"
+    assert [r.digest for r in store.receipts_for_job(b"j1")] == [digest]
+
+
+def test_foreign_keys_are_enforced(store: Store) -> None:
+    with pytest.raises(sqlite3.IntegrityError):
+        store.put_result(job_id=b"j", attempt=0, executor=BOB, message_id=b"no-such-envelope", status="ok",
+                         outputs={}, now=1.0)
+    assert store.results_for_job(b"j") == []
+
+
+def test_blob_refs(store: Store) -> None:
+    store.ref_blob("aa" * 32, "job:01", retain_until=100.0)
+    store.ref_blob("bb" * 32, "job:01")
+    store.ref_blob("aa" * 32, "pin:demo", retain_until=50.0)
+    assert store.live_blobs(now=60.0) == {"aa" * 32, "bb" * 32}
+    assert store.live_blobs(now=100.0) == {"bb" * 32}
+    assert store.expire_blob_refs(now=100.0) == 2
+    assert store.unref_owner("job:01") == 1
+    assert store.live_blobs(now=0.0) == set()
+
+
+def test_transaction_rolls_back_on_error(store: Store) -> None:
+    with pytest.raises(RuntimeError), store.transaction() as c:
+        c.execute("INSERT INTO kv (key, value) VALUES ('a', x'00')")
+        raise RuntimeError("boom")
+    assert store.kv_get("a") is None
+
+
+def test_state_survives_reopening(tmp_path: Path) -> None:
+    with Store.in_data_dir(tmp_path) as s:
+        s.upsert_peer(ALICE, "main", ["10.0.0.1:1"], "bootstrap", now=1.0)
+    with Store.in_data_dir(tmp_path) as s:
+        assert [p.node_id for p in s.peers()] == [ALICE]
+
+
+# --- migrations and refusal ------------------------------------------------------------------------
+
+
+def test_migration_from_version_1(tmp_path: Path) -> None:
+    path = tmp_path / STORE_FILE
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn, 1)
+    conn.execute("INSERT INTO peers (node_id, network, addresses, source, first_seen, last_seen) "
+                 "VALUES (?, 'main', '[\"10.0.0.1:1\"]', 'bootstrap', 1.0, 2.0)", (ALICE,))
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    conn.close()
+    with Store(path) as s:
+        assert s.schema_version == SCHEMA_VERSION
+        peer = s.peer(ALICE)
+        assert peer is not None and peer.addresses == ("10.0.0.1:1",)
+        assert _job(s, b"j1") is True
+
+
+def test_a_failing_migration_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import e31.node.store as store_module
+
+    path = tmp_path / STORE_FILE
+    Store(path).close()
+    broken = (*store_module.MIGRATIONS, "CREATE TABLE extra (a INTEGER);\nTHIS IS NOT SQL;\n")
+    monkeypatch.setattr(store_module, "MIGRATIONS", broken)
+    conn = sqlite3.connect(path, isolation_level=None)
+    with pytest.raises(sqlite3.OperationalError):
+        migrate(conn, SCHEMA_VERSION + 1)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert conn.execute("SELECT count(*) FROM sqlite_schema WHERE name = 'extra'").fetchone()[0] == 0
+    conn.close()
+
+
+def _snapshot(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+def test_not_a_database_is_refused_and_kept(tmp_path: Path) -> None:
+    path = tmp_path / STORE_FILE
+    path.write_bytes(b"these are my holiday photos, not a database" * 100)
+    before = _snapshot(path)
+    with pytest.raises(StoreError, match="not an SQLite database"):
+        Store(path)
+    assert _snapshot(path) == before
+
+
+def test_other_programs_database_is_refused_and_kept(tmp_path: Path) -> None:
+    path = tmp_path / STORE_FILE
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE recipes (name TEXT)")
+    conn.commit()
+    conn.close()
+    before = _snapshot(path)
+    with pytest.raises(StoreError, match="not an e31 store"):
+        Store(path)
+    assert _snapshot(path) == before
+
+
+def test_newer_schema_is_refused_and_kept(tmp_path: Path) -> None:
+    path = tmp_path / STORE_FILE
+    Store(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    before = _snapshot(path)
+    with pytest.raises(StoreError, match="newer e31"):
+        Store(path)
+    assert _snapshot(path) == before
+
+
+def test_corrupt_pages_are_refused_and_kept(tmp_path: Path) -> None:
+    path = tmp_path / STORE_FILE
+    with Store(path) as s:
+        for i in range(300):
+            s.put_envelope(i.to_bytes(4, "big"), "offer", b"x" * 200, now=float(i))
+    page = 4096
+    data = bytearray(path.read_bytes())
+    assert len(data) > 6 * page
+    data[3 * page:5 * page] = b"\xa5" * (2 * page)
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="corrupt"):
+        Store(path)
+    assert _snapshot(path) == bytes(data)
+
+
+def test_a_directory_in_the_way(tmp_path: Path) -> None:
+    (tmp_path / STORE_FILE).mkdir()
+    with pytest.raises(StoreError, match="is a directory"):
+        Store.in_data_dir(tmp_path)
+
+
+def test_closed_store_gives_store_error(tmp_path: Path) -> None:
+    s = Store.in_data_dir(tmp_path)
+    s.close()
+    with pytest.raises(StoreError):
+        s.kv_get("x")
+
+
+# --- crash safety ----------------------------------------------------------------------------------
+
+_WRITER = textwrap.dedent("""
+    import sys
+    from e31.node.store import Store
+    store = Store(sys.argv[1])
+    batch = 0
+    while True:
+        with store.transaction() as c:
+            for i in range(50):
+                c.execute("INSERT INTO kv (key, value) VALUES (?, ?)", (f"b{batch}-{i}", b"v" * 300))
+        print(batch, flush=True)
+        batch += 1
+""")
+
+
+def test_sigkill_mid_write_leaves_only_whole_transactions(tmp_path: Path) -> None:
+    path = tmp_path / STORE_FILE
+    Store(path).close()
+    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    committed = -1
+    try:
+        while committed < 30:
+            line = child.stdout.readline()
+            assert line, "the writer stopped early"
+            committed = int(line)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    with Store(path) as s, s.transaction() as c:
+        keys = [row[0] for row in c.execute("SELECT key FROM kv")]
+    sizes = Counter(k.split("-")[0] for k in keys)
+    assert set(sizes.values()) == {50}, "a transaction was torn"
+    batches = sorted(int(b[1:]) for b in sizes)
+    assert batches == list(range(len(batches)))
+    assert len(batches) >= committed + 1, "a reported commit was lost"
+
+
+# --- trio ------------------------------------------------------------------------------------------
+
+
+async def test_async_store(tmp_path: Path) -> None:
+    db = await AsyncStore.open(tmp_path / STORE_FILE)
+    try:
+        async with trio.open_nursery() as nursery:
+            for i in range(20):
+                nursery.start_soon(db.run, Store.mark_seen, f"m{i}".encode(), 100.0)
+        assert await db.run(Store.mark_seen, b"m3", 100.0) is False
+        assert await db.run(Store.prune_seen, now=200.0) == 20
+        await db.run(Store.upsert_peer, ALICE, "main", ["127.0.0.1:1"], "inbound", 5.0)
+        peers = await db.run(Store.peers)
+        assert [p.node_id for p in peers] == [ALICE]
+    finally:
+        await db.aclose()
+    with pytest.raises(StoreError):
+        await AsyncStore.open(tmp_path)
