@@ -1,0 +1,830 @@
+"""Our WASI preview 1: every `wasi_snapshot_preview1` function, implemented over the virtual tree.
+
+wasmtime's own WASI is never linked (no `define_wasi`): the linker holds only the functions below,
+so no host file, socket, clock or entropy source is reachable from a guest. A module importing a
+preview-1 function with the right signature gets ours; anything else it imports makes it
+`invalid_module` before it runs (runner.compile_module checks the import list against `SIGNATURES`).
+
+Deterministic by construction:
+- Clocks are virtual. All four clock ids read one counter that starts at 0 and advances 1 µs per
+  `clock_time_get` call and by the timeout of every clock wait in `poll_oneoff` (waits return at
+  once). REALTIME adds a fixed epoch (2024-01-01T00:00:00Z); the others return the counter itself.
+- `random_get` is SHA-256 in counter mode keyed by the job seed: block i is
+  SHA-256("e31/random/1" || seed || u64le(i)); the stream is consumed in order across calls.
+- fds: 0 stdin (a stream over the job's stdin file, or empty), 1 stdout, 2 stderr, 3 the /input
+  preopen (read-only), 4 the /output preopen; new fds take the lowest free number from 5.
+- argv[0] is "job.wasm"; the environment is exactly the job's.
+
+Host functions run with the guest's memory as a ctypes view; every pointer and length coming from
+the guest is bounds-checked (EFAULT) before it is touched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import wasmtime
+
+from .vfs import (
+    FIXED_TIME_NS,
+    E,
+    Errno,
+    FileType,
+    HostFiles,
+    InputFile,
+    Node,
+    OutputBudget,
+    OutputFile,
+    Tree,
+)
+from .vfs import Dir as VDir
+
+MODULE = "wasi_snapshot_preview1"
+ARGV0 = "job.wasm"
+REALTIME_EPOCH_NS = 1_704_067_200 * 10**9
+CLOCK_STEP_NS = 1_000
+MAX_FDS = 1024
+MAX_IOVS = 1024
+READ_CHUNK = 1 << 20
+DISPLAY_CAP = 1 << 20
+"""Bytes of stdout kept for display in RunResult.stdout (all of it is hashed)."""
+
+_U32 = 0xFFFFFFFF
+_U64 = 0xFFFFFFFFFFFFFFFF
+
+# Rights bits (preview 1).
+R_FD_DATASYNC, R_FD_READ, R_FD_SEEK, R_FD_FDSTAT_SET_FLAGS = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+R_FD_SYNC, R_FD_TELL, R_FD_WRITE, R_FD_ADVISE, R_FD_ALLOCATE = 1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8
+R_FD_FILESTAT_GET, R_FD_FILESTAT_SET_SIZE, R_FD_FILESTAT_SET_TIMES = 1 << 21, 1 << 22, 1 << 23
+R_POLL_FD_READWRITE = 1 << 27
+RIGHTS_FILE_READ = R_FD_READ | R_FD_SEEK | R_FD_TELL | R_FD_ADVISE | R_FD_FILESTAT_GET | R_POLL_FD_READWRITE
+RIGHTS_FILE_WRITE = (R_FD_WRITE | R_FD_DATASYNC | R_FD_SYNC | R_FD_ALLOCATE | R_FD_FILESTAT_SET_SIZE
+                     | R_FD_FILESTAT_SET_TIMES)
+RIGHTS_DIR = ((1 << 9) | (1 << 10) | (1 << 13) | (1 << 14) | (1 << 15) | (1 << 16) | (1 << 17) | (1 << 18)
+              | (1 << 19) | (1 << 20) | R_FD_FILESTAT_GET | (1 << 25) | (1 << 26))
+RIGHTS_DIR_INHERIT = RIGHTS_DIR | RIGHTS_FILE_READ | RIGHTS_FILE_WRITE | R_FD_FDSTAT_SET_FLAGS
+RIGHTS_STDIO = R_FD_READ | R_FD_WRITE | R_FD_FDSTAT_SET_FLAGS | R_FD_FILESTAT_GET | R_POLL_FD_READWRITE
+
+O_CREAT, O_DIRECTORY, O_EXCL, O_TRUNC = 1, 2, 4, 8
+FDFLAG_APPEND = 1
+WHENCE_SET, WHENCE_CUR, WHENCE_END = 0, 1, 2
+EVENT_CLOCK, EVENT_FD_READ, EVENT_FD_WRITE = 0, 1, 2
+SUBCLOCK_ABSTIME = 1
+
+
+class GuestExit(Exception):
+    """proc_exit: unwinds the guest through wasmtime back to the runner."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class Fault(Exception):
+    """A guest pointer outside its memory (or any pointer when it exports no memory)."""
+
+
+class Memory:
+    """Bounds-checked access to the guest's linear memory for the length of one host call."""
+
+    __slots__ = ("base", "size")
+
+    def __init__(self, caller: wasmtime.Caller, mem: wasmtime.Memory | None) -> None:
+        self.size = mem.data_len(caller) if mem is not None else 0
+        self.base = ctypes.addressof(mem.data_ptr(caller).contents) if mem is not None and self.size else 0
+
+    def _check(self, ptr: int, n: int) -> int:
+        ptr &= _U32
+        if n < 0 or ptr + n > self.size:
+            raise Fault
+        return self.base + ptr
+
+    def read(self, ptr: int, n: int) -> bytes:
+        return ctypes.string_at(self._check(ptr, n), n) if n else b""
+
+    def write(self, ptr: int, data: bytes) -> None:
+        if data:
+            ctypes.memmove(self._check(ptr, len(data)), data, len(data))
+
+    def put(self, ptr: int, fmt: struct.Struct, *values: int) -> None:
+        self.write(ptr, fmt.pack(*values))
+
+    def get(self, ptr: int, fmt: struct.Struct) -> tuple[int, ...]:
+        return fmt.unpack(self.read(ptr, fmt.size))
+
+    def iovecs(self, ptr: int, count: int) -> list[tuple[int, int]]:
+        count &= _U32
+        if count > MAX_IOVS:
+            raise Errno(E.INVAL)
+        raw = self.read(ptr, 8 * count)
+        return [(b, n) for b, n in struct.iter_unpack("<II", raw)]
+
+
+U8, U16, U32, U64 = (struct.Struct(f) for f in ("<B", "<H", "<I", "<Q"))
+FDSTAT = struct.Struct("<BxHxxxxQQ")
+FILESTAT = struct.Struct("<QQBxxxxxxxQQQQQ")
+PRESTAT = struct.Struct("<BxxxI")
+DIRENT = struct.Struct("<QQIBxxx")
+SUBSCRIPTION = struct.Struct("<QB7xIxxxxQQH6x")
+EVENT = struct.Struct("<QHBxxxxxQH6x")
+
+
+@dataclass
+class Open:
+    """One guest file descriptor."""
+
+    node: Node | None  # None for stdio streams
+    kind: str  # "file", "dir", "stdin", "stdout", "stderr"
+    readable: bool = False
+    writable: bool = False
+    append: bool = False
+    pos: int = 0
+    preopen: str | None = None
+
+
+class Stream:
+    """stdout or stderr: everything hashed, the first DISPLAY_CAP bytes kept."""
+
+    def __init__(self, keep: int) -> None:
+        self.sha = hashlib.sha256()
+        self.kept = bytearray()
+        self.keep = keep
+        self.total = 0
+
+    def write(self, data: bytes) -> None:
+        self.sha.update(data)
+        self.total += len(data)
+        room = self.keep - len(self.kept)
+        if room > 0:
+            self.kept += data[:room]
+
+
+class Context:
+    """All per-run state the WASI functions see."""
+
+    def __init__(
+        self,
+        args: tuple[str, ...],
+        env: tuple[tuple[str, str], ...],
+        seed: bytes,
+        tree: Tree,
+        budget: OutputBudget,
+        stdin: InputFile | None,
+    ) -> None:
+        self.argv = [a.encode() + b"\0" for a in (ARGV0, *args)]
+        self.environ = [f"{k}={v}".encode() + b"\0" for k, v in env]
+        self.seed = seed
+        self.tree = tree
+        self.budget = budget
+        self.host = HostFiles()
+        self.stdout = Stream(DISPLAY_CAP)
+        self.stderr = Stream(0)
+        self.clock_ns = 0
+        self.rng_counter = 0
+        self.rng_buf = b""
+        self.memory: wasmtime.Memory | None = None
+        self.stdin = stdin
+        if stdin is not None:
+            self.host.acquire(stdin)
+        self.fds: dict[int, Open] = {
+            0: Open(stdin, "stdin", readable=True),
+            1: Open(None, "stdout", writable=True),
+            2: Open(None, "stderr", writable=True),
+            3: Open(tree.input, "dir", preopen="/input"),
+            4: Open(tree.output, "dir", preopen="/output"),
+        }
+
+    def close(self) -> None:
+        self.host.close_all()
+
+    def mem(self, caller: wasmtime.Caller) -> Memory:
+        if self.memory is None:
+            m = caller.get("memory")
+            self.memory = m if isinstance(m, wasmtime.Memory) else None
+        return Memory(caller, self.memory)
+
+    def fd(self, fd: int) -> Open:
+        o = self.fds.get(fd & _U32)
+        if o is None:
+            raise Errno(E.BADF)
+        return o
+
+    def dir_fd(self, fd: int) -> VDir:
+        o = self.fd(fd)
+        if not isinstance(o.node, VDir):
+            raise Errno(E.NOTDIR)
+        return o.node
+
+    def add_fd(self, o: Open) -> int:
+        if len(self.fds) >= MAX_FDS:
+            raise Errno(E.MFILE)
+        n = 5
+        while n in self.fds:
+            n += 1
+        if isinstance(o.node, InputFile):
+            self.host.acquire(o.node)
+        self.fds[n] = o
+        return n
+
+    def release(self, o: Open) -> None:
+        if isinstance(o.node, InputFile) and o.kind == "file":
+            self.host.release(o.node)
+
+    def random(self, n: int) -> bytes:
+        out = bytearray(self.rng_buf[:n])
+        self.rng_buf = self.rng_buf[n:]
+        while len(out) < n:
+            counter = self.rng_counter.to_bytes(8, "little")
+            block = hashlib.sha256(b"e31/random/1" + self.seed + counter).digest()
+            self.rng_counter += 1
+            take = n - len(out)
+            out += block[:take]
+            self.rng_buf = block[take:]
+        return bytes(out)
+
+
+Handler = Callable[..., Any]
+_I32, _I64 = "i", "I"
+
+
+# name -> (param kinds, has result, implementation). Filled by @wasi below.
+FUNCTIONS: dict[str, tuple[str, bool, Handler]] = {}
+
+
+def wasi(params: str, result: bool = True) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        FUNCTIONS[fn.__name__] = (params, result, fn)
+        return fn
+
+    return register
+
+
+def _valtypes(kinds: str) -> list[wasmtime.ValType]:
+    return [wasmtime.ValType.i64() if k == _I64 else wasmtime.ValType.i32() for k in kinds]
+
+
+def func_type(name: str) -> wasmtime.FuncType:
+    params, result, _ = FUNCTIONS[name]
+    return wasmtime.FuncType(_valtypes(params), [wasmtime.ValType.i32()] if result else [])
+
+
+# -- args, environment, clocks, random, scheduling -----------------------------------------------
+
+
+def _put_strings(m: Memory, ptrs: int, buf: int, items: list[bytes]) -> None:
+    offset = 0
+    for i, item in enumerate(items):
+        m.put(ptrs + 4 * i, U32, (buf + offset) & _U32)
+        m.write(buf + offset, item)
+        offset += len(item)
+
+
+@wasi("ii")
+def args_get(ctx: Context, m: Memory, argv: int, buf: int) -> int:
+    _put_strings(m, argv, buf, ctx.argv)
+    return 0
+
+
+@wasi("ii")
+def args_sizes_get(ctx: Context, m: Memory, count: int, size: int) -> int:
+    m.put(count, U32, len(ctx.argv))
+    m.put(size, U32, sum(map(len, ctx.argv)))
+    return 0
+
+
+@wasi("ii")
+def environ_get(ctx: Context, m: Memory, env: int, buf: int) -> int:
+    _put_strings(m, env, buf, ctx.environ)
+    return 0
+
+
+@wasi("ii")
+def environ_sizes_get(ctx: Context, m: Memory, count: int, size: int) -> int:
+    m.put(count, U32, len(ctx.environ))
+    m.put(size, U32, sum(map(len, ctx.environ)))
+    return 0
+
+
+def _clock_id(clock: int) -> int:
+    if clock & _U32 > 3:
+        raise Errno(E.INVAL)
+    return clock & _U32
+
+
+@wasi("ii")
+def clock_res_get(ctx: Context, m: Memory, clock: int, out: int) -> int:
+    _clock_id(clock)
+    m.put(out, U64, CLOCK_STEP_NS)
+    return 0
+
+
+@wasi("iIi")
+def clock_time_get(ctx: Context, m: Memory, clock: int, precision: int, out: int) -> int:
+    base = REALTIME_EPOCH_NS if _clock_id(clock) == 0 else 0
+    m.put(out, U64, (base + ctx.clock_ns) & _U64)
+    ctx.clock_ns += CLOCK_STEP_NS
+    return 0
+
+
+@wasi("ii")
+def random_get(ctx: Context, m: Memory, buf: int, n: int) -> int:
+    n &= _U32
+    m._check(buf, n)
+    for off in range(0, n, READ_CHUNK):
+        m.write(buf + off, ctx.random(min(READ_CHUNK, n - off)))
+    return 0
+
+
+@wasi("")
+def sched_yield(ctx: Context, m: Memory) -> int:
+    return 0
+
+
+@wasi("i", result=False)
+def proc_exit(ctx: Context, m: Memory, code: int) -> None:
+    raise GuestExit(code & _U32)
+
+
+@wasi("i")
+def proc_raise(ctx: Context, m: Memory, sig: int) -> int:
+    return E.NOSYS
+
+
+@wasi("iiii")
+def poll_oneoff(ctx: Context, m: Memory, subs: int, events: int, n: int, nevents: int) -> int:
+    """Clock waits finish at once and advance the virtual clock; fd waits are always ready."""
+    n &= _U32
+    if n == 0:
+        return E.INVAL
+    if n > MAX_FDS:
+        return E.NOTSUP
+    parsed = [m.get(subs + SUBSCRIPTION.size * i, SUBSCRIPTION) for i in range(n)]
+    ready: list[tuple[int, int, int, int]] = []  # userdata, errno, type, nbytes
+    for userdata, tag, fd, _, _, _ in parsed:
+        if tag in (EVENT_FD_READ, EVENT_FD_WRITE):
+            try:
+                o = ctx.fd(fd)
+                nbytes = max(0, o.node.size - o.pos) if (tag == EVENT_FD_READ and o.node) else 0
+                ready.append((userdata, 0, tag, nbytes))
+            except Errno as e:
+                ready.append((userdata, e.code, tag, 0))
+        elif tag != EVENT_CLOCK:
+            return E.INVAL
+    if not ready:
+        waits = []
+        for userdata, _, clock, timeout, _, flags in parsed:
+            try:
+                base = REALTIME_EPOCH_NS if _clock_id(clock) == 0 else 0
+            except Errno as e:
+                ready.append((userdata, e.code, EVENT_CLOCK, 0))
+                continue
+            delta = timeout - (base + ctx.clock_ns) if flags & SUBCLOCK_ABSTIME else timeout
+            waits.append((max(0, delta), userdata))
+        if waits and not ready:
+            first = min(w for w, _ in waits)
+            ctx.clock_ns += first
+            ready = [(u, 0, EVENT_CLOCK, 0) for w, u in waits if w == first]
+    for i, (userdata, err, kind, nbytes) in enumerate(ready):
+        m.put(events + EVENT.size * i, EVENT, userdata, err, kind, nbytes, 0)
+    m.put(nevents, U32, len(ready))
+    return 0
+
+
+# -- file descriptors ----------------------------------------------------------------------------
+
+
+def _filestat(m: Memory, out: int, node: Node | None) -> None:
+    t = FIXED_TIME_NS
+    if node is None:
+        m.put(out, FILESTAT, 0, 0, FileType.CHARACTER_DEVICE, 1, 0, t, t, t)
+    else:
+        m.put(out, FILESTAT, node.dev, node.ino, node.filetype, 1, node.size, t, t, t)
+
+
+@wasi("i")
+def fd_close(ctx: Context, m: Memory, fd: int) -> int:
+    o = ctx.fd(fd)
+    ctx.release(o)
+    del ctx.fds[fd & _U32]
+    return 0
+
+
+@wasi("ii")
+def fd_fdstat_get(ctx: Context, m: Memory, fd: int, out: int) -> int:
+    o = ctx.fd(fd)
+    if o.kind == "dir":
+        m.put(out, FDSTAT, FileType.DIRECTORY, 0, RIGHTS_DIR, RIGHTS_DIR_INHERIT)
+    elif o.kind == "file":
+        rights = (RIGHTS_FILE_READ if o.readable else 0) | (RIGHTS_FILE_WRITE if o.writable else 0)
+        rights |= R_FD_SEEK | R_FD_TELL | R_FD_FILESTAT_GET | R_FD_FDSTAT_SET_FLAGS | R_FD_ADVISE
+        m.put(out, FDSTAT, FileType.REGULAR_FILE, FDFLAG_APPEND if o.append else 0, rights, 0)
+    else:
+        m.put(out, FDSTAT, FileType.CHARACTER_DEVICE, 0, RIGHTS_STDIO, 0)
+    return 0
+
+
+@wasi("ii")
+def fd_fdstat_set_flags(ctx: Context, m: Memory, fd: int, flags: int) -> int:
+    o = ctx.fd(fd)
+    if o.kind == "file":
+        o.append = bool(flags & FDFLAG_APPEND)
+    return 0
+
+
+@wasi("iII")
+def fd_fdstat_set_rights(ctx: Context, m: Memory, fd: int, base: int, inheriting: int) -> int:
+    ctx.fd(fd)
+    return E.NOTSUP
+
+
+@wasi("ii")
+def fd_filestat_get(ctx: Context, m: Memory, fd: int, out: int) -> int:
+    _filestat(m, out, ctx.fd(fd).node)
+    return 0
+
+
+@wasi("iI")
+def fd_filestat_set_size(ctx: Context, m: Memory, fd: int, size: int) -> int:
+    o = ctx.fd(fd)
+    if not (o.writable and isinstance(o.node, OutputFile)):
+        return E.BADF
+    if size < 0:
+        return E.INVAL
+    ctx.tree.resize(o.node, size)
+    return 0
+
+
+@wasi("iIIi")
+def fd_filestat_set_times(ctx: Context, m: Memory, fd: int, atim: int, mtim: int, flags: int) -> int:
+    """Accepted and ignored: timestamps are fixed."""
+    ctx.fd(fd)
+    return 0
+
+
+@wasi("ii")
+def fd_prestat_get(ctx: Context, m: Memory, fd: int, out: int) -> int:
+    o = ctx.fd(fd)
+    if o.preopen is None:
+        return E.BADF
+    m.put(out, PRESTAT, 0, len(o.preopen))
+    return 0
+
+
+@wasi("iii")
+def fd_prestat_dir_name(ctx: Context, m: Memory, fd: int, buf: int, n: int) -> int:
+    o = ctx.fd(fd)
+    if o.preopen is None:
+        return E.BADF
+    name = o.preopen.encode()
+    if (n & _U32) < len(name):
+        return E.NAMETOOLONG
+    m.write(buf, name)
+    return 0
+
+
+def _read_into(ctx: Context, m: Memory, o: Open, iovs: list[tuple[int, int]], offset: int) -> int:
+    """Read from a file node at offset into the iovecs; returns the byte count."""
+    node = o.node
+    total = 0
+    for buf, n in iovs:
+        m._check(buf, n)
+        while n > 0:
+            want = min(n, READ_CHUNK)
+            if isinstance(node, InputFile):
+                data = ctx.host.pread(node, want, offset)
+            elif isinstance(node, OutputFile):
+                data = bytes(node.data[offset:offset + want])
+            else:
+                data = b""
+            if not data:
+                return total
+            m.write(buf, data)
+            buf, n, offset, total = buf + len(data), n - len(data), offset + len(data), total + len(data)
+    return total
+
+
+def _readable(ctx: Context, fd: int) -> Open:
+    o = ctx.fd(fd)
+    if o.kind == "dir":
+        raise Errno(E.ISDIR)
+    if not o.readable:
+        raise Errno(E.BADF)
+    return o
+
+
+@wasi("iiii")
+def fd_read(ctx: Context, m: Memory, fd: int, iovs: int, count: int, out: int) -> int:
+    o = _readable(ctx, fd)
+    n = _read_into(ctx, m, o, m.iovecs(iovs, count), o.pos)
+    o.pos += n
+    m.put(out, U32, n)
+    return 0
+
+
+@wasi("iiiIi")
+def fd_pread(ctx: Context, m: Memory, fd: int, iovs: int, count: int, offset: int, out: int) -> int:
+    o = _readable(ctx, fd)
+    if o.kind != "file":
+        return E.SPIPE
+    m.put(out, U32, _read_into(ctx, m, o, m.iovecs(iovs, count), offset & _U64))
+    return 0
+
+
+def _gather(m: Memory, iovs: int, count: int) -> bytes:
+    return b"".join(m.read(b, n) for b, n in m.iovecs(iovs, count))
+
+
+def _write(ctx: Context, o: Open, data: bytes, offset: int | None) -> None:
+    if o.kind in ("stdout", "stderr"):
+        ctx.budget.charge(len(data))
+        (ctx.stdout if o.kind == "stdout" else ctx.stderr).write(data)
+        return
+    if not isinstance(o.node, OutputFile):
+        raise Errno(E.BADF)
+    if offset is None:
+        if o.append:
+            o.pos = o.node.size
+        ctx.tree.write_at(o.node, o.pos, data)
+        o.pos += len(data)
+    else:
+        ctx.tree.write_at(o.node, offset, data)
+
+
+def _writable(ctx: Context, fd: int) -> Open:
+    o = ctx.fd(fd)
+    if o.kind == "dir":
+        raise Errno(E.ISDIR)
+    if not o.writable:
+        raise Errno(E.BADF)
+    return o
+
+
+@wasi("iiii")
+def fd_write(ctx: Context, m: Memory, fd: int, iovs: int, count: int, out: int) -> int:
+    o = _writable(ctx, fd)
+    data = _gather(m, iovs, count)
+    m._check(out, 4)
+    _write(ctx, o, data, None)
+    m.put(out, U32, len(data))
+    return 0
+
+
+@wasi("iiiIi")
+def fd_pwrite(ctx: Context, m: Memory, fd: int, iovs: int, count: int, offset: int, out: int) -> int:
+    o = _writable(ctx, fd)
+    if o.kind != "file":
+        return E.SPIPE
+    data = _gather(m, iovs, count)
+    m._check(out, 4)
+    _write(ctx, o, data, offset & _U64)
+    m.put(out, U32, len(data))
+    return 0
+
+
+@wasi("iIii")
+def fd_seek(ctx: Context, m: Memory, fd: int, delta: int, whence: int, out: int) -> int:
+    o = ctx.fd(fd)
+    if o.kind == "dir":
+        return E.BADF
+    if o.kind != "file" or o.node is None:
+        return E.SPIPE
+    base = {WHENCE_SET: 0, WHENCE_CUR: o.pos, WHENCE_END: o.node.size}.get(whence & _U32)
+    if base is None:
+        return E.INVAL
+    pos = base + delta
+    if not 0 <= pos <= _U64 >> 1:
+        return E.INVAL
+    m.put(out, U64, pos)
+    o.pos = pos
+    return 0
+
+
+@wasi("ii")
+def fd_tell(ctx: Context, m: Memory, fd: int, out: int) -> int:
+    o = ctx.fd(fd)
+    if o.kind != "file":
+        return E.SPIPE if o.kind != "dir" else E.BADF
+    m.put(out, U64, o.pos)
+    return 0
+
+
+@wasi("i")
+def fd_sync(ctx: Context, m: Memory, fd: int) -> int:
+    ctx.fd(fd)
+    return 0
+
+
+@wasi("i")
+def fd_datasync(ctx: Context, m: Memory, fd: int) -> int:
+    ctx.fd(fd)
+    return 0
+
+
+@wasi("iIIi")
+def fd_advise(ctx: Context, m: Memory, fd: int, offset: int, length: int, advice: int) -> int:
+    o = ctx.fd(fd)
+    if o.kind == "dir":
+        return E.BADF
+    if advice & _U32 > 5 or offset < 0 or length < 0:
+        return E.INVAL
+    return 0
+
+
+@wasi("iII")
+def fd_allocate(ctx: Context, m: Memory, fd: int, offset: int, length: int) -> int:
+    ctx.fd(fd)
+    return E.NOTSUP
+
+
+@wasi("ii")
+def fd_renumber(ctx: Context, m: Memory, fd: int, to: int) -> int:
+    src, dst = ctx.fd(fd), ctx.fd(to)
+    if src is dst:
+        return 0
+    ctx.release(dst)
+    ctx.fds[to & _U32] = src
+    del ctx.fds[fd & _U32]
+    return 0
+
+
+@wasi("iiiIi")
+def fd_readdir(ctx: Context, m: Memory, fd: int, buf: int, n: int, cookie: int, out: int) -> int:
+    """Entries are ".", ".." and the children sorted by name; the cookie is the entry index."""
+    d = ctx.dir_fd(fd)
+    n &= _U32
+    m._check(buf, n)
+    parent = d.parent or d
+    entries: list[tuple[str, Node]] = [(".", d), ("..", parent)]
+    entries += sorted(d.children.items())
+    blob = bytearray()
+    for index in range(max(0, cookie), len(entries)):
+        if len(blob) >= n:
+            break
+        name, node = entries[index]
+        raw = name.encode()
+        blob += DIRENT.pack(index + 1, node.ino, len(raw), node.filetype) + raw
+    used = bytes(blob[:n])
+    m.write(buf, used)
+    m.put(out, U32, len(used))
+    return 0
+
+
+# -- paths ---------------------------------------------------------------------------------------
+
+
+@wasi("iiiiiIIii")
+def path_open(ctx: Context, m: Memory, fd: int, dirflags: int, path: int, path_len: int, oflags: int,
+              base: int, inheriting: int, fdflags: int, out: int) -> int:
+    start = ctx.dir_fd(fd)
+    raw = m.read(path, path_len & _U32)
+    m._check(out, 4)
+    base &= _U64
+    readable = bool(base & R_FD_READ)
+    writable = bool(base & (R_FD_WRITE | R_FD_ALLOCATE | R_FD_FILESTAT_SET_SIZE)) or bool(oflags & O_TRUNC)
+    parent, name, trailing = ctx.tree.locate(start, raw)
+    node = parent if name is None else parent.children.get(name)
+    if node is None:
+        if not oflags & O_CREAT:
+            return E.NOENT
+        if oflags & O_DIRECTORY or trailing:
+            return E.ISDIR if trailing else E.INVAL
+        node = ctx.tree.create_file(parent, name or "")
+    elif oflags & O_CREAT and oflags & O_EXCL:
+        return E.EXIST
+    if isinstance(node, VDir):
+        if writable or oflags & O_TRUNC:
+            return E.ISDIR
+        new = ctx.add_fd(Open(node, "dir"))
+    else:
+        if oflags & O_DIRECTORY or trailing:
+            return E.NOTDIR
+        if writable and not isinstance(node, OutputFile):
+            return E.ROFS
+        if oflags & O_TRUNC and isinstance(node, OutputFile):
+            ctx.tree.resize(node, 0)
+        new = ctx.add_fd(Open(node, "file", readable=readable or not writable, writable=writable,
+                              append=bool(fdflags & FDFLAG_APPEND)))
+    m.put(out, U32, new)
+    return 0
+
+
+@wasi("iiiii")
+def path_filestat_get(ctx: Context, m: Memory, fd: int, flags: int, path: int, path_len: int,
+                      out: int) -> int:
+    start = ctx.dir_fd(fd)
+    node = ctx.tree.lookup(start, m.read(path, path_len & _U32))
+    _filestat(m, out, node)
+    return 0
+
+
+@wasi("iiiiIIi")
+def path_filestat_set_times(ctx: Context, m: Memory, fd: int, flags: int, path: int, path_len: int,
+                            atim: int, mtim: int, fst: int) -> int:
+    """Accepted and ignored once the path exists: timestamps are fixed."""
+    ctx.tree.lookup(ctx.dir_fd(fd), m.read(path, path_len & _U32))
+    return 0
+
+
+@wasi("iii")
+def path_create_directory(ctx: Context, m: Memory, fd: int, path: int, path_len: int) -> int:
+    ctx.tree.mkdir(ctx.dir_fd(fd), m.read(path, path_len & _U32))
+    return 0
+
+
+@wasi("iii")
+def path_unlink_file(ctx: Context, m: Memory, fd: int, path: int, path_len: int) -> int:
+    ctx.tree.unlink(ctx.dir_fd(fd), m.read(path, path_len & _U32))
+    return 0
+
+
+@wasi("iii")
+def path_remove_directory(ctx: Context, m: Memory, fd: int, path: int, path_len: int) -> int:
+    ctx.tree.rmdir(ctx.dir_fd(fd), m.read(path, path_len & _U32))
+    return 0
+
+
+@wasi("iiiiii")
+def path_rename(ctx: Context, m: Memory, fd: int, old: int, old_len: int, new_fd: int, new: int,
+                new_len: int) -> int:
+    ctx.tree.rename(ctx.dir_fd(fd), m.read(old, old_len & _U32),
+                    ctx.dir_fd(new_fd), m.read(new, new_len & _U32))
+    return 0
+
+
+@wasi("iiiiii")
+def path_readlink(ctx: Context, m: Memory, fd: int, path: int, path_len: int, buf: int, n: int,
+                  out: int) -> int:
+    ctx.tree.lookup(ctx.dir_fd(fd), m.read(path, path_len & _U32))
+    return E.INVAL  # nothing in the tree is a symbolic link
+
+
+@wasi("iiiii")
+def path_symlink(ctx: Context, m: Memory, old: int, old_len: int, fd: int, new: int, new_len: int) -> int:
+    return E.NOTSUP
+
+
+@wasi("iiiiiii")
+def path_link(ctx: Context, m: Memory, old_fd: int, flags: int, old: int, old_len: int, new_fd: int,
+              new: int, new_len: int) -> int:
+    return E.NOTSUP
+
+
+# -- sockets: none exist -------------------------------------------------------------------------
+
+
+@wasi("iii")
+def sock_accept(ctx: Context, m: Memory, fd: int, flags: int, out: int) -> int:
+    return E.NOSYS
+
+
+@wasi("iiiiii")
+def sock_recv(ctx: Context, m: Memory, fd: int, data: int, data_len: int, flags: int, out_len: int,
+              out_flags: int) -> int:
+    return E.NOSYS
+
+
+@wasi("iiiii")
+def sock_send(ctx: Context, m: Memory, fd: int, data: int, data_len: int, flags: int, out: int) -> int:
+    return E.NOSYS
+
+
+@wasi("ii")
+def sock_shutdown(ctx: Context, m: Memory, fd: int, how: int) -> int:
+    return E.NOSYS
+
+
+# -- linking -------------------------------------------------------------------------------------
+
+
+class Slot:
+    """Which run's Context the linker's functions serve right now (one run per engine at a time)."""
+
+    ctx: Context | None = None
+
+
+def _bind(slot: Slot, fn: Handler, has_result: bool) -> Handler:
+    def host(caller: wasmtime.Caller, *args: int) -> int | None:
+        ctx = slot.ctx
+        if ctx is None:
+            raise RuntimeError("WASI function called outside a run")
+        try:
+            return int(fn(ctx, ctx.mem(caller), *args)) if has_result else fn(ctx, None, *args)
+        except Errno as e:
+            return int(e.code)
+        except Fault:
+            return int(E.FAULT)
+
+    return host
+
+
+def define_all(linker: wasmtime.Linker, slot: Slot) -> None:
+    for name, (_, has_result, fn) in FUNCTIONS.items():
+        linker.define_func(MODULE, name, func_type(name), _bind(slot, fn, has_result), access_caller=True)
+
+
+SIGNATURES: dict[str, tuple[str, bool]] = {n: (p, r) for n, (p, r, _) in FUNCTIONS.items()}
