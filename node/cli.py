@@ -16,6 +16,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("e31.node.cmd_inspect", "verify and decode one signed envelope, print it as JSON"),
     "sandbox": ("e31.node.cmd_sandbox", "run a WebAssembly module locally in the e31 sandbox"),
+    "node": ("e31.node.cmd_node", "run a node (node run), or show a running node's status (node status)"),
+    "peers": ("e31.node.cmd_peers", "list the peers a running node knows"),
 }
 
 
@@ -64,8 +66,17 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first `--` is passed through untouched (guest arguments), to commands whose
+    # parser sets `accepts_passthrough`; argparse alone cannot mix options after a positional with `--`.
+    tail: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1 :]
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    if tail and not getattr(args, "accepts_passthrough", False):
+        parser.error(f"unexpected arguments after '--': {' '.join(tail)}")
+    args.passthrough = tail
     run = getattr(args, "_run", None)
     if run is None:
         parser.print_help(sys.stderr)

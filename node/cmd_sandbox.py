@@ -75,8 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        epilog="example: e31 sandbox run --input data/ wordfreq.wasm -- 10")
     p.add_argument("module", metavar="MODULE", type=Path, help="the module: a .wasm binary or .wat text")
     p.add_argument("guest_args", nargs="*", metavar="ARG",
-                   help="arguments for the guest after MODULE (use `--` before any that start with '-', "
-                   "and put options before MODULE then); appended to any --arg")
+                   help="arguments for the guest after MODULE (put any that start with '-' after `--`); "
+                   "appended to any --arg")
+    p.set_defaults(accepts_passthrough=True)
     p.add_argument("--arg", dest="args", action="append", default=[], metavar="A",
                    help="an argument for the guest (repeatable; argv[0] is always job.wasm)")
     p.add_argument("--env", action="append", type=_env, default=[], metavar="K=V",
@@ -139,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
         except InvalidModule as e:
             module, refused = None, str(e)
     try:
-        spec = JobSpec(module=module or b"", args=(*args.args, *args.guest_args), env=tuple(args.env),
+        spec = JobSpec(module=module or b"", args=(*args.args, *args.guest_args, *args.passthrough),
+                       env=tuple(args.env),
                        stdin=args.stdin, inputs=inputs, limits=limits,
                        **({"seed": args.seed} if args.seed else {}))
     except JobSpecError as e:

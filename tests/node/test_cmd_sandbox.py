@@ -77,6 +77,19 @@ def test_json_reports_every_documented_field(echo: Path, tmp_path: Path,
     assert doc["profile"]["digest"] == doc["profile_digest"]  # type: ignore[index]
 
 
+def test_guest_arguments_after_double_dash_may_follow_options(echo: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _json(capsys, ["sandbox", "run", str(echo), "--json", "--", "-dashed"])
+    assert str(doc["stdout"]).startswith("-dashed")
+
+
+def test_double_dash_is_refused_where_nothing_takes_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", "-", "--", "x"])
+    assert exc.value.code == 2
+    assert "after '--'" in capsys.readouterr().err
+
+
 def test_summary_mode_prints_the_guest_stdout_and_a_summary(echo: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sandbox", "run", str(echo), "--arg", "x"]) == 0
