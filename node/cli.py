@@ -16,7 +16,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("e31.node.cmd_inspect", "verify and decode one signed envelope, print it as JSON"),
     "sandbox": ("e31.node.cmd_sandbox", "run a WebAssembly module locally in the e31 sandbox"),
-    "node": ("e31.node.cmd_node", "run a node (node run), or show a running node's status (node status)"),
+    "node": ("e31.node.cmd_node", "run a node, or show the status of a running one"),
     "peers": ("e31.node.cmd_peers", "list the peers a running node knows"),
 }
 
@@ -99,4 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m e31.node.cli`: use the canonical module, so the CliError that command modules
+    # import is the one main() catches (this file would otherwise be loaded twice).
+    from e31.node.cli import main as _main
+
+    sys.exit(_main())

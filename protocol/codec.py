@@ -45,7 +45,6 @@ def unpack(data: bytes, *, max_len: int = MAX_FRAME) -> Any:
             raw=False,
             strict_map_key=True,
             use_list=False,
-            max_buffer_size=max(max_len, len(data)),
             max_bin_len=max_len,
             max_str_len=max_len,
             max_array_len=max_len,

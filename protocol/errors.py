@@ -58,3 +58,11 @@ class LocalProtocolError(ProtocolError):
     """Local code used the protocol API wrongly (a bug on our side, not the peer's)."""
 
     remote = False
+
+
+class BadBlob(ProtocolError):
+    """A blob chunk or chunk list that does not match the hash or size it was announced with."""
+
+
+class Mismatch(ProtocolError):
+    """A valid message that does not match what it answers (a receipt vs. its manifest or assignment)."""

@@ -1,0 +1,7 @@
+"""`python -m e31.node` runs the e31 command line."""
+
+import sys
+
+from e31.node.cli import main
+
+sys.exit(main())

@@ -1,0 +1,245 @@
+"""Signed envelopes: the one way any e31 message travels or is stored.
+
+Wire form: the msgpack array [1, kind, body, signer, signature], minimally encoded, where body
+is the msgpack array of the message's fields and signature is Ed25519 by `signer` over
+SIGNING_PREFIX + kind + b"\\x00" + body. `verify` checks, in this order and before any body byte
+is interpreted: canonical encoding, shape and types, version, known kind, the signature; then it
+decodes the body (also canonical), validates the message and checks that the signer is the
+message's issuer. Only `verify` builds a VerifiedEnvelope.
+
+The message id is SHA-256(signed bytes || signer key): it covers exactly what was signed, so
+nobody can mint a second id for one message by re-encoding it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, overload
+
+import nacl.exceptions
+import nacl.signing
+
+from .codec import MAX_FRAME, pack, unpack_canonical
+from .errors import (
+    BadSignature,
+    DecodeError,
+    Expired,
+    InvalidMessage,
+    LocalProtocolError,
+    UnknownKind,
+    WrongNetwork,
+)
+from .ids import ENVELOPE_VERSION, KEY_SIZE, SIGNATURE_SIZE, SIGNING_PREFIX, Digest, NodeId, _digest
+from .messages import REGISTRY, AnyMessage
+from .schema import Message
+
+M = TypeVar("M", bound=Message)
+
+_SEAL = object()
+
+
+def signed_bytes(kind: str, body: bytes) -> bytes:
+    """The exact bytes an envelope's signature covers."""
+    return SIGNING_PREFIX + kind.encode("ascii") + b"\x00" + body
+
+
+def message_id(kind: str, body: bytes, signer: NodeId) -> Digest:
+    return Digest(hashlib.sha256(signed_bytes(kind, body) + signer.raw).digest())
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedEnvelope(Generic[M]):
+    """An envelope whose signature, encoding and message have all been checked. Built by `verify` only."""
+
+    raw: bytes
+    kind: str
+    signer: NodeId
+    message_id: Digest
+    message: M
+    _seal: object = field(repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self._seal is not _SEAL:
+            raise LocalProtocolError("a VerifiedEnvelope comes only from verify()")
+
+    @property
+    def body(self) -> bytes:
+        body: bytes = unpack_canonical(self.raw)[2]
+        return body
+
+
+_new = object.__new__
+_set_raw, _set_kind, _set_signer, _set_message_id, _set_message, _set_seal = (
+    VerifiedEnvelope.__dict__[name].__set__
+    for name in ("raw", "kind", "signer", "message_id", "message", "_seal")
+)
+
+
+def node_id_of(signing_key: nacl.signing.SigningKey) -> NodeId:
+    return NodeId(bytes(signing_key.verify_key))
+
+
+def sign(kind: str, message_or_body: Message | bytes, signing_key: nacl.signing.SigningKey) -> bytes:
+    """Sign a message (or an already encoded body) as an envelope of `kind`.
+
+    A message must be of that kind and name the signing key as its issuer (LocalProtocolError
+    otherwise). A raw body is signed as given: use it only for tests and vectors.
+    """
+    signer = node_id_of(signing_key)
+    if isinstance(message_or_body, Message):
+        if kind != message_or_body.KIND:
+            raise LocalProtocolError(f"a {type(message_or_body).__name__} is of kind "
+                                     f"{message_or_body.KIND!r}, not {kind!r}")
+        if message_or_body.issuer != signer:
+            raise LocalProtocolError(f"the {kind} names issuer {message_or_body.issuer}, "
+                                     f"but the signing key is {signer}")
+        body = pack(message_or_body.to_wire())
+    elif isinstance(message_or_body, bytes):
+        body = message_or_body
+    else:
+        raise LocalProtocolError(f"cannot sign a {type(message_or_body).__name__}")
+    if not kind.isascii():
+        raise LocalProtocolError(f"kind {kind!r} is not ASCII")
+    signature = signing_key.sign(signed_bytes(kind, body)).signature
+    envelope = pack((ENVELOPE_VERSION, kind, body, signer.raw, signature))
+    if len(envelope) > MAX_FRAME:
+        raise LocalProtocolError(f"the {kind} envelope is {len(envelope)} bytes, more than a frame holds "
+                                 f"({MAX_FRAME})")
+    return envelope
+
+
+def sign_message(message: Message, signing_key: nacl.signing.SigningKey) -> bytes:
+    """`sign(message.KIND, message, signing_key)`."""
+    return sign(message.KIND, message, signing_key)
+
+
+@overload
+def verify(data: bytes, expect: None = None, *, max_len: int = MAX_FRAME) -> VerifiedEnvelope[AnyMessage]: ...
+@overload
+def verify(data: bytes, expect: type[M], *, max_len: int = MAX_FRAME) -> VerifiedEnvelope[M]: ...
+
+
+def verify(
+    data: bytes, expect: type[Any] | None = None, *, max_len: int = MAX_FRAME
+) -> VerifiedEnvelope[Any]:
+    """Check an envelope completely and return it verified; raise a ProtocolError subclass otherwise.
+
+    With `expect`, the envelope must hold that message class (UnknownKind otherwise).
+    Expiry and network are not checked here: see `check_fresh`.
+    """
+    if type(data) is not bytes:
+        if not isinstance(data, (bytearray, memoryview)):
+            raise DecodeError(f"an envelope is bytes, got {type(data).__name__}")
+        data = bytes(data)
+    if len(data) > max_len:
+        raise DecodeError(f"envelope of {len(data)} bytes exceeds the limit of {max_len}")
+    parts = _split_canonical(data)
+    if parts is None:
+        parts = _split_generic(data, max_len)
+    kind, body, signer, signature = parts
+    cls = REGISTRY.get(kind)
+    if cls is None:
+        raise UnknownKind(f"unknown message kind {kind[:32]!r}")
+    if expect is not None and cls is not expect:
+        raise UnknownKind(f"expected a {expect.KIND!r} envelope, got {kind!r}")
+    signed = SIGNING_PREFIX + kind.encode("ascii") + b"\x00" + body
+    try:
+        nacl.signing.VerifyKey(signer).verify(signed, signature)
+    except nacl.exceptions.CryptoError as e:  # BadSignatureError and malformed keys alike
+        raise BadSignature(f"bad {kind} signature: {e}") from None
+    except (ValueError, TypeError) as e:
+        raise BadSignature(f"bad {kind} signer key: {e}") from None
+    try:
+        message = cls.from_wire(unpack_canonical(body, max_len=max_len))
+    except InvalidMessage as e:
+        raise InvalidMessage(f"{kind}: {e}") from None
+    if message.issuer.raw != signer:
+        raise BadSignature(f"the {kind} was signed by {NodeId(signer)}, not by its issuer {message.issuer}")
+    env: VerifiedEnvelope[Any] = _new(VerifiedEnvelope)
+    _set_raw(env, data)
+    _set_kind(env, kind)
+    _set_signer(env, message.issuer)
+    _set_message_id(env, _digest(hashlib.sha256(signed + signer).digest()))
+    _set_message(env, message)
+    _set_seal(env, _SEAL)
+    return env
+
+
+def _split_generic(data: bytes, max_len: int) -> tuple[str, bytes, bytes, bytes]:
+    """Decode an envelope with msgpack and check every part, raising the precise error."""
+    env = unpack_canonical(data, max_len=max_len)
+    if type(env) is not tuple or len(env) != 5:
+        raise DecodeError("an envelope is an array of 5 items")
+    version, kind, body, signer, signature = env
+    if type(version) is not int or version != ENVELOPE_VERSION:
+        raise DecodeError(f"unsupported envelope version {version!r}")
+    if type(kind) is not str:
+        raise DecodeError("envelope kind is not a string")
+    if not kind.isascii() or kind not in REGISTRY:
+        raise UnknownKind(f"unknown message kind {kind[:32]!r}")
+    if type(body) is not bytes:
+        raise DecodeError("envelope body is not bin")
+    if type(signer) is not bytes or len(signer) != KEY_SIZE:
+        raise DecodeError(f"envelope signer is not {KEY_SIZE} bytes of bin")
+    if type(signature) is not bytes or len(signature) != SIGNATURE_SIZE:
+        raise DecodeError(f"envelope signature is not {SIGNATURE_SIZE} bytes of bin")
+    return kind, body, signer, signature
+
+
+_TAIL = 2 + KEY_SIZE + 2 + SIGNATURE_SIZE
+
+
+def _split_canonical(data: bytes) -> tuple[str, bytes, bytes, bytes] | None:
+    """The parts of an envelope already in its one canonical form, read straight from the bytes:
+    fixarray(5), fixint 1, fixstr kind, bin body (minimal header), bin8 signer, bin8 signature.
+    Anything else returns None and goes through `_split_generic`, which names the error."""
+    n = len(data)
+    if n < 5 + _TAIL or data[0] != 0x95 or data[1] != ENVELOPE_VERSION:
+        return None
+    k = data[2] - 0xA0
+    if not 0 < k < 32:
+        return None
+    pos = 3 + k
+    tag = data[pos]
+    if tag == 0xC4:
+        size, pos = data[pos + 1], pos + 2
+    elif tag == 0xC5:
+        size, pos = int.from_bytes(data[pos + 1:pos + 3], "big"), pos + 3
+        if size < 0x100:
+            return None
+    elif tag == 0xC6:
+        size, pos = int.from_bytes(data[pos + 1:pos + 5], "big"), pos + 5
+        if size < 0x10000:
+            return None
+    else:
+        return None
+    end = pos + size
+    if n != end + _TAIL or data[end:end + 2] != b"\xc4\x20" or data[end + 34:end + 36] != b"\xc4\x40":
+        return None
+    kind = data[3:3 + k]
+    if not kind.isascii():
+        return None
+    return kind.decode("ascii"), data[pos:end], data[end + 2:end + 34], data[end + 36:]
+
+
+def check_fresh(env: VerifiedEnvelope[Any], now: int, *, network: str | None = None,
+                max_ttl: int | None = None) -> None:
+    """Refuse a message arriving from the network that has expired (`now` in ms since the epoch),
+    belongs to another network, or (with max_ttl) claims a life longer than max_ttl ms from now.
+    Stored or archived messages are never checked for expiry (inspect, audit)."""
+    msg: Message = env.message
+    if network is not None and msg.network_name != network:
+        raise WrongNetwork(f"{env.kind} is for network {msg.network_name!r}, not {network!r}")
+    expires = msg.expires
+    if expires is None:
+        return
+    if expires <= now:
+        raise Expired(f"{env.kind} expired {now - expires} ms ago")
+    if max_ttl is not None and expires - now > max_ttl:
+        raise Expired(f"{env.kind} claims to live {expires - now} ms, more than the allowed {max_ttl} ms")
+
+
+def is_expired(env: VerifiedEnvelope[Any], now: int) -> bool:
+    expires: int | None = env.message.expires
+    return expires is not None and expires <= now

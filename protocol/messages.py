@@ -1,0 +1,288 @@
+"""The signed message kinds of e31: one frozen dataclass per kind, a registry, and a closed union.
+
+Each class's fields, in declaration order, are the msgpack array that forms an envelope's body.
+The first field of every message is the network name; `issuer` (see Message) is the key that
+must sign it; messages that live on the network for a while name their expiry. docs/protocol.md
+lists every kind with its fields and types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .blobs import CHUNK_SIZE, MAX_CHUNKS
+from .errors import InvalidMessage
+from .ids import DIGEST_SIZE, Digest, NodeId
+from .jobs import NONCE_SIZE, JobManifest
+from .receipts import Ack, UsageReceipt
+from .schema import (
+    BY_RAW,
+    NETWORK,
+    REGISTRY,
+    TIME,
+    U16,
+    U32,
+    Bin,
+    Hash,
+    Key,
+    Message,
+    OneOf,
+    Opt,
+    Seq,
+    Sub,
+    Text,
+    UInt,
+    message,
+    w,
+)
+
+MAX_ADDRESSES = 8
+ADDRESS_MAX = 261
+MAX_CONTACTS = 32
+CONTACT_MAX = 4096
+MAX_PROFILES = 16
+REASON_TEXT_MAX = 256
+DECLINE_REASONS = ("busy", "no_profile", "limits", "deadline", "expired", "policy", "other")
+CANCEL_REASONS = ("withdrawn", "done", "deadline", "other")
+
+
+_IPV6_CHARS = frozenset("0123456789abcdefABCDEF:.")
+
+
+def check_address(addr: str) -> str | None:
+    """Why `addr` is not "host:port" (an IPv6 host in brackets), or None if it is."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isascii() or not port.isdigit() or port != str(int(port)):
+        return f"address {addr!r} is not host:port"
+    if not 1 <= int(port) <= 65535:
+        return f"address {addr!r} has a port outside 1..65535"
+    if host.startswith("["):
+        if not host.endswith("]") or len(host) < 3 or not set(host[1:-1]) <= _IPV6_CHARS:
+            return f"address {addr!r} has a malformed IPv6 host"
+    elif not all(c.isascii() and (c.isalnum() or c in "-.") for c in host):
+        return f"address {addr!r} has a host that is neither a name nor an address"
+    return None
+
+
+NONCE = Bin(NONCE_SIZE, NONCE_SIZE)
+ADDRESS = Text(ADDRESS_MAX, min_len=3, rule=check_address, label="host:port")
+
+
+@message("ping", issuer="sender", expiry="expires")
+@dataclass(frozen=True, slots=True)
+class Ping(Message):
+    network: str = field(metadata=w(NETWORK))
+    sender: NodeId = field(metadata=w(Key()))
+    nonce: bytes = field(metadata=w(NONCE))
+    expires: int = field(metadata=w(TIME))
+
+
+@message("pong", issuer="sender", expiry="expires")
+@dataclass(frozen=True, slots=True)
+class Pong(Message):
+    """The answer to a ping, echoing its nonce."""
+
+    network: str = field(metadata=w(NETWORK))
+    sender: NodeId = field(metadata=w(Key()))
+    nonce: bytes = field(metadata=w(NONCE))
+    expires: int = field(metadata=w(TIME))
+
+
+@message("contact", issuer="node", expiry="expires")
+@dataclass(frozen=True, slots=True)
+class Contact(Message):
+    """A node's own signed statement of where it can be reached."""
+
+    network: str = field(metadata=w(NETWORK))
+    node: NodeId = field(metadata=w(Key()))
+    addresses: tuple[str, ...] = field(
+        metadata=w(Seq(ADDRESS, MAX_ADDRESSES, min_items=1)))
+    expires: int = field(metadata=w(TIME))
+
+
+@message("peers", issuer="sender", expiry="expires")
+@dataclass(frozen=True, slots=True)
+class Peers(Message):
+    """Peer exchange: contact envelopes (kind `contact`, each signed by the node it describes).
+
+    The records stay raw bytes here: the receiver verifies each with
+    `verify(record, expect=Contact)` after dropping ones it has already seen.
+    """
+
+    network: str = field(metadata=w(NETWORK))
+    sender: NodeId = field(metadata=w(Key()))
+    contacts: tuple[bytes, ...] = field(metadata=w(Seq(Bin(CONTACT_MAX, min_len=1), MAX_CONTACTS)))
+    expires: int = field(metadata=w(TIME))
+
+
+@message("capacity", issuer="node", expiry="expires")
+@dataclass(frozen=True, slots=True)
+class Capacity(Message):
+    """What a node can spare now: cores, memory, the execution profiles it runs, its queue."""
+
+    network: str = field(metadata=w(NETWORK))
+    node: NodeId = field(metadata=w(Key()))
+    expires: int = field(metadata=w(TIME))
+    cores: int = field(metadata=w(UInt(U16)))
+    memory_bytes: int = field(metadata=w(UInt()))
+    profiles: tuple[Digest, ...] = field(
+        metadata=w(Seq(Hash(), MAX_PROFILES, min_items=1, order_key=BY_RAW)))
+    queue_length: int = field(metadata=w(UInt(U32)))
+    fuel_rate: int = field(metadata=w(UInt()))
+    """Fuel per second of compute one core delivers (an estimate, for the submitter's planning)."""
+
+
+@message("offer", issuer="manifest.submitter", expiry="expires")
+@dataclass(frozen=True, slots=True)
+class Offer(Message):
+    network: str = field(metadata=w(NETWORK))
+    expires: int = field(metadata=w(TIME))
+    manifest: JobManifest = field(metadata=w(Sub(JobManifest)))
+
+    @property
+    def job_id(self) -> Digest:
+        return self.manifest.job_id
+
+
+@message("bid", issuer="executor", expiry="expires")
+@dataclass(frozen=True, slots=True)
+class Bid(Message):
+    """An executor's promise to run a job by a time. There is no price."""
+
+    network: str = field(metadata=w(NETWORK))
+    job_id: Digest = field(metadata=w(Hash()))
+    offer_id: Digest = field(metadata=w(Hash()))
+    executor: NodeId = field(metadata=w(Key()))
+    expires: int = field(metadata=w(TIME))
+    expected_start: int = field(metadata=w(TIME))
+    expected_finish: int = field(metadata=w(TIME))
+
+    def _validate(self) -> None:
+        if self.expected_finish < self.expected_start:
+            raise InvalidMessage("Bid: expected_finish is before expected_start")
+
+
+@message("decline", issuer="executor", expiry="expires")
+@dataclass(frozen=True, slots=True)
+class Decline(Message):
+    network: str = field(metadata=w(NETWORK))
+    job_id: Digest = field(metadata=w(Hash()))
+    offer_id: Digest = field(metadata=w(Hash()))
+    executor: NodeId = field(metadata=w(Key()))
+    expires: int = field(metadata=w(TIME))
+    reason: str = field(metadata=w(OneOf(*DECLINE_REASONS)))
+    text: str = field(metadata=w(Text(REASON_TEXT_MAX)))
+
+
+@message("assign", issuer="submitter", expiry="lease_expires")
+@dataclass(frozen=True, slots=True)
+class Assign(Message):
+    """The submitter gives attempt `attempt` of a job to one executor until the lease expires."""
+
+    network: str = field(metadata=w(NETWORK))
+    job_id: Digest = field(metadata=w(Hash()))
+    bid_id: Digest = field(metadata=w(Hash()))
+    submitter: NodeId = field(metadata=w(Key()))
+    executor: NodeId = field(metadata=w(Key()))
+    attempt: int = field(metadata=w(UInt(U32, minimum=1)))
+    lease_expires: int = field(metadata=w(TIME))
+
+
+@message("blobreq", issuer="requester", expiry="expires")
+@dataclass(frozen=True, slots=True)
+class BlobRequest(Message):
+    """Ask for chunk `index` of a blob, or (index nil) for its chunk list."""
+
+    network: str = field(metadata=w(NETWORK))
+    requester: NodeId = field(metadata=w(Key()))
+    blob: Digest = field(metadata=w(Hash()))
+    index: int | None = field(metadata=w(Opt(UInt(MAX_CHUNKS - 1))))
+    expires: int = field(metadata=w(TIME))
+
+
+@message("blobchunk", issuer="sender")
+@dataclass(frozen=True, slots=True)
+class BlobChunk(Message):
+    """Chunk `index` of a blob, or (index nil) its chunk list. Check it with blobs.ChunkList."""
+
+    network: str = field(metadata=w(NETWORK))
+    sender: NodeId = field(metadata=w(Key()))
+    blob: Digest = field(metadata=w(Hash()))
+    index: int | None = field(metadata=w(Opt(UInt(MAX_CHUNKS - 1))))
+    data: bytes = field(metadata=w(Bin(max(CHUNK_SIZE, MAX_CHUNKS * DIGEST_SIZE))))
+
+    def _validate(self) -> None:
+        if self.index is None:
+            if len(self.data) % DIGEST_SIZE:
+                raise InvalidMessage("BlobChunk: a chunk list is a whole number of digests")
+        elif len(self.data) > CHUNK_SIZE:
+            raise InvalidMessage(f"BlobChunk: a chunk is at most {CHUNK_SIZE} bytes")
+
+
+@message("result", issuer="executor")
+@dataclass(frozen=True, slots=True)
+class Result(Message):
+    """The executor tells the submitter a job has finished: the receipt (by id) and how long
+    the outputs it names stay downloadable."""
+
+    network: str = field(metadata=w(NETWORK))
+    job_id: Digest = field(metadata=w(Hash()))
+    assignment_id: Digest = field(metadata=w(Hash()))
+    executor: NodeId = field(metadata=w(Key()))
+    receipt_id: Digest = field(metadata=w(Hash()))
+    available_until: int = field(metadata=w(TIME))
+
+
+@message("cancel", issuer="submitter", expiry="expires")
+@dataclass(frozen=True, slots=True)
+class Cancel(Message):
+    network: str = field(metadata=w(NETWORK))
+    job_id: Digest = field(metadata=w(Hash()))
+    submitter: NodeId = field(metadata=w(Key()))
+    expires: int = field(metadata=w(TIME))
+    reason: str = field(metadata=w(OneOf(*CANCEL_REASONS)))
+    text: str = field(metadata=w(Text(REASON_TEXT_MAX)))
+
+
+@message("treehead", issuer="executor")
+@dataclass(frozen=True, slots=True)
+class TreeHead(Message):
+    """An executor's signed statement of its receipt log: size and RFC 9162 root hash at a time."""
+
+    network: str = field(metadata=w(NETWORK))
+    executor: NodeId = field(metadata=w(Key()))
+    size: int = field(metadata=w(UInt()))
+    root: Digest = field(metadata=w(Hash()))
+    timestamp: int = field(metadata=w(TIME))
+
+
+AnyMessage = (Ping | Pong | Contact | Peers | Capacity | Offer | Bid | Decline | Assign | BlobRequest
+              | BlobChunk | Result | UsageReceipt | Ack | Cancel | TreeHead)
+"""The closed union of every message kind."""
+
+KINDS: tuple[str, ...] = tuple(REGISTRY)
+
+__all__ = [
+    "CANCEL_REASONS",
+    "DECLINE_REASONS",
+    "REGISTRY",
+    "Ack",
+    "AnyMessage",
+    "Assign",
+    "Bid",
+    "BlobChunk",
+    "BlobRequest",
+    "Cancel",
+    "Capacity",
+    "Contact",
+    "Decline",
+    "Message",
+    "Offer",
+    "Peers",
+    "Ping",
+    "Pong",
+    "Result",
+    "TreeHead",
+    "UsageReceipt",
+    "check_address",
+]

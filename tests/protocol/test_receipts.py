@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import vector_files as vectors
+from e31.protocol.blobs import blob_ref
+from e31.protocol.envelope import sign_message, verify
+from e31.protocol.errors import InvalidMessage, Mismatch
+from e31.protocol.messages import Ack, Assign, Offer, UsageReceipt
+from e31.protocol.receipts import check_ack, check_receipt_assignment, check_receipt_manifest
+
+GEN = vectors.generator()
+BY_NAME = {name: (key_name, msg) for name, key_name, msg in GEN.samples()}
+
+
+def _env(name: str) -> Any:
+    key_name, msg = BY_NAME[name]
+    return verify(sign_message(msg, GEN.key(key_name)))
+
+
+OFFER = _env("offer")
+ASSIGN = _env("assign")
+RECEIPT = _env("receipt")
+ACK = _env("ack")
+
+
+def test_the_sample_flow_checks_out() -> None:
+    assert isinstance(OFFER.message, Offer) and isinstance(ASSIGN.message, Assign)
+    check_receipt_manifest(RECEIPT.message, OFFER.message.manifest)
+    check_receipt_assignment(RECEIPT.message, ASSIGN.message, ASSIGN.message_id)
+    check_ack(ACK.message, RECEIPT.message, RECEIPT.message_id)
+    assert RECEIPT.message.waited_ms == 60_000
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"module": blob_ref(b"other module")}, "module"),
+    ({"profile": GEN.digest("x")}, "profile"),
+    ({"limits": dataclasses.replace(GEN.LIMITS, wall_ms=1)}, "limits"),
+    ({"inputs": ()}, "inputs"),
+    ({"stdin": blob_ref(b"")}, "stdin"),
+    ({"job_id": GEN.digest("other job")}, "job"),
+    ({"submitter": GEN.nid("executor")}, "submitter"),
+])
+def test_receipt_that_describes_another_run_is_a_mismatch(change: dict[str, Any], match: str) -> None:
+    receipt = dataclasses.replace(RECEIPT.message, **change)
+    with pytest.raises(Mismatch, match=match):
+        check_receipt_manifest(receipt, OFFER.message.manifest)
+
+
+def test_outputs_over_the_limit_are_a_mismatch() -> None:
+    man = dataclasses.replace(OFFER.message.manifest,
+                              limits=dataclasses.replace(GEN.LIMITS, max_output_bytes=10))
+    receipt = dataclasses.replace(RECEIPT.message, limits=man.limits, job_id=man.job_id)
+    with pytest.raises(Mismatch, match="max_output_bytes"):
+        check_receipt_manifest(receipt, man)
+
+
+def test_receipt_for_another_assignment_is_a_mismatch() -> None:
+    with pytest.raises(Mismatch, match="assignment"):
+        check_receipt_assignment(RECEIPT.message, ASSIGN.message, OFFER.message_id)
+    other_executor = dataclasses.replace(ASSIGN.message, executor=GEN.nid("submitter"))
+    with pytest.raises(Mismatch, match="not assigned"):
+        check_receipt_assignment(RECEIPT.message, other_executor, ASSIGN.message_id)
+
+
+def test_ack_must_name_the_receipt() -> None:
+    with pytest.raises(Mismatch, match="another receipt"):
+        check_ack(ACK.message, RECEIPT.message, ASSIGN.message_id)
+    wrong_job = dataclasses.replace(ACK.message, job_id=GEN.digest("j"))
+    with pytest.raises(Mismatch, match="jobs"):
+        check_ack(wrong_job, RECEIPT.message, RECEIPT.message_id)
+    assert isinstance(ACK.message, Ack)
+
+
+def test_receipt_internal_rules() -> None:
+    r: UsageReceipt = RECEIPT.message
+    with pytest.raises(InvalidMessage, match="queued_at"):
+        dataclasses.replace(r, started_at=r.queued_at - 1)
+    with pytest.raises(InvalidMessage, match="fuel"):
+        dataclasses.replace(r, fuel_used=r.limits.fuel + 1)
+    with pytest.raises(InvalidMessage, match="peak_memory"):
+        dataclasses.replace(r, peak_memory=r.limits.memory_bytes + 1)
+    with pytest.raises(InvalidMessage, match="outcome"):
+        dataclasses.replace(r, outcome="exited")

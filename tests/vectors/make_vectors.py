@@ -1,0 +1,261 @@
+"""Regenerate the golden wire vectors: `python tests/vectors/make_vectors.py` writes envelopes.json.
+
+Every valid vector holds the seed that signed it, the complete envelope (hex), its signer and
+message id, and the decoded fields in the JSON form `e31 inspect` prints; the tests rebuild each
+envelope from seed and fields and must get the same bytes. Invalid vectors (`"valid": false`)
+name the ProtocolError subclass a conforming decoder raises. Ed25519 signatures are
+deterministic, so running this script twice gives the same file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import nacl.signing
+from e31.protocol.blobs import BlobRef, chunk_list
+from e31.protocol.codec import pack
+from e31.protocol.envelope import message_id, node_id_of, sign, sign_message, verify
+from e31.protocol.ids import Digest, NodeId, sha256
+from e31.protocol.jobs import EnvVar, FileRef, JobManifest, Limits
+from e31.protocol.messages import (
+    Ack,
+    Assign,
+    Bid,
+    BlobChunk,
+    BlobRequest,
+    Cancel,
+    Capacity,
+    Contact,
+    Decline,
+    Offer,
+    Peers,
+    Ping,
+    Pong,
+    Result,
+    TreeHead,
+    UsageReceipt,
+)
+from e31.protocol.receipts import Outcome
+from e31.protocol.schema import Message
+
+OUT = Path(__file__).with_name("envelopes.json")
+NET = "e31-test"
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z in ms
+
+
+def seed(name: str) -> bytes:
+    return hashlib.sha256(b"e31 vector key " + name.encode()).digest()
+
+
+def key(name: str) -> nacl.signing.SigningKey:
+    return nacl.signing.SigningKey(seed(name))
+
+
+def nid(name: str) -> NodeId:
+    return node_id_of(key(name))
+
+
+def blob(text: bytes) -> BlobRef:
+    return chunk_list(text).ref
+
+
+def digest(label: str) -> Digest:
+    return sha256(label.encode())
+
+
+PROFILE = digest("profile: wasmtime 50.0.1 x86_64 fuel")
+LIMITS = Limits(fuel=5_000_000_000, memory_bytes=256 << 20, wall_ms=600_000, max_output_bytes=64 << 20)
+
+
+def manifest(**changes: Any) -> JobManifest:
+    fields: dict[str, Any] = dict(
+        module=blob(b"\x00asm\x01\x00\x00\x00 example module"),
+        inputs=(FileRef("data/points.csv", blob(b"1,2\n3,4\n")), FileRef("params.txt", blob(b"n=3\n"))),
+        args=("kmeans", "--k", "3", "data/points.csv"),
+        env=(EnvVar("LANG", "C.UTF-8"), EnvVar("SEED", "42")),
+        stdin=None,
+        limits=LIMITS,
+        deadline=T0 + 86_400_000,
+        retention_ms=7 * 86_400_000,
+        replicas=1,
+        profile=PROFILE,
+        submitter=nid("submitter"),
+        nonce=bytes(range(16)),
+        created_at=T0,
+    )
+    fields.update(changes)
+    return JobManifest(**fields)
+
+
+def samples() -> list[tuple[str, str, Message]]:
+    """(vector name, key name, message) for every kind, several for the richer ones."""
+    man = manifest()
+    offer = Offer(NET, T0 + 300_000, man)
+    offer_env = sign_message(offer, key("submitter"))
+    offer_id = verify(offer_env).message_id
+    bid = Bid(NET, man.job_id, offer_id, nid("executor"), T0 + 60_000, T0 + 5_000, T0 + 65_000)
+    bid_id = verify(sign_message(bid, key("executor"))).message_id
+    assign = Assign(NET, man.job_id, bid_id, nid("submitter"), nid("executor"), 1, T0 + 700_000)
+    assignment_id = verify(sign_message(assign, key("submitter"))).message_id
+    receipt = UsageReceipt(
+        network=NET, job_id=man.job_id, assignment_id=assignment_id, submitter=nid("submitter"),
+        executor=nid("executor"), module=man.module, inputs=man.inputs, stdin=man.stdin,
+        stdout=blob(b"centroids: (1,2) (3,4)\n"), stderr=blob(b""),
+        outputs=(FileRef("out/centroids.json", blob(b"[[1,2],[3,4]]")),),
+        profile=PROFILE, limits=LIMITS, outcome=Outcome("exited", 0, None), fuel_used=123_456_789,
+        peak_memory=3 << 20, compute_ms=1_234, queued_at=T0 + 10_000, started_at=T0 + 70_000,
+        finished_at=T0 + 71_300)
+    receipt_id = verify(sign_message(receipt, key("executor"))).message_id
+    contact = Contact(NET, nid("executor"), ("192.0.2.7:7531", "[2001:db8::7]:7531"), T0 + 3_600_000)
+    contact_env = sign_message(contact, key("executor"))
+    chunks = chunk_list(b"x" * 1000)
+    return [
+        ("ping", "executor", Ping(NET, nid("executor"), b"\x01" * 16, T0 + 30_000)),
+        ("pong", "submitter", Pong(NET, nid("submitter"), b"\x01" * 16, T0 + 30_000)),
+        ("contact", "executor", contact),
+        ("peers", "submitter", Peers(NET, nid("submitter"), (contact_env,), T0 + 60_000)),
+        ("peers-empty", "submitter", Peers(NET, nid("submitter"), (), T0 + 60_000)),
+        ("capacity", "executor", Capacity(
+            NET, nid("executor"), T0 + 120_000, 8, 16 << 30,
+            tuple(sorted((PROFILE, digest("profile: other")), key=lambda d: d.raw)), 2, 900_000_000)),
+        ("offer", "submitter", offer),
+        ("offer-stdin-no-inputs", "submitter", Offer(NET, T0 + 300_000, manifest(
+            inputs=(), env=(), args=(), stdin=blob(b"stdin bytes"), replicas=3))),
+        ("bid", "executor", bid),
+        ("decline", "executor", Decline(NET, man.job_id, offer_id, nid("executor"), T0 + 60_000, "no_profile",
+                                        "this node runs only aarch64 profiles")),
+        ("assign", "submitter", assign),
+        ("blobreq-list", "executor", BlobRequest(NET, nid("executor"), man.module.root, None, T0 + 30_000)),
+        ("blobreq-chunk", "executor", BlobRequest(NET, nid("executor"), man.module.root, 0, T0 + 30_000)),
+        ("blobchunk-list", "submitter",
+         BlobChunk(NET, nid("submitter"), chunks.root, None, chunks.to_bytes())),
+        ("blobchunk", "submitter", BlobChunk(NET, nid("submitter"), chunks.root, 0, b"x" * 1000)),
+        ("result", "executor", Result(NET, man.job_id, assignment_id, nid("executor"), receipt_id,
+                                      T0 + 7 * 86_400_000)),
+        ("receipt", "executor", receipt),
+        ("receipt-trap", "executor", dataclasses.replace(
+            receipt, outcome=Outcome("trap", None, "unreachable"), outputs=(), fuel_used=77)),
+        ("receipt-timeout", "executor", dataclasses.replace(
+            receipt, outcome=Outcome("timeout", None, None), fuel_used=LIMITS.fuel)),
+        ("ack", "submitter",
+         Ack(NET, man.job_id, receipt_id, nid("submitter"), nid("executor"), T0 + 80_000)),
+        ("cancel", "submitter", Cancel(NET, man.job_id, nid("submitter"), T0 + 60_000, "withdrawn", "")),
+        ("treehead", "executor", TreeHead(NET, nid("executor"), 42, digest("root"), T0 + 90_000)),
+    ]
+
+
+def _env(version: bytes, kind: str, body: bytes, signer: bytes, sig: bytes) -> bytes:
+    return b"\x95" + version + pack(kind) + pack(body) + pack(signer) + pack(sig)
+
+
+def _resign(kind: str, body: bytes, k: nacl.signing.SigningKey) -> bytes:
+    return sign(kind, body, k)
+
+
+def invalid() -> list[dict[str, Any]]:
+    """Envelopes a decoder must refuse, each with the error class it must raise.
+
+    The receipt below is signed by "executor" over a body whose fuel exceeds its limit, so the
+    signature holds and the failure is the body's."""
+    k = key("executor")
+    ping = Ping(NET, nid("executor"), b"\x01" * 16, T0 + 30_000)
+    good = sign_message(ping, k)
+    body = pack(ping.to_wire())
+    signer = bytes(k.verify_key)
+    sig = k.sign(b"e31/1/ping\x00" + body).signature
+
+    def body_variant(wire: tuple[Any, ...]) -> bytes:
+        return _resign("ping", pack(wire), k)
+
+    # an `expires` of 1000 written as uint64 (0xcf) instead of uint16 (0xcd): non-minimal
+    wide_body = b"\x94" + b"".join(pack(x) for x in ping.to_wire()[:3]) + b"\xcf" + struct.pack(">Q", 1000)
+    flipped = bytearray(good)
+    flipped[-1] ^= 0x01
+    cases: list[tuple[str, str, bytes]] = [
+        ("trailing-byte", "DecodeError", good + b"\x00"),
+        ("truncated", "DecodeError", good[:-1]),
+        ("empty", "DecodeError", b""),
+        ("not-an-array", "DecodeError", pack({"kind": "ping"})),
+        ("four-items", "DecodeError", pack((1, "ping", body, signer))),
+        ("version-2", "DecodeError", _env(b"\x02", "ping", body, signer, sig)),
+        ("version-true", "DecodeError", _env(b"\xc3", "ping", body, signer, sig)),
+        ("version-uint8", "NonCanonical", _env(b"\xcc\x01", "ping", body, signer, sig)),
+        ("body-bin16", "NonCanonical", b"\x95\x01" + pack("ping") + b"\xc5" + struct.pack(">H", len(body))
+         + body + pack(signer) + pack(sig)),
+        ("kind-str8", "NonCanonical", b"\x95\x01\xd9\x04ping" + pack(body) + pack(signer) + pack(sig)),
+        ("body-is-str", "DecodeError", _env(b"\x01", "ping", body.decode("latin-1"), signer, sig)),
+        ("unknown-kind", "UnknownKind", _resign("pingx", body, k)),
+        ("signer-31-bytes", "DecodeError", _env(b"\x01", "ping", body, signer[:31], sig)),
+        ("signature-63-bytes", "DecodeError", _env(b"\x01", "ping", body, signer, sig[:63])),
+        ("bad-signature", "BadSignature", bytes(flipped)),
+        ("signed-by-other", "BadSignature", _resign("ping", body, key("submitter"))),
+        ("body-non-minimal-uint", "NonCanonical", _resign("ping", wide_body, k)),
+        ("body-trailing-byte", "DecodeError", _resign("ping", body + b"\xc0", k)),
+        ("body-bool-for-int", "InvalidMessage", body_variant((NET, signer, b"\x01" * 16, True))),
+        ("body-negative-expiry", "InvalidMessage", body_variant((NET, signer, b"\x01" * 16, -1))),
+        ("body-float-expiry", "InvalidMessage", body_variant((NET, signer, b"\x01" * 16, 1.5))),
+        ("body-short-nonce", "InvalidMessage", body_variant((NET, signer, b"\x01" * 15, T0))),
+        ("body-extra-field", "InvalidMessage", body_variant((NET, signer, b"\x01" * 16, T0, 0))),
+        ("body-map", "InvalidMessage", body_variant({"network": NET})),
+        ("body-bad-network", "InvalidMessage", body_variant(("E31 Test", signer, b"\x01" * 16, T0))),
+    ]
+    # A receipt whose fuel exceeds its limit, and a manifest with an unsorted input list.
+    r = next(m for n, _, m in samples() if n == "receipt")
+    rw = list(r.to_wire())
+    rw[14] = LIMITS.fuel + 1
+    cases.append(("receipt-fuel-over-limit", "InvalidMessage", _resign("receipt", pack(tuple(rw)), k)))
+    o = next(m for n, _, m in samples() if n == "offer")
+    ow = list(o.to_wire())
+    mw = list(ow[2])
+    mw[1] = tuple(reversed(mw[1]))
+    ow[2] = tuple(mw)
+    cases.append(("offer-unsorted-inputs", "InvalidMessage",
+                  _resign("offer", pack(tuple(ow)), key("submitter"))))
+    mw[1] = ((("../etc/passwd"), mw[1][0][1]),)
+    ow[2] = tuple(mw)
+    cases.append(("offer-input-dotdot", "InvalidMessage",
+                  _resign("offer", pack(tuple(ow)), key("submitter"))))
+    # The kind each envelope claims and the key that signed it (most are a ping by "executor").
+    claims = {"unknown-kind": ("pingx", "executor"), "signed-by-other": ("ping", "submitter"),
+              "receipt-fuel-over-limit": ("receipt", "executor"),
+              "offer-unsorted-inputs": ("offer", "submitter"), "offer-input-dotdot": ("offer", "submitter")}
+    out = []
+    for name, error, data in cases:
+        kind, key_name = claims.get(name, ("ping", "executor"))
+        out.append({"name": name, "valid": False, "kind": kind, "seed": seed(key_name).hex(),
+                    "error": error, "envelope": data.hex()})
+    return out
+
+
+def build() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for name, key_name, msg in samples():
+        data = sign_message(msg, key(key_name))
+        env = verify(data)
+        assert env.message_id == message_id(env.kind, env.body, env.signer)
+        out.append({
+            "name": name, "valid": True, "kind": msg.KIND, "seed": seed(key_name).hex(),
+            "signer": str(env.signer), "message_id": env.message_id.hex(), "envelope": data.hex(),
+            "fields": msg.to_json(),
+        })
+    return out + invalid()
+
+
+def render() -> str:
+    return json.dumps(build(), indent=1) + "\n"
+
+
+def main() -> int:
+    OUT.write_text(render())
+    print(f"wrote {OUT} ({len(build())} vectors)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
