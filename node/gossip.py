@@ -1,0 +1,253 @@
+"""The gossip service: runs a GossipEngine (protocol/gossip.py) over pluggable peer links.
+
+The service is a LinkListener of the peering service (node/peering.py): `link_up(peer, send)`
+when a link opens, `link_down(peer)` when it closes, `message(peer, raw)` for each envelope that
+arrives; it takes the gossip kinds and ignores the rest (they are for other services). It can also
+be driven without peering: `run(incoming)` with a channel of (peer, bytes), `add_peer(peer, send)`.
+
+Every action the engine returns is carried out without blocking: forwards go into the peer's own
+bounded channel, drained by one sender task per peer (so a slow peer loses messages, never stalls
+the others; a send that fails or takes longer than `send_timeout` ends the link); deliveries go
+into each subscriber's bounded channel (a full one loses the message, counted). A peer the engine
+disconnects, or whose link died, is reported through `on_disconnect(peer, reason)`, for peering
+to close the connection (`PeeringService.disconnect` fits).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import trio
+from e31.protocol.codec import unpack
+from e31.protocol.envelope import VerifiedEnvelope
+from e31.protocol.errors import ProtocolError
+from e31.protocol.gossip import Deliver, Disconnect, Forward, GossipEngine, Penalise, Rng
+from e31.protocol.ids import ENVELOPE_VERSION
+from e31.protocol.messages import AnyMessage
+
+from .transport import TransportError
+
+P = TypeVar("P", bound=Hashable)
+
+Verified = VerifiedEnvelope[AnyMessage]
+Send = Callable[[bytes], Awaitable[None]]
+
+LINK_ERRORS = (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError)
+"""What a link's `send` may raise when the link is dead; anything else is a bug and propagates."""
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def claimed_kind(raw: bytes) -> str | None:
+    """The kind an envelope claims, read without checking anything else; None if it is no envelope.
+    Reads the canonical layout straight from the bytes and decodes only other layouts."""
+    if len(raw) > 3 and raw[0] == 0x95 and raw[1] == ENVELOPE_VERSION and 0xA1 <= raw[2] <= 0xBF:
+        kind = raw[3:3 + raw[2] - 0xA0]
+        return kind.decode("ascii") if kind.isascii() else None
+    try:
+        outer = unpack(raw)
+    except ProtocolError:
+        return None
+    if type(outer) is not tuple or len(outer) != 5 or type(outer[1]) is not str:
+        return None
+    kind_text: str = outer[1]
+    return kind_text
+
+
+@dataclass(slots=True)
+class _Link:
+    channel: trio.MemorySendChannel[bytes]
+    scope: trio.CancelScope
+
+
+class GossipService(Generic[P]):
+    def __init__(
+        self,
+        engine: GossipEngine[P],
+        *,
+        clock: Callable[[], int] = wall_clock_ms,
+        rng: Rng | None = None,
+        send_buffer: int = 128,
+        send_timeout: float = 10.0,
+        prune_interval: float = 5.0,
+        on_disconnect: Callable[[P, str], None] | None = None,
+    ) -> None:
+        """`clock` gives milliseconds since the Unix epoch (expiry is wall-clock time)."""
+        self.engine = engine
+        self._clock = clock
+        self._rng: Rng = rng if rng is not None else random.Random()
+        self._send_buffer = send_buffer
+        self._send_timeout = send_timeout
+        self._prune_interval = prune_interval
+        self._on_disconnect = on_disconnect
+        self._links: dict[P, _Link] = {}
+        self._waiting: dict[P, Send] = {}
+        self._subscribers: dict[str, list[trio.MemorySendChannel[Verified]]] = {}
+        self._nursery: trio.Nursery | None = None
+        self._counters: Counter[str] = Counter()
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """The engine's decisions (received, delivered, forwarded, duplicate, each drop reason...)
+        plus the service's own: penalties, send_dropped, send_failed, subscriber_dropped."""
+        merged = Counter(self.engine.counters)
+        merged.update(self._counters)
+        return dict(merged)
+
+    @property
+    def peers(self) -> tuple[P, ...]:
+        return tuple(self._links)
+
+    async def run(self, incoming: trio.abc.ReceiveChannel[tuple[P, bytes]] | None = None,
+                  *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled, or until `incoming` (if given) is closed by its sender."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._prune)
+            waiting, self._waiting = self._waiting, {}
+            for peer, send in waiting.items():
+                self.add_peer(peer, send)
+            task_status.started()
+            try:
+                if incoming is None:
+                    await trio.sleep_forever()
+                async with incoming:
+                    async for peer, raw in incoming:
+                        self.handle(peer, raw)
+            finally:
+                self._nursery = None
+                for peer in list(self._links):
+                    self.remove_peer(peer)
+                nursery.cancel_scope.cancel()
+
+    # -- links ---------------------------------------------------------------------------------
+
+    def add_peer(self, peer: P, send: Send) -> bool:
+        """Gossip with `peer` through `send` (replacing an earlier link to it). False if the engine
+        has banned the peer. Before `run` starts, the link waits for it."""
+        if self._nursery is None:
+            self._waiting[peer] = send
+            return True
+        if peer in self._links:
+            self._drop_link(peer)
+        if not self.engine.add_peer(peer, self._clock()):
+            return False
+        channel, outgoing = trio.open_memory_channel[bytes](self._send_buffer)
+        link = _Link(channel, trio.CancelScope())
+        self._links[peer] = link
+        self._nursery.start_soon(self._sender, peer, send, outgoing, link)
+        return True
+
+    def remove_peer(self, peer: P) -> None:
+        """Stop gossiping with `peer` (its connection is gone). Not reported back."""
+        self._waiting.pop(peer, None)
+        self.engine.remove_peer(peer)
+        self._drop_link(peer)
+
+    def link_up(self, peer: P, send: Send) -> None:
+        """LinkListener: a link opened. A peer gossip has banned is asked to be disconnected."""
+        if not self.add_peer(peer, send):
+            self._report(peer, "banned by gossip")
+
+    def link_down(self, peer: P) -> None:
+        """LinkListener: a link closed."""
+        self.remove_peer(peer)
+
+    async def message(self, peer: P, raw: bytes) -> None:
+        """LinkListener: an envelope arrived; gossip takes those of the kinds it carries."""
+        if claimed_kind(raw) in self.engine.config.kinds:
+            self.handle(peer, raw)
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def subscribe(self, kind: str, buffer: int = 256) -> trio.MemoryReceiveChannel[Verified]:
+        """A channel of every new valid message of `kind` from the network (not our own).
+        Close it to unsubscribe; if it is not read, messages beyond `buffer` are dropped."""
+        if kind not in self.engine.config.kinds:
+            raise ValueError(f"gossip does not carry {kind!r} messages "
+                             f"(it carries {', '.join(sorted(self.engine.config.kinds))})")
+        send, receive = trio.open_memory_channel[Verified](buffer)
+        self._subscribers.setdefault(kind, []).append(send)
+        return receive
+
+    def publish(self, raw: bytes) -> int:
+        """Send one of our own signed messages; returns the number of peers it was queued for.
+        Raises ProtocolError if it is not a valid, fresh gossip message of our network."""
+        queued = 0
+        for action in self.engine.publish(raw, self._clock(), self._rng):
+            if isinstance(action, Forward):
+                queued += self._queue(action.peer, action.raw)
+        return queued
+
+    def handle(self, peer: P, raw: bytes) -> None:
+        """Process one envelope from `peer` (never blocks)."""
+        for action in self.engine.receive(peer, raw, self._clock(), self._rng):
+            if isinstance(action, Forward):
+                self._queue(action.peer, action.raw)
+            elif isinstance(action, Deliver):
+                self._deliver(action.envelope)
+            elif isinstance(action, Disconnect):
+                self._drop_link(action.peer)
+                self._report(action.peer, action.reason.value)
+            elif isinstance(action, Penalise):
+                self._counters["penalties"] += 1
+
+    def _queue(self, peer: P, raw: bytes) -> int:
+        link = self._links.get(peer)
+        if link is None:
+            return 0
+        try:
+            link.channel.send_nowait(raw)
+        except trio.WouldBlock:
+            self._counters["send_dropped"] += 1
+            return 0
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return 0
+        return 1
+
+    def _deliver(self, env: Verified) -> None:
+        subscribers = self._subscribers.get(env.kind, [])
+        for channel in list(subscribers):
+            try:
+                channel.send_nowait(env)
+            except trio.WouldBlock:
+                self._counters["subscriber_dropped"] += 1
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                subscribers.remove(channel)
+
+    def _drop_link(self, peer: P) -> None:
+        link = self._links.pop(peer, None)
+        if link is not None:
+            link.scope.cancel()
+            link.channel.close()
+
+    def _report(self, peer: P, reason: str) -> None:
+        if self._on_disconnect is not None:
+            self._on_disconnect(peer, reason)
+
+    async def _sender(self, peer: P, send: Send, outgoing: trio.MemoryReceiveChannel[bytes],
+                      link: _Link) -> None:
+        with link.scope:
+            async with outgoing:
+                async for raw in outgoing:
+                    try:
+                        with trio.fail_after(self._send_timeout):
+                            await send(raw)
+                    except LINK_ERRORS as e:
+                        self._counters["send_failed"] += 1
+                        if self._links.get(peer) is link:
+                            self.remove_peer(peer)
+                            self._report(peer, f"send failed: {type(e).__name__}")
+                        return
+
+    async def _prune(self) -> None:
+        while True:
+            await trio.sleep(self._prune_interval)
+            self.engine.expire(self._clock())
