@@ -14,10 +14,17 @@ import sys
 
 # name -> (module, one-line help). Order is the order `e31 --help` shows.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("e31.node.cmd_demo", "run a local network that renders an image as audited jobs"),
     "inspect": ("e31.node.cmd_inspect", "verify and decode one signed envelope, print it as JSON"),
     "sandbox": ("e31.node.cmd_sandbox", "run a WebAssembly module locally in the e31 sandbox"),
     "node": ("e31.node.cmd_node", "run a node, or show the status of a running one"),
     "peers": ("e31.node.cmd_peers", "list the peers a running node knows"),
+    "submit": ("e31.node.cmd_submit", "submit a job to the network through the local node"),
+    "jobs": ("e31.node.cmd_jobs", "list the jobs this node submitted, with their state"),
+    "wait": ("e31.node.cmd_wait", "wait for jobs to end; exit 0 only if all succeeded"),
+    "results": ("e31.node.cmd_results", "write a finished job's outputs and receipt into a directory"),
+    "receipts": ("e31.node.cmd_receipts", "export signed receipts and proofs into a bundle for auditing"),
+    "audit": ("e31.node.cmd_audit", "check a receipts bundle offline, optionally re-running every job"),
 }
 
 
@@ -29,11 +36,12 @@ class CliError(Exception):
         self.code = code
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
 
     try:
-        return version("e31-node")
+        return dist_version("e31-node")
     except PackageNotFoundError:
         return "unknown"
 
@@ -43,7 +51,7 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
 
     def __call__(self, parser: argparse.ArgumentParser, *a: object, **kw: object) -> None:
-        print(f"e31 {_version()}")
+        print(f"e31 {version()}")
         parser.exit(0)
 
 

@@ -1,0 +1,240 @@
+"""The node process: start-up checks, the root nursery, the services, and a clean stop on a signal.
+
+`run(config, settings)` is what `e31 node run` calls. Everything that can fail for a reason the
+operator can fix (the data dir, the key file, the store, the blob directory, the listen address,
+another node already using the data dir) is checked before or while the services start and ends as
+one DaemonError with a one-line message. Then one root nursery holds every service, each started
+with `nursery.start`, so the node is announced only once all of them are ready:
+
+    peering (transport listener, dialer, links)  ->  mDNS discovery (unless --no-mdns)
+        ->  local control API  ->  "node ... listening on ..."
+
+SIGINT or SIGTERM cancels the root nursery: links close, the control API removes api.json, the
+peering service drains its store queue, then the store is closed; the process exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import nacl.signing
+import trio
+
+from .blobs import BlobError, BlobStore
+from .config import NodeConfig
+from .control import Request, Router, serve_control
+from .identity import IdentityError, load_or_create_identity, node_id
+from .logs import setup_logging
+from .peering import PeerService, join_address, split_address
+from .peers import PeerSettings
+from .store import AsyncStore, Store, StoreError
+from .transport import ListenFailed
+
+log = logging.getLogger("e31.node")
+
+LOCK_FILE = "node.lock"
+
+
+class DaemonError(Exception):
+    """An expected start-up failure; the message is one line for the operator."""
+
+
+def run(config: NodeConfig, settings: PeerSettings | None = None) -> int:
+    """Run a node in the foreground until SIGINT/SIGTERM; returns the exit code (0 after a signal)."""
+    setup_logging(config.log_level)
+    settings = settings or PeerSettings()
+    with _data_dir_lock(config.data_dir):
+        identity = _identity(config)
+        blobs = _blobs(config)
+        try:
+            store = Store(config.store_path)
+        except StoreError as e:
+            raise DaemonError(str(e)) from None
+        try:
+            node = Node(config, identity, AsyncStore(store), blobs, settings)
+            trio.run(_main, node)
+        except BaseExceptionGroup as group:
+            raise _expected(group) from None
+        except ListenFailed as e:
+            raise DaemonError(str(e)) from None
+        finally:
+            store.close()
+    log.info("stopped")
+    return 0
+
+
+def _expected(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one DaemonError for a group holding only expected start-up failures; else the group."""
+    expected, rest = group.split((DaemonError, ListenFailed))
+    if rest is not None or expected is None:
+        return group
+    leaf: BaseException = expected
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    return leaf if isinstance(leaf, DaemonError) else DaemonError(str(leaf))
+
+
+@contextlib.contextmanager
+def _data_dir_lock(data_dir: Path) -> Iterator[None]:
+    """Create the data dir (0700) if needed and hold an exclusive lock on it while the node runs."""
+    try:
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:
+        raise DaemonError(f"{data_dir}: not a directory (the data dir must be one)") from None
+    except OSError as e:
+        raise DaemonError(f"{data_dir}: cannot create the data dir: {e.strerror or e}") from None
+    if not data_dir.is_dir():
+        raise DaemonError(f"{data_dir}: not a directory (the data dir must be one)")
+    if not os.access(data_dir, os.W_OK | os.X_OK):
+        raise DaemonError(f"{data_dir}: the data dir is not writable by this user")
+    path = data_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise DaemonError(f"{path}: cannot open the lock file: {e.strerror or e}") from None
+    try:
+        try:
+            import fcntl
+        except ImportError:  # no advisory locks on this platform: run unguarded
+            fcntl = None  # type: ignore[assignment]
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                raise DaemonError(f"another node is already running with data dir {data_dir}") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _identity(config: NodeConfig) -> nacl.signing.SigningKey:
+    path = config.identity_path
+    existed = os.path.lexists(path)
+    try:
+        key = load_or_create_identity(path)
+    except IdentityError as e:
+        raise DaemonError(str(e)) from None
+    if existed:
+        log.info("identity %s from %s", node_id(key), path)
+    else:
+        log.info("created a new identity %s; its key is in %s (mode 0600): back it up", node_id(key), path)
+    return key
+
+
+def _blobs(config: NodeConfig) -> BlobStore:
+    """Open the blob store and remove what a crash left half-written (before any writer runs)."""
+    try:
+        blobs = BlobStore(config.blobs_dir, ceiling=config.disk_ceiling)
+        swept = blobs.sweep()
+    except (BlobError, OSError) as e:
+        raise DaemonError(f"{config.blobs_dir}: {e}") from None
+    if swept:
+        log.info("removed %d unfinished blob write(s) left by an earlier stop", swept)
+    return blobs
+
+
+async def _main(node: Node) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.serve)
+            async for signum in signals:
+                log.info("%s received: stopping", signal.Signals(signum).name)
+                break
+            nursery.cancel_scope.cancel()
+
+
+@dataclass
+class Node:
+    """The running node's services and the local API's view of them."""
+
+    config: NodeConfig
+    identity: nacl.signing.SigningKey
+    store: AsyncStore
+    blobs: BlobStore
+    settings: PeerSettings
+    peering: PeerService = field(init=False)
+    started_at: float = 0.0
+    started_wall: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.peering = PeerService(identity=self.identity, config=self.config, store=self.store,
+                                   settings=self.settings)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start every service, report ready, run until cancelled, then close the store."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self.started_at, self.started_wall = trio.current_time(), time.time()
+                listen = await nursery.start(self.peering.run)
+                if self.config.mdns:
+                    await self._start_discovery(nursery, listen)
+                await nursery.start(serve_control, self.router(), self.config)
+                log.info("node %s on network %s listening on %s", self.peering.node_id, self.config.network,
+                         listen)
+                task_status.started()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.store.aclose()
+
+    async def _start_discovery(self, nursery: trio.Nursery, listen: str) -> None:
+        """Find peers on the local network; a LAN without multicast only loses this, not the node."""
+        from e31.protocol.errors import ProtocolError
+        from e31.protocol.ids import NodeId
+
+        from .discovery import DiscoveryError, run_discovery
+
+        def found(node: str, network: str, addresses: list[tuple[str, int]]) -> None:
+            try:
+                key = NodeId.parse(node).raw
+            except ProtocolError:
+                return
+            if network == self.config.network:
+                self.peering.discovered(key, [join_address(h, p) for h, p in addresses], "mdns")
+
+        interfaces = list(self.config.mdns_interfaces) or None
+        try:
+            await nursery.start(partial(run_discovery, node_id=self.peering.node_id,
+                                        network=self.config.network, addresses=[split_address(listen)],
+                                        interfaces=interfaces, on_found=found))
+        except DiscoveryError as e:
+            log.warning("mDNS discovery is off: %s", e)
+
+    def router(self) -> Router:
+        router = Router()
+        router.add("GET", "/v1/status", self._status)
+        router.add("GET", "/v1/peers", self._peers)
+        return router
+
+    def status(self) -> dict[str, Any]:
+        from .cli import version
+
+        counts = self.peering.counts()
+        return {
+            "node_id": self.peering.node_id,
+            "network": self.config.network,
+            "listen": self.peering.listen,
+            "addresses": self.peering.addresses,
+            "uptime_seconds": round(trio.current_time() - self.started_at, 3),
+            "started_at": self.started_wall,
+            "version": version(),
+            "pid": os.getpid(),
+            "data_dir": str(self.config.data_dir),
+            "peer_count": counts["connected"] + counts["suspect"],
+            "peers": counts,
+            "capacity": {"cores": self.config.cores, "memory_bytes": self.config.memory},
+        }
+
+    async def _status(self, request: Request) -> dict[str, Any]:
+        return self.status()
+
+    async def _peers(self, request: Request) -> list[dict[str, Any]]:
+        return self.peering.peer_docs()

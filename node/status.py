@@ -1,0 +1,85 @@
+"""How `e31 node status` and `e31 peers` show the API's JSON as readable tables.
+
+Only the standard library here: the CLI imports this module without starting trio.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(max(0.0, seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h {minutes}m"
+    if hours:
+        return f"{hours}h {minutes}m {secs}s"
+    if minutes:
+        return f"{minutes}m {secs}s"
+    return f"{secs}s"
+
+
+def format_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_ago(timestamp: float | None, now: float | None = None) -> str:
+    if timestamp is None:
+        return "never"
+    delta = (time.time() if now is None else now) - timestamp
+    return "just now" if delta < 1 else f"{format_duration(delta)} ago"
+
+
+def format_status(doc: Mapping[str, Any]) -> str:
+    counts = doc.get("peers") or {}
+    capacity = doc.get("capacity") or {}
+    rows = [
+        ("node id", str(doc.get("node_id", "?"))),
+        ("network", str(doc.get("network", "?"))),
+        ("listening on", str(doc.get("listen", "?"))),
+        ("addresses", ", ".join(doc.get("addresses") or []) or "(none yet)"),
+        ("uptime", format_duration(float(doc.get("uptime_seconds", 0)))),
+        ("version", str(doc.get("version", "?"))),
+        ("peers", f"{doc.get('peer_count', 0)} connected"
+                  + "".join(f", {counts[k]} {k}" for k in ("suspect", "dialing", "known", "backoff")
+                            if counts.get(k))),
+    ]
+    if "cores" in capacity:
+        rows.append(("cores offered", str(capacity["cores"])))
+    if "memory_bytes" in capacity:
+        rows.append(("memory offered", format_bytes(int(capacity["memory_bytes"]))))
+    rows.append(("data dir", str(doc.get("data_dir", "?"))))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in rows)
+
+
+PEER_COLUMNS = ("NODE ID", "STATE", "ADDRESS", "SOURCE", "LAST SEEN", "RTT")
+
+
+def format_peers(peers: Sequence[Mapping[str, Any]], now: float | None = None) -> str:
+    if not peers:
+        return "no known peers"
+    rows = [PEER_COLUMNS]
+    for p in peers:
+        rtt = p.get("rtt_ms")
+        rows.append((
+            str(p.get("node_id", "?")),
+            str(p.get("state", "?")),
+            str(p.get("address") or "-"),
+            str(p.get("source", "?")),
+            format_ago(p.get("last_seen"), now),
+            "-" if rtt is None else f"{float(rtt):.1f} ms",
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(PEER_COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
