@@ -1,0 +1,703 @@
+"""A pool of long-lived worker processes that run jobs, one job per worker at a time.
+
+Why subprocesses with our own pipe protocol (worker.py) and not multiprocessing: a worker runs untrusted
+code, so its replies are plain msgpack checked field by field, never unpickled; `spawn` would also re-run
+the parent's `__main__` in every worker and `fork` would copy the node's threads and sockets. A worker is
+`python -m e31.sandbox.worker` in its own session (a Ctrl-C at the node's terminal does not reach it)
+that exits when its request pipe closes, so it never outlives the pool for long.
+
+Each worker slot has one supervisor thread. It hands the worker its job, then waits on the reply pipe
+with a watchdog: until the worker says `started` the budget is `compile_timeout`; after that it is the
+job's wall limit plus `grace_seconds` (the runner's own epoch watchdog should stop the guest well before).
+A worker that dies, breaks the protocol or outlives its watchdog is SIGKILLed and replaced, and its job
+ends with a RunResult of status `trap` and one of the WORKER_TRAPS names (no new Status: these are host
+events, not guest behaviour; `fuel_used` is 0 because the count is unknown, and they are never
+re-verifiable).
+
+Suspend and resume are SIGSTOP and SIGCONT of the worker. The stopped time is added to the worker's
+shared counter while it is still stopped (before SIGCONT), and the worker's job clock subtracts that
+counter, so the job's own wall limit does not run while it is paused; the supervisor's deadline moves
+by the same amount. Fuel and outputs are untouched: the guest simply does not run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import mmap
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from .cache import load_or_create_key
+from .errors import SandboxError
+from .job import JobSpec
+from .limits import Limits, RunResult, Status
+from .profile import PROFILE
+from .worker import (
+    _LEN,
+    _NS,
+    ERRORS,
+    EXIT_OUT_OF_MEMORY,
+    MAX_FRAME,
+    SHM_BYTES,
+    ProtocolViolation,
+    decode_result,
+    encode_spec,
+)
+
+log = logging.getLogger(__name__)
+
+WORKER_CRASHED = "worker_crashed"
+"""The worker process died (a signal, an abort, an unexpected exit) while running the job."""
+WORKER_KILLED = "worker_killed"
+"""The worker outlived its watchdog (compile timeout, or wall limit plus grace) or broke the protocol."""
+WORKER_LIMIT = "worker_limit"
+"""The worker broke one of its OS limits (RLIMIT_DATA, RLIMIT_FSIZE)."""
+CANCELLED = "cancelled"
+"""The job was cancelled (JobHandle.cancel or WorkerPool.close)."""
+WORKER_TRAPS = frozenset({WORKER_CRASHED, WORKER_KILLED, WORKER_LIMIT, CANCELLED})
+
+DEFAULT_DATA_LIMIT = Limits.DEFAULT_MEMORY_BYTES + Limits.DEFAULT_MAX_OUTPUT_BYTES + 512 * 1024 * 1024
+"""RLIMIT_DATA of a worker: a guest's linear memory, its /output held in memory, and about 500 MB for
+Python, wasmtime, compilation and the engine. Raise it with the largest memory limit the node accepts."""
+DEFAULT_FILE_SIZE_LIMIT = Limits.MAX_OUTPUT_BYTES
+"""RLIMIT_FSIZE of a worker. It also bounds wasmtime's memfds (compiled code, memory images), so it must
+stay well above the largest module: a worker passing it is killed by SIGXFSZ (`worker_limit`)."""
+GRACE_SECONDS = 5.0
+COMPILE_TIMEOUT = 120.0
+START_TIMEOUT = 60.0
+_EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+def cores_available() -> int:
+    """CPUs this process may run on (its affinity mask, not the machine's count): a default pool size."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class PoolError(SandboxError):
+    """The pool cannot take the job: closed, busy past the caller's timeout, or no worker starts."""
+
+
+class _Worker:
+    """One worker process and the parent's ends of its pipes and paused-time page."""
+
+    def __init__(self, args: list[str], start_timeout: float) -> None:
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        with tempfile.TemporaryFile() as shm_file:
+            try:
+                shm_file.truncate(SHM_BYTES)
+                self.shm = mmap.mmap(shm_file.fileno(), SHM_BYTES)
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "e31.sandbox.worker", "--request-fd", str(req_r),
+                     "--reply-fd", str(rep_w), "--paused-fd", str(shm_file.fileno()), *args],
+                    pass_fds=(req_r, rep_w, shm_file.fileno()),
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            except BaseException:
+                os.close(req_w)
+                os.close(rep_r)
+                raise
+            finally:
+                os.close(req_r)
+                os.close(rep_w)
+        self.pid = self.proc.pid
+        self.requests = os.fdopen(req_w, "wb")
+        self.reply_fd = rep_r
+        os.set_blocking(rep_r, False)
+        self._buf = bytearray()
+        self._lock = threading.Lock()
+        self.paused_ns = 0
+        self.closed = False
+        deadline = time.monotonic() + start_timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise PoolError(f"worker {self.pid} did not start within {start_timeout:g} s")
+            try:
+                messages, eof = self.receive(remaining)
+            except ProtocolViolation as e:
+                self.kill()
+                raise PoolError(f"worker {self.pid} failed to start: {e}") from None
+            if messages:
+                if messages[0][0] != "ready" or len(messages) > 1:
+                    self.kill()
+                    raise PoolError(f"worker {self.pid} sent {messages[0][0]!r} instead of ready")
+                return
+            if eof:
+                code = self.kill()
+                raise PoolError(f"worker {self.pid} failed to start ({describe_exit(code)})")
+
+    def send(self, message: list[Any]) -> None:
+        payload = msgpack.packb(message, use_bin_type=True)
+        self.requests.write(_LEN.pack(len(payload)) + payload)
+        self.requests.flush()
+
+    def receive(self, timeout: float | None, wake_fd: int | None = None) -> tuple[list[list[Any]], bool]:
+        """Complete messages that arrive within `timeout` (or until `wake_fd` is readable), and
+        whether the worker's end closed. Raises ProtocolViolation on a malformed frame."""
+        poller = select.poll()  # not select(): the node may hold more than FD_SETSIZE descriptors
+        poller.register(self.reply_fd, select.POLLIN)
+        if wake_fd is not None:
+            poller.register(wake_fd, select.POLLIN)
+        ready = poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000)))
+        eof = False
+        if any(fd == self.reply_fd for fd, _ in ready):
+            try:
+                chunk = os.read(self.reply_fd, 1 << 20)
+            except BlockingIOError:
+                chunk = None
+            if chunk == b"":
+                eof = True
+            elif chunk:
+                self._buf += chunk
+        return self._frames(), eof
+
+    def _frames(self) -> list[list[Any]]:
+        out = []
+        while len(self._buf) >= _LEN.size:
+            (n,) = _LEN.unpack_from(self._buf)
+            if n > MAX_FRAME:
+                raise ProtocolViolation(f"worker frame of {n} bytes")
+            if len(self._buf) < _LEN.size + n:
+                break
+            payload = bytes(self._buf[_LEN.size:_LEN.size + n])
+            del self._buf[:_LEN.size + n]
+            try:
+                message = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
+            except Exception as e:  # msgpack raises several unrelated types
+                raise ProtocolViolation(f"undecodable worker frame: {e}") from None
+            if not isinstance(message, list) or not message or not isinstance(message[0], str):
+                raise ProtocolViolation("a worker frame must be an array starting with its kind")
+            out.append(message)
+        return out
+
+    def add_paused(self, ns: int) -> None:
+        if self.closed:
+            return
+        self.paused_ns += ns
+        _NS.pack_into(self.shm, 0, self.paused_ns)
+
+    def signal(self, sig: int) -> None:
+        # Under the lock that reaping takes: once reaped, the pid may belong to another process.
+        with self._lock:
+            if self.closed or self.proc.returncode is not None:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> int:
+        """SIGKILL and reap; returns the exit status (negative: the signal)."""
+        with self._lock:
+            if self.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
+            code = self.proc.wait()
+        self._close_fds()
+        return code
+
+    def reap(self) -> int:
+        """Waits for a worker whose pipe closed (it is dying) and returns its exit status."""
+        try:
+            with self._lock:
+                code = self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            code = self.kill()
+        self._close_fds()
+        return code
+
+    def quit(self, timeout: float) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.send(["quit"])
+        try:
+            with self._lock:
+                self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._close_fds()
+
+    def _close_fds(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.requests.close()
+        with contextlib.suppress(OSError):
+            os.close(self.reply_fd)
+        self.shm.close()
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}"
+    return f"exit status {code}"
+
+
+def _classify_exit(code: int) -> tuple[str, str]:
+    if code == -signal.SIGXFSZ:
+        return WORKER_LIMIT, "broke its file size limit (RLIMIT_FSIZE, SIGXFSZ)"
+    if code == EXIT_OUT_OF_MEMORY:
+        return WORKER_LIMIT, "ran out of memory under its data limit (RLIMIT_DATA)"
+    return WORKER_CRASHED, f"died ({describe_exit(code)})"
+
+
+def _host_result(limits: Limits, trap: str, message: str, wall: float) -> RunResult:
+    return RunResult(
+        status=Status.TRAP, exit_code=None, trap=trap, message=message, fuel_used=0,
+        fuel_limit=limits.fuel, wall_seconds=round(max(wall, 0.0), 6), peak_memory_bytes=0, stdout=b"",
+        stdout_sha256=_EMPTY_SHA256, stderr_sha256=_EMPTY_SHA256, output_files={}, output_bytes=0,
+        profile_digest=PROFILE.digest_hex, reverifiable=False,
+    )
+
+
+class JobHandle:
+    """One job submitted to the pool. All methods are thread-safe."""
+
+    def __init__(self, job_id: int, spec: JobSpec, output_dir: Path | None) -> None:
+        self.job_id = job_id
+        self.spec = spec
+        self.output_dir = output_dir
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._started = threading.Event()
+        self._result: RunResult | None = None
+        self._error: SandboxError | None = None
+        self._worker: _Worker | None = None
+        self._slot: _Slot | None = None
+        self._suspended_at: float | None = None
+        self._paused_total = 0.0
+        self._cancelled = False
+
+    @property
+    def pid(self) -> int | None:
+        """The worker process running this job (None before it has one and after it ends)."""
+        with self._lock:
+            return None if self._worker is None else self._worker.pid
+
+    @property
+    def suspended(self) -> bool:
+        with self._lock:
+            return self._suspended_at is not None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait_started(self, timeout: float | None = None) -> bool:
+        """True once the module is compiled or loaded and the guest runs (or the job has ended)."""
+        return self._started.wait(timeout)
+
+    def suspend(self) -> None:
+        """Stops the job where it is (SIGSTOP of its worker). Idempotent; no effect once it ended."""
+        with self._lock:
+            if self._done.is_set() or self._cancelled or self._suspended_at is not None:
+                return
+            self._suspended_at = time.monotonic()
+            if self._worker is not None:
+                self._worker.signal(signal.SIGSTOP)
+            slot = self._slot
+        if slot is not None:
+            slot.wake()
+
+    def resume(self) -> None:
+        """Continues a suspended job; the paused time counts against neither wall limit."""
+        with self._lock:
+            self._resume_locked()
+            slot = self._slot
+        if slot is not None:
+            slot.wake()
+
+    def _resume_locked(self) -> None:
+        if self._suspended_at is None:
+            return
+        paused = time.monotonic() - self._suspended_at
+        self._suspended_at = None
+        self._paused_total += paused
+        if self._worker is not None:
+            # Written while the worker is stopped, so its clock never sees the pause as a jump.
+            self._worker.add_paused(int(paused * 1e9))
+            self._worker.signal(signal.SIGCONT)
+
+    def cancel(self) -> None:
+        """Ends the job now (its worker is killed and replaced); wait() then returns trap `cancelled`."""
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._cancelled = True
+            if self._worker is not None:
+                self._worker.signal(signal.SIGKILL)
+            slot = self._slot
+        if slot is not None:
+            slot.wake()
+
+    def wait(self, timeout: float | None = None) -> RunResult:
+        """The job's result. Raises TimeoutError if it has not ended within `timeout` seconds, and
+        the SandboxError (JobSpecError, ...) the worker raised for a job that could not be run."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"job {self.job_id} still running after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def _finish(self, result: RunResult | None, error: SandboxError | None = None) -> None:
+        with self._lock:
+            if self._suspended_at is not None:
+                self._resume_locked()
+            self._result, self._error = result, error
+            self._worker = None
+            self._slot = None
+            self._started.set()
+            self._done.set()
+
+    def _paused(self) -> float:
+        """Seconds spent suspended so far, including a pause in progress."""
+        with self._lock:
+            current = 0.0 if self._suspended_at is None else time.monotonic() - self._suspended_at
+            return self._paused_total + current
+
+
+class _Slot:
+    """A worker process and the supervisor thread that runs the slot's jobs on it."""
+
+    def __init__(self, pool: WorkerPool, index: int) -> None:
+        self.pool = pool
+        self.index = index
+        self.worker: _Worker | None = None
+        self._job: JobHandle | None = None
+        self._has_job = threading.Condition()
+        self._stopping = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.thread = threading.Thread(target=self._loop, name=f"e31-pool-slot-{index}", daemon=True)
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"!")
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(OSError):
+            while os.read(self._wake_r, 4096):
+                pass
+
+    def submit(self, job: JobHandle) -> None:
+        with self._has_job:
+            self._job = job
+            self._has_job.notify()
+
+    def stop(self) -> None:
+        with self._has_job:
+            self._stopping = True
+            self._has_job.notify()
+        self.wake()
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._has_job:
+                    while self._job is None and not self._stopping:
+                        self._has_job.wait()
+                    if self._job is None:
+                        return
+                    job = self._job
+                try:
+                    self._run(job)
+                except Exception as e:  # a bug here must not strand the caller in wait()
+                    log.exception("worker slot %d failed", self.index)
+                    self.discard_worker()
+                    job._finish(None, SandboxError(f"worker pool failure: {e}"))
+                with self._has_job:
+                    self._job = None
+                self.pool._release(self)
+        finally:
+            if self.worker is not None:
+                self.worker.quit(timeout=2.0)
+                self.worker = None
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def ensure_worker(self) -> _Worker:
+        if self.worker is not None and self.worker.proc.poll() is not None:
+            log.warning("worker %d exited while idle (%s)", self.worker.pid,
+                        describe_exit(self.worker.proc.returncode))
+            self.worker.reap()
+            self.worker = None
+        if self.worker is None:
+            self.worker = self.pool._spawn()
+        return self.worker
+
+    def discard_worker(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker = None
+
+    def _run(self, job: JobHandle) -> None:
+        # A worker can die while idle just before it is handed a job (its death not yet visible);
+        # a worker that dies before saying `started` is therefore replaced and the job sent once more.
+        for attempt in range(2):
+            try:
+                worker = self.ensure_worker()
+            except (PoolError, OSError) as e:
+                job._finish(None, e if isinstance(e, PoolError) else PoolError(f"cannot start a worker: {e}"))
+                return
+            with job._lock:
+                cancelled = job._cancelled
+                if not cancelled:
+                    job._worker, job._slot = worker, self
+                    if job._suspended_at is not None:
+                        worker.signal(signal.SIGSTOP)
+            if cancelled:
+                job._finish(_host_result(job.spec.limits, CANCELLED, "cancelled before it started", 0.0))
+                return
+            # A worker that died meanwhile fails the send; the receive loop reports how it ended.
+            with contextlib.suppress(ValueError, OSError):
+                worker.send(["run", job.job_id, encode_spec(job.spec),
+                             None if job.output_dir is None else os.fsencode(job.output_dir)])
+            if not self._supervise(job, worker, may_retry=attempt == 0):
+                return
+            log.warning("worker %d died before starting job %d; sending it to a new worker",
+                        worker.pid, job.job_id)
+
+    def _supervise(self, job: JobHandle, worker: _Worker, *, may_retry: bool) -> bool:
+        """Sees the job to its end on `worker`; True if the worker died before starting it and the
+        job should be sent again (only when `may_retry`)."""
+        limits = job.spec.limits
+        t0 = time.monotonic()
+        budget = self.pool.compile_timeout
+        deadline = t0 + budget
+        started = False
+
+        def elapsed() -> float:
+            return time.monotonic() - t0 - job._paused()
+
+        def end(trap: str, message: str) -> None:
+            self.discard_worker()
+            job._finish(_host_result(limits, trap, message, elapsed()))
+
+        while True:
+            with job._lock:
+                cancelled, suspended = job._cancelled, job._suspended_at is not None
+            if cancelled:
+                end(CANCELLED, "cancelled")
+                return False
+            timeout = None if suspended else max(0.0, deadline + job._paused() - time.monotonic())
+            try:
+                messages, eof = worker.receive(timeout, self._wake_r)
+            except ProtocolViolation as e:
+                end(WORKER_KILLED, f"worker {worker.pid} broke the protocol: {e}")
+                return False
+            self._drain_wake()
+            for message in messages:
+                outcome = self._handle(job, message)
+                if isinstance(outcome, str):
+                    end(WORKER_KILLED, f"worker {worker.pid}: {outcome}")
+                    return False
+                if outcome:
+                    return False
+                if not started:
+                    started = True
+                    budget = limits.wall_seconds + self.pool.grace_seconds
+                    deadline = time.monotonic() - job._paused() + budget
+                    job._started.set()
+            if eof:
+                code = worker.reap()
+                self.worker = None
+                with job._lock:
+                    cancelled = job._cancelled
+                if cancelled:
+                    job._finish(_host_result(limits, CANCELLED, "cancelled", elapsed()))
+                elif may_retry and not started:
+                    return True
+                else:
+                    trap, why = _classify_exit(code)
+                    job._finish(_host_result(limits, trap, f"worker {worker.pid} {why} while running the job",
+                                             elapsed()))
+                return False
+            with job._lock:
+                suspended = job._suspended_at is not None
+            if not suspended and time.monotonic() >= deadline + job._paused():
+                phase = "the guest started" if started else "the job was sent"
+                end(WORKER_KILLED, f"worker {worker.pid} still busy {budget:g} s after {phase}; killed")
+                return False
+
+    @staticmethod
+    def _handle(job: JobHandle, message: list[Any]) -> str | bool:
+        """False: `started`; True: the job is finished; a string: a protocol violation."""
+        kind = message[0]
+        if len(message) < 2 or message[1] != job.job_id:
+            return f"replied {kind!r} for another job"
+        if kind == "started" and len(message) == 2:
+            return False
+        if kind == "result" and len(message) == 3:
+            try:
+                result = decode_result(message[2])
+            except (ProtocolViolation, SandboxError, TypeError, ValueError) as e:
+                return f"sent a malformed result: {e}"
+            job._finish(result)
+            return True
+        if kind == "error" and len(message) == 4 and isinstance(message[3], str):
+            cls = ERRORS.get(message[2]) if isinstance(message[2], str) else None
+            job._finish(None, (cls or SandboxError)(message[3]))
+            return True
+        return f"sent an unexpected {kind!r} message"
+
+
+class WorkerPool:
+    """`size` worker processes, each running one job at a time.
+
+    `run` and `start_job` are thread-safe and block while all workers are busy (up to `timeout`).
+    Use as a context manager, or call `close()`: it cancels running jobs and leaves no processes.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        cache_dir: Path,
+        *,
+        data_limit_bytes: int | None = DEFAULT_DATA_LIMIT,
+        file_size_limit_bytes: int | None = DEFAULT_FILE_SIZE_LIMIT,
+        grace_seconds: float = GRACE_SECONDS,
+        compile_timeout: float = COMPILE_TIMEOUT,
+        start_timeout: float = START_TIMEOUT,
+    ) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"pool size must be a positive integer, got {size!r}")
+        if grace_seconds < 0 or compile_timeout <= 0 or start_timeout <= 0:
+            raise ValueError("grace_seconds must be >= 0 and the timeouts > 0")
+        self.size = size
+        self.cache_dir = Path(cache_dir)
+        self.grace_seconds = grace_seconds
+        self.compile_timeout = compile_timeout
+        self.start_timeout = start_timeout
+        self.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        load_or_create_key(self.cache_dir / "key")  # once here, so workers never race to create it
+        self._worker_args = ["--cache-dir", os.fspath(self.cache_dir)]
+        if data_limit_bytes is not None:
+            self._worker_args += ["--data-limit", str(int(data_limit_bytes))]
+        if file_size_limit_bytes is not None:
+            self._worker_args += ["--file-size-limit", str(int(file_size_limit_bytes))]
+        self._ids = itertools.count(1)
+        self._cond = threading.Condition()
+        self._closed = False
+        self._slots = [_Slot(self, i) for i in range(size)]
+        self._running: set[JobHandle] = set()
+        try:
+            self._start_workers()
+        except BaseException:
+            for slot in self._slots:
+                slot.discard_worker()
+                os.close(slot._wake_r)
+                os.close(slot._wake_w)
+            raise
+        self._free = list(self._slots)
+        for slot in self._slots:
+            slot.thread.start()
+
+    def _start_workers(self) -> None:
+        errors: list[BaseException] = []
+
+        def start(slot: _Slot) -> None:
+            try:
+                slot.worker = self._spawn()
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=start, args=(s,)) for s in self._slots]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+    def _spawn(self) -> _Worker:
+        return _Worker(self._worker_args, self.start_timeout)
+
+    def worker_pids(self) -> list[int]:
+        """The pids of the live worker processes."""
+        return [w.pid for w in (s.worker for s in self._slots) if w is not None and not w.closed]
+
+    def start_job(self, spec: JobSpec, output_dir: Path | None = None, *,
+                  timeout: float | None = None) -> JobHandle:
+        """Hands the job to a free worker (waiting up to `timeout` for one) and returns at once."""
+        if not isinstance(spec, JobSpec):
+            raise TypeError("spec must be a JobSpec")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self._free and not self._closed:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise PoolError(f"all {self.size} workers busy for {timeout:g} s")
+                self._cond.wait(remaining)
+            if self._closed:
+                raise PoolError("the worker pool is closed")
+            slot = self._free.pop()
+            out = None if output_dir is None else Path(output_dir).absolute()
+            job = JobHandle(next(self._ids), spec, out)
+            job._slot = slot
+            self._running.add(job)
+        slot.submit(job)
+        return job
+
+    def run(self, spec: JobSpec, output_dir: Path | None = None, *,
+            timeout: float | None = None) -> RunResult:
+        """Runs one job to its end on a worker (blocking). `timeout` bounds the wait for a free worker."""
+        return self.start_job(spec, output_dir, timeout=timeout).wait()
+
+    def _release(self, slot: _Slot) -> None:
+        with self._cond:
+            self._running = {j for j in self._running if not j.done()}
+            if not self._closed:
+                self._free.append(slot)
+            self._cond.notify()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Cancels running jobs, stops every worker, and joins the supervisor threads."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            running = list(self._running)
+            self._cond.notify_all()
+        for job in running:
+            job.cancel()
+        for slot in self._slots:
+            slot.stop()
+        for slot in self._slots:
+            slot.thread.join(timeout)
+            if slot.thread.is_alive():
+                log.error("worker slot %d did not stop within %g s", slot.index, timeout)
+                slot.discard_worker()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["CANCELLED", "WORKER_CRASHED", "WORKER_KILLED", "WORKER_LIMIT", "WORKER_TRAPS", "JobHandle",
+           "PoolError", "WorkerPool", "cores_available", "describe_exit"]

@@ -1,0 +1,28 @@
+#!/bin/sh
+# Rebuilds every workload (*.c) into OUT_DIR/NAME.wasm (default: this directory).
+#
+# Deterministic: same compiler, same bytes. Sources are compiled from this directory by relative
+# name, prefix maps hide the build paths, and --strip-all drops the name, debug and producers
+# sections, so no path or timestamp reaches the module. The compiler's version line goes to
+# OUT_DIR/TOOLCHAIN; the shipped modules were built by the compiler named in ./TOOLCHAIN.
+#
+# Needs clang with the wasm32-wasi target, wasm-ld and wasi-libc (Debian: clang lld wasi-libc
+# libclang-rt-dev-wasm32). Override the compiler with CC=...
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:-$here}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cc=${CC:-clang}
+
+cd "$here"
+for src in *.c; do
+    name=${src%.c}
+    "$cc" --target=wasm32-wasi -O2 -Wall -Wextra -Werror \
+        -ffile-prefix-map="$here"=. -fdebug-prefix-map="$here"=. \
+        -Wl,--strip-all -o "$out/$name.wasm.tmp" "$src" -lm
+    chmod 644 "$out/$name.wasm.tmp"
+    mv "$out/$name.wasm.tmp" "$out/$name.wasm"
+done
+"$cc" --version | head -n 1 > "$out/TOOLCHAIN"

@@ -1,0 +1,177 @@
+"""The worker side: the pipe protocol's framing and field checks, the paused clock, and a worker
+process driven by hand over its pipes."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import mmap
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+import msgpack
+import pytest
+from e31.sandbox.job import JobSpec
+from e31.sandbox.limits import Limits, RunResult, Status
+from e31.sandbox.worker import (
+    EXIT_PROTOCOL,
+    MAX_FRAME,
+    SHM_BYTES,
+    ProtocolViolation,
+    decode_result,
+    decode_spec,
+    encode_result,
+    encode_spec,
+    paused_clock,
+    read_frame,
+    write_frame,
+)
+
+ECHO = (Path(__file__).resolve().parents[2] / "sandbox" / "workloads" / "echo.wasm").read_bytes()
+
+RESULT = RunResult(
+    status=Status.EXITED, exit_code=0, trap=None, message="", fuel_used=123, fuel_limit=1000,
+    wall_seconds=0.5, peak_memory_bytes=65536, stdout=b"hi\n", stdout_sha256="ab" * 32,
+    stderr_sha256="cd" * 32, output_files={"a/b.txt": "ef" * 32}, output_bytes=10,
+    profile_digest="00" * 32, reverifiable=True,
+)
+
+
+def test_frames_round_trip_and_end_cleanly() -> None:
+    buf = io.BytesIO()
+    write_frame(buf, ["run", 1, b"\x00bytes", None])
+    write_frame(buf, ["quit"])
+    buf.seek(0)
+    assert read_frame(buf) == ["run", 1, b"\x00bytes", None]
+    assert read_frame(buf) == ["quit"]
+    assert read_frame(buf) is None
+
+
+@pytest.mark.parametrize("data", [
+    (MAX_FRAME + 1).to_bytes(4, "big"),
+    b"\x00\x00\x00\x05ab",
+    b"\x00\x00",
+    b"\x00\x00\x00\x01\xc1",
+    b"\x00\x00\x00\x01\x05",
+    b"\x00\x00\x00\x01\x90",
+])
+def test_bad_frames_raise_protocol_violation(data: bytes) -> None:
+    with pytest.raises(ProtocolViolation):
+        read_frame(io.BytesIO(data))
+
+
+def test_job_spec_round_trips(tmp_path: Path) -> None:
+    (tmp_path / "in.txt").write_text("x")
+    (tmp_path / "stdin").write_text("y")
+    spec = JobSpec(ECHO, args=("a", "ü"), env=(("K", "v"),), stdin=tmp_path / "stdin",
+                   inputs={"d/in.txt": tmp_path / "in.txt"},
+                   limits=Limits(fuel=99, memory_bytes=2**20, wall_seconds=1.5, max_output_bytes=7),
+                   seed=bytes(range(32)))
+    wire = msgpack.unpackb(msgpack.packb(encode_spec(spec)), raw=False, use_list=True)
+    again = decode_spec(wire)
+    assert again == spec
+    assert again.inputs == spec.inputs and again.limits == spec.limits
+
+
+def test_a_malformed_job_spec_is_a_protocol_violation() -> None:
+    with pytest.raises(ProtocolViolation):
+        decode_spec([b"x", [], []])
+    with pytest.raises(ProtocolViolation):
+        decode_spec([ECHO, 5, [], None, [], [1, 2**20, 1.0, 0], bytes(32)])
+
+
+def test_results_round_trip() -> None:
+    wire = msgpack.unpackb(msgpack.packb(encode_result(RESULT)), raw=False, use_list=True)
+    assert decode_result(wire) == RESULT
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("status", "exploded"),
+    ("status", 1),
+    ("exit_code", "0"),
+    ("fuel_used", True),
+    ("stdout", "text"),
+    ("output_files", {"a": 1}),
+    ("output_files", [1]),
+    ("reverifiable", 1),
+])
+def test_a_result_with_a_wrong_field_is_refused(field: str, value: object) -> None:
+    wire = encode_result(RESULT)
+    wire[[f.name for f in dataclasses.fields(RunResult)].index(field)] = value
+    with pytest.raises(ProtocolViolation):
+        decode_result(wire)
+
+
+def test_a_result_of_the_wrong_shape_is_refused() -> None:
+    with pytest.raises(ProtocolViolation):
+        decode_result(encode_result(RESULT)[:-1])
+    with pytest.raises(ProtocolViolation):
+        decode_result({"status": "exited"})
+
+
+def test_paused_clock_subtracts_the_stopped_time() -> None:
+    shm = mmap.mmap(-1, SHM_BYTES)
+    clock = paused_clock(shm)
+    before = clock()
+    shm[:8] = (5 * 10**9).to_bytes(8, "little")
+    after = clock()
+    assert before - 5.0 <= after < before - 4.0
+
+
+def spawn_worker(cache_dir: Path) -> tuple[subprocess.Popen[bytes], BinaryIO, BinaryIO]:
+    """A worker started by hand: (process, request pipe, reply pipe)."""
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    with tempfile.TemporaryFile() as shm:
+        shm.truncate(SHM_BYTES)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "e31.sandbox.worker", "--request-fd", str(req_r), "--reply-fd", str(rep_w),
+             "--paused-fd", str(shm.fileno()), "--cache-dir", str(cache_dir)],
+            pass_fds=(req_r, rep_w, shm.fileno()),
+        )
+    os.close(req_r)
+    os.close(rep_w)
+    return proc, os.fdopen(req_w, "wb"), os.fdopen(rep_r, "rb")
+
+
+def test_a_worker_process_driven_by_hand(tmp_path: Path) -> None:
+    proc, requests, replies = spawn_worker(tmp_path / "cache")
+    try:
+        with requests, replies:
+            assert read_frame(replies) == ["ready", proc.pid]
+            write_frame(requests, ["run", 7, encode_spec(JobSpec(ECHO, args=("by", "hand"))), None])
+            assert read_frame(replies) == ["started", 7]
+            kind, job_id, raw = read_frame(replies) or [None, None, None]
+            assert (kind, job_id) == ("result", 7)
+            assert decode_result(raw).stdout == b"by hand\n"
+            missing = encode_spec(JobSpec(ECHO))
+            missing[4] = [["x", os.fsencode(tmp_path / "nope")]]
+            write_frame(requests, ["run", 8, missing, None])
+            reply = read_frame(replies)
+            assert reply is not None and reply[:3] == ["error", 8, "JobSpecError"]
+            write_frame(requests, ["quit"])
+            assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_worker_exits_when_its_request_pipe_closes(tmp_path: Path) -> None:
+    proc, requests, replies = spawn_worker(tmp_path / "cache")
+    with replies:
+        assert read_frame(replies) == ["ready", proc.pid]
+        requests.close()
+        assert proc.wait(timeout=30) == 0
+
+
+def test_a_worker_refuses_a_malformed_request(tmp_path: Path) -> None:
+    proc, requests, replies = spawn_worker(tmp_path / "cache")
+    with requests, replies:
+        assert read_frame(replies) == ["ready", proc.pid]
+        write_frame(requests, ["launch", 1])
+        assert proc.wait(timeout=30) == EXIT_PROTOCOL
