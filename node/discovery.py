@@ -368,7 +368,8 @@ async def run_discovery(
     again when its addresses change; `on_lost(node_id)` when its record is withdrawn or expires.
     Ready once browsing; our record is registered right after (that takes about 1.7 s). Raises
     DiscoveryError when it cannot start; later zeroconf failures are logged. On exit, even by
-    cancellation, the record is withdrawn and the sockets closed.
+    cancellation, the record is withdrawn and the sockets closed (a stop while the record is still being
+    registered first lets the registration finish, so that nothing is left announced).
     """
     try:
         NodeId.parse(node_id)
