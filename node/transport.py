@@ -15,7 +15,14 @@ deadline; a send that times out or is cancelled part-way closes the connection, 
 mid-frame.
 
 `serve` runs `run()` for each accepted connection beside the handler; a dialled connection's owner runs
-it (`nursery.start_soon(conn.run)`). Messages arrive only while `run()` runs.
+it. Messages arrive only while `run()` runs:
+
+    host, port = await nursery.start(partial(serve, handler, host="0.0.0.0", port=0,
+                                             identity=key, network="main", limits=Limits()))
+    conn = await dial(peer_host, peer_port, identity=key, network="main", expect=peer_key_or_None)
+    nursery.start_soon(conn.run)
+    await conn.send(b"...")
+    async for message in conn: ...         # ends when the connection closes; see conn.close_reason
 
 Everything the peer can cause ends in a TransportError subclass or in a closed connection with a
 `close_reason`; no OSError leaves this module. Calling the API wrongly (a non-bytes message, bad
@@ -29,6 +36,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import nacl.signing
 import trio
@@ -47,6 +55,7 @@ from .transport_limits import (
 
 __all__ = [
     "MAX_MESSAGE",
+    "ConnectedToSelf",
     "Connection",
     "ConnectionCaps",
     "ConnectionClosed",
@@ -101,6 +110,10 @@ class PeerRejected(TransportError):
     """We refused the peer: invalid handshake bytes, a failed proof, a pin mismatch, or our own key."""
 
 
+class ConnectedToSelf(PeerRejected):
+    """The peer proved our own node key: the address dialled is this node's."""
+
+
 class ConnectionClosed(TransportError):
     """The connection is closed; `reason` says why."""
 
@@ -138,8 +151,9 @@ class Connection:
     """An authenticated, encrypted link to one peer, after a completed handshake.
 
     Made by `dial` and `serve`, not directly. `peer_key` is the peer's 32-byte Ed25519 node key,
-    `remote_address` its (host, port), `initiator` whether we dialled. Iterating yields messages until
-    the connection closes, for any reason, and then stops; `receive()` raises ConnectionClosed instead.
+    `remote_address` its (host, port), `local_address` our end's, `initiator` whether we dialled.
+    Iterating yields messages until the connection closes, for any reason, and then stops; `receive()`
+    raises ConnectionClosed instead.
     """
 
     def __init__(self, stream: trio.SocketStream, result: HandshakeResult, *, remote_address: Address,
@@ -148,14 +162,15 @@ class Connection:
         self.transcript_hash: bytes = result.transcript_hash
         self.initiator: bool = result.initiator
         self.remote_address: Address = remote_address
+        self.local_address: Address = _sock_address(stream.socket.getsockname) or ("", 0)
         self._stream = stream
         self._session = Session(result)
         self._leftover = leftover
         self._timeouts = timeouts
         self._send_lock = trio.Lock()
         self._inbox_in, self._inbox = trio.open_memory_channel[bytes](inbox)
-        self._inbox_bytes = inbox_bytes
-        self._buffered = 0
+        self._inbox_limit, self._inbox_bytes = inbox, inbox_bytes
+        self._queued = self._buffered = 0
         self._drained = trio.lowlevel.ParkingLot()
         self._reason: str | None = None
         self._closed = trio.Event()
@@ -217,13 +232,11 @@ class Connection:
                     self._session.receive_data(data)
                     for message in self._session.messages():
                         self._last_received_at = trio.current_time()
-                        while self._buffered and self._buffered + len(message) > self._inbox_bytes:
+                        while self._inbox_full(len(message)):
                             await self._drained.park()
+                        self._inbox_in.send_nowait(message)
+                        self._queued += 1
                         self._buffered += len(message)
-                        try:
-                            self._inbox_in.send_nowait(message)
-                        except trio.WouldBlock:
-                            await self._inbox_in.send(message)
                         deadline = trio.current_time() + idle
                 except ProtocolError as e:
                     return f"the peer broke the protocol: {e}"
@@ -247,9 +260,18 @@ class Connection:
             message = await self._inbox.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
             raise ConnectionClosed(self._reason or "closed") from None
+        self._queued -= 1
         self._buffered -= len(message)
-        self._drained.unpark_all()
+        # Wake the reader only once the inbox is half empty, so that a slow consumer and the reader
+        # take turns per batch of messages rather than per message.
+        if self._queued <= self._inbox_limit // 2 and self._buffered <= self._inbox_bytes // 2:
+            self._drained.unpark_all()
         return message
+
+    def _inbox_full(self, size: int) -> bool:
+        """Whether one more message of `size` bytes must wait (one message is always let through)."""
+        return self._queued >= self._inbox_limit or (
+            self._queued > 0 and self._buffered + size > self._inbox_bytes)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self
@@ -351,15 +373,15 @@ async def _establish(stream: trio.SocketStream, machine: Initiator | Responder, 
         raise HandshakeAborted(f"connection lost during the handshake: {e.__cause__ or e}") from None
     result = machine.result
     if result.peer_key == own_key:
-        raise PeerRejected("the peer is this node itself")
+        raise ConnectedToSelf("the peer is this node itself")
     return Connection(stream, result, remote_address=remote, leftover=leftover, timeouts=timeouts,
                       inbox=inbox, inbox_bytes=inbox_bytes)
 
 
-def _peer_address(stream: trio.SocketStream) -> Address | None:
+def _sock_address(get: Callable[[], Any]) -> Address | None:
     try:
-        name = stream.socket.getpeername()
-    except OSError:
+        name = get()
+    except OSError:  # reset in the meantime
         return None
     return str(name[0]), int(name[1])
 
@@ -389,7 +411,7 @@ async def dial(host: str, port: int, *, identity: nacl.signing.SigningKey, netwo
     except OSError as e:
         raise DialFailed(f"{target}: {e.strerror or e}") from e
     try:
-        remote = _peer_address(stream) or (host, port)
+        remote = _sock_address(stream.socket.getpeername) or (host, port)
         conn = await _establish(stream, machine, machine.initiate(), own_key=bytes(identity.verify_key),
                                 remote=remote, timeouts=timeouts, inbox=inbox, inbox_bytes=inbox_bytes)
     except BaseException:
@@ -432,7 +454,7 @@ async def serve(handler: Handler, *, host: str, port: int, identity: nacl.signin
 
 async def _accepted(stream: trio.SocketStream, *, handler: Handler, identity: nacl.signing.SigningKey,
                     network: str, limits: Limits, caps: ConnectionCaps) -> None:
-    remote = _peer_address(stream)
+    remote = _sock_address(stream.socket.getpeername)
     if remote is None:
         stream.socket.close()
         return
