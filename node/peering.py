@@ -42,11 +42,11 @@ from .config import NodeConfig
 from .peers import Dial, LinkHealth, Liveness, PeerSettings, PeerTable, TokenBucket, keep_new_link
 from .store import AsyncStore, Store
 from .transport import (
+    ConnectedToSelf,
     Connection,
     ConnectionCaps,
     ConnectionClosed,
     Limits,
-    PeerRejected,
     Timeouts,
     TransportError,
     dial,
@@ -115,12 +115,9 @@ def _peek_kind(raw: bytes) -> str | None:
 
 
 def _local_host(conn: Connection) -> str | None:
-    """The address of our end of `conn` (the transport does not expose it yet)."""
-    stream = getattr(conn, "_stream", None)
-    try:
-        return str(stream.socket.getsockname()[0]) if stream is not None else None
-    except OSError:
-        return None
+    """The address of our end of `conn`, if it has one (an in-memory test link has none)."""
+    address = getattr(conn, "local_address", None)
+    return str(address[0]) if address and address[0] else None
 
 
 @dataclass(eq=False)
@@ -324,14 +321,12 @@ class PeerService:
         try:
             try:
                 conn = await dial(host, port, identity=self.identity, network=self.network, expect=d.node_id,
-                                  timeouts=self.limits.timeouts, inbox=self.limits.inbox)
-            except PeerRejected as e:
-                if "this node itself" in str(e):
-                    log.info("%s is this node's own address; not dialing it again", d.address)
-                    self.table.mark_own_address(d.address)
-                    self.table.dial_abandoned(d)
-                    return
-                self._dial_failed(d, e)
+                                  timeouts=self.limits.timeouts, inbox=self.limits.inbox,
+                                  inbox_bytes=self.limits.inbox_bytes)
+            except ConnectedToSelf:
+                log.info("%s is this node's own address; not dialing it again", d.address)
+                self.table.mark_own_address(d.address)
+                self.table.dial_abandoned(d)
                 return
             except TransportError as e:
                 self._dial_failed(d, e)
