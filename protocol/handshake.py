@@ -11,7 +11,7 @@ Each message is a canonical msgpack array in one frame (codec.encode_frame). The
 from the protocol name and the network name and absorbs every message, so two networks never agree on a
 key, and each signature covers both ephemerals, the network, the version and everything said before it.
 The initiator reveals its identity only after it has authenticated (and, if asked, pinned) the responder.
-docs/protocol-log-and-transport.md is the normative description.
+docs/protocol.md section 11 is the normative description.
 
 Sans-I/O, shaped like h11: no sockets, no clock, no randomness. The caller supplies a fresh 32-byte
 ephemeral secret per handshake (os.urandom(32) at the edge; reusing one breaks replay protection), feeds

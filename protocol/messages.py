@@ -44,6 +44,8 @@ MAX_PROFILES = 16
 REASON_TEXT_MAX = 256
 DECLINE_REASONS = ("busy", "no_profile", "limits", "deadline", "expired", "policy", "other")
 CANCEL_REASONS = ("withdrawn", "done", "deadline", "other")
+MAX_PROOF_HASHES = 64
+TREEHEAD_MAX = 512
 
 
 _IPV6_CHARS = frozenset("0123456789abcdefABCDEF:.")
@@ -256,8 +258,39 @@ class TreeHead(Message):
     timestamp: int = field(metadata=w(TIME))
 
 
+@message("proofreq", issuer="requester", expiry="expires")
+@dataclass(frozen=True, slots=True)
+class ProofRequest(Message):
+    """Ask an executor for the inclusion proof of one of its receipts (named by message id)."""
+
+    network: str = field(metadata=w(NETWORK))
+    requester: NodeId = field(metadata=w(Key()))
+    executor: NodeId = field(metadata=w(Key()))
+    receipt_id: Digest = field(metadata=w(Hash()))
+    expires: int = field(metadata=w(TIME))
+
+
+@message("proof", issuer="executor")
+@dataclass(frozen=True, slots=True)
+class InclusionProof(Message):
+    """Where a receipt sits in its executor's log: leaf `leaf_index` of the tree of `tree_size` leaves
+    whose signed head (a complete `treehead` envelope, same executor and size) travels in `treehead`."""
+
+    network: str = field(metadata=w(NETWORK))
+    executor: NodeId = field(metadata=w(Key()))
+    receipt_id: Digest = field(metadata=w(Hash()))
+    leaf_index: int = field(metadata=w(UInt()))
+    tree_size: int = field(metadata=w(UInt(minimum=1)))
+    path: tuple[Digest, ...] = field(metadata=w(Seq(Hash(), MAX_PROOF_HASHES)))
+    treehead: bytes = field(metadata=w(Bin(TREEHEAD_MAX, min_len=1)))
+
+    def _validate(self) -> None:
+        if self.leaf_index >= self.tree_size:
+            raise InvalidMessage("InclusionProof: leaf_index is not below tree_size")
+
+
 AnyMessage = (Ping | Pong | Contact | Peers | Capacity | Offer | Bid | Decline | Assign | BlobRequest
-              | BlobChunk | Result | UsageReceipt | Ack | Cancel | TreeHead)
+              | BlobChunk | Result | UsageReceipt | Ack | Cancel | TreeHead | ProofRequest | InclusionProof)
 """The closed union of every message kind."""
 
 KINDS: tuple[str, ...] = tuple(REGISTRY)
@@ -276,11 +309,13 @@ __all__ = [
     "Capacity",
     "Contact",
     "Decline",
+    "InclusionProof",
     "Message",
     "Offer",
     "Peers",
     "Ping",
     "Pong",
+    "ProofRequest",
     "Result",
     "TreeHead",
     "UsageReceipt",

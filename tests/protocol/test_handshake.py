@@ -359,7 +359,7 @@ def test_well_formed_frames_of_wrong_content_fail(fields: list[object]) -> None:
             machine.receive_data(frame)
 
 
-# The vector printed in docs/protocol-log-and-transport.md §4: an independent implementation must
+# The vector printed in docs/protocol.md §11.9: an independent implementation must
 # produce these bytes from these inputs.
 VECTOR = {
     "m1": "000000369301c410fc95eff13c582f22a3f02e19a76e2abfc4207b4e909bbe7ffe44c465a220037d608ee3"

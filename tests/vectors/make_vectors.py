@@ -23,6 +23,7 @@ from e31.protocol.codec import pack
 from e31.protocol.envelope import message_id, node_id_of, sign, sign_message, verify
 from e31.protocol.ids import Digest, NodeId, sha256
 from e31.protocol.jobs import EnvVar, FileRef, JobManifest, Limits
+from e31.protocol.merkle import MerkleLog
 from e31.protocol.messages import (
     Ack,
     Assign,
@@ -33,10 +34,12 @@ from e31.protocol.messages import (
     Capacity,
     Contact,
     Decline,
+    InclusionProof,
     Offer,
     Peers,
     Ping,
     Pong,
+    ProofRequest,
     Result,
     TreeHead,
     UsageReceipt,
@@ -147,7 +150,22 @@ def samples() -> list[tuple[str, str, Message]]:
          Ack(NET, man.job_id, receipt_id, nid("submitter"), nid("executor"), T0 + 80_000)),
         ("cancel", "submitter", Cancel(NET, man.job_id, nid("submitter"), T0 + 60_000, "withdrawn", "")),
         ("treehead", "executor", TreeHead(NET, nid("executor"), 42, digest("root"), T0 + 90_000)),
+        ("proofreq", "submitter", ProofRequest(NET, nid("submitter"), nid("executor"), receipt_id,
+                                               T0 + 120_000)),
+        ("proof", "executor", inclusion_proof(receipt, receipt_id)),
     ]
+
+
+def inclusion_proof(receipt: UsageReceipt, receipt_id: Digest) -> InclusionProof:
+    """The proof of a receipt that is leaf 1 of a three-leaf log, against that log's signed head."""
+    log = MerkleLog()
+    log.append(b"an earlier receipt envelope")
+    index = log.append(sign_message(receipt, key("executor")))
+    log.append(b"a later receipt envelope")
+    head = sign_message(TreeHead(NET, nid("executor"), log.size, Digest(log.root()), T0 + 95_000),
+                        key("executor"))
+    path = tuple(Digest(h) for h in log.inclusion_proof(index))
+    return InclusionProof(NET, nid("executor"), receipt_id, index, log.size, path, head)
 
 
 def _env(version: bytes, kind: str, body: bytes, signer: bytes, sig: bytes) -> bytes:

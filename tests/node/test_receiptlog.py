@@ -1,0 +1,206 @@
+"""The executor's receipt log: appends, signed heads, inclusion and consistency proofs, durability."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e31.node.audit import check_inclusion
+from e31.node.receiptlog import ReceiptLog, ReceiptLogError
+from e31.node.store import Store
+from e31.protocol.envelope import sign_message, verify
+from e31.protocol.errors import BadProof
+from e31.protocol.merkle import MerkleLog, verify_consistency
+from e31.protocol.messages import InclusionProof, TreeHead, UsageReceipt
+from receipt_fixtures import NET, T0, key, mandelbrot, mandelbrot_file, montecarlo, resign_receipt
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "node.sqlite")
+    yield s
+    s.close()
+
+
+def receipts(n: int) -> list[bytes]:
+    """n distinct receipts by "executor": one real run, re-signed with distinct compute times."""
+    job = mandelbrot()
+    return [resign_receipt(job, compute_ms=1 + i, finished_at=T0 + 3_000 + i).receipt for i in range(n)]
+
+
+def test_append_is_ordered_idempotent_and_matches_the_merkle_tree(store: Store) -> None:
+    log = ReceiptLog(store, key("executor"), NET)
+    entries = receipts(5)
+    assert [log.append(r) for r in entries] == [0, 1, 2, 3, 4]
+    assert log.append(entries[2]) == 2
+    assert log.size == 5
+    reference = MerkleLog()
+    for r in entries:
+        reference.append(r)
+    assert log.root() == reference.root()
+
+
+def test_the_log_survives_reopening(tmp_path: Path) -> None:
+    entries = receipts(3)
+    with Store(tmp_path / "node.sqlite") as store:
+        log = ReceiptLog(store, key("executor"), NET)
+        for r in entries:
+            log.append(r)
+        head = log.signed_tree_head(T0)
+        root = log.root()
+    with Store(tmp_path / "node.sqlite") as store:
+        again = ReceiptLog(store, key("executor"), NET)
+        assert again.size == 3 and again.root() == root
+        assert again.signed_tree_head(T0 + 5) == head
+        assert again.index_of(verify(entries[1]).message_id.raw) == 1
+
+
+def test_refuses_receipts_it_did_not_sign_and_garbage(store: Store) -> None:
+    log = ReceiptLog(store, key("executor"), NET)
+    foreign = mandelbrot(executor="executor2").receipt
+    with pytest.raises(ReceiptLogError, match="not by this node"):
+        log.append(foreign)
+    with pytest.raises(ReceiptLogError, match="not a valid receipt"):
+        log.append(b"\x95garbage")
+    with pytest.raises(ReceiptLogError, match="not a valid receipt"):
+        log.append(mandelbrot().ack)
+    other_net = sign_message(
+        dataclasses.replace(verify(mandelbrot().receipt, UsageReceipt).message, network="elsewhere"),
+        key("executor"))
+    with pytest.raises(ReceiptLogError, match="network"):
+        log.append(other_net)
+    assert log.size == 0
+
+
+def test_signed_tree_head_is_signed_once_per_size(store: Store) -> None:
+    log = ReceiptLog(store, key("executor"), NET)
+    empty = verify(log.signed_tree_head(T0), TreeHead).message
+    assert empty.size == 0 and empty.root.raw == MerkleLog().root()
+    for r in receipts(2):
+        log.append(r)
+    first = log.signed_tree_head(T0 + 10)
+    assert log.signed_tree_head(T0 + 20) == first
+    head = verify(first, TreeHead)
+    assert head.signer == head.message.executor
+    assert (head.message.size, head.message.root.raw, head.message.timestamp) == (2, log.root(), T0 + 10)
+    log.append(receipts(3)[2])
+    later = verify(log.signed_tree_head(T0), TreeHead).message
+    assert later.size == 3 and later.timestamp == T0 + 10, "a head never goes back in time"
+    assert [verify(h, TreeHead).message.size for h in log.heads()] == [0, 2, 3]
+
+
+def test_inclusion_proofs_verify_against_the_latest_head(store: Store) -> None:
+    log = ReceiptLog(store, key("executor"), NET)
+    entries = receipts(7)
+    for r in entries:
+        log.append(r)
+    for i, r in enumerate(entries):
+        raw = log.inclusion(verify(r).message_id.raw, T0 + 100)
+        proof = verify(raw, InclusionProof)
+        assert proof.message.leaf_index == i and proof.message.tree_size == 7
+        head = check_inclusion(proof, verify(r, UsageReceipt))
+        assert head.size == 7 and head.root.raw == log.root()
+
+
+def test_an_old_proof_stays_valid_and_a_proof_for_another_receipt_fails(store: Store) -> None:
+    log = ReceiptLog(store, key("executor"), NET)
+    entries = receipts(4)
+    for r in entries[:2]:
+        log.append(r)
+    old = verify(log.inclusion(verify(entries[0]).message_id.raw, T0), InclusionProof)
+    for r in entries[2:]:
+        log.append(r)
+    assert check_inclusion(old, verify(entries[0], UsageReceipt)).size == 2
+    with pytest.raises(Exception, match="another receipt"):
+        check_inclusion(old, verify(entries[1], UsageReceipt))
+    with pytest.raises(ReceiptLogError, match="not in this node's log"):
+        log.inclusion(verify(montecarlo().receipt).message_id.raw, T0)
+
+
+def test_a_proof_with_a_wrong_path_does_not_match_the_head(store: Store) -> None:
+    log = ReceiptLog(store, key("executor"), NET)
+    entries = receipts(4)
+    for r in entries:
+        log.append(r)
+    proof = verify(log.inclusion(verify(entries[1]).message_id.raw, T0), InclusionProof).message
+    forged = dataclasses.replace(proof, leaf_index=2)
+    with pytest.raises(BadProof, match="does not match the signed tree head"):
+        check_inclusion(verify(sign_message(forged, key("executor")), InclusionProof),
+                        verify(entries[1], UsageReceipt))
+
+
+def test_consistency_proofs_link_heads(store: Store) -> None:
+    log = ReceiptLog(store, key("executor"), NET)
+    entries = receipts(9)
+    roots = {0: log.root()}
+    for i, r in enumerate(entries, 1):
+        log.append(r)
+        roots[i] = log.root()
+    for old in range(0, 10):
+        for new in range(old, 10):
+            verify_consistency(old, new, roots[old], roots[new], log.consistency(old, new))
+    with pytest.raises(ReceiptLogError):
+        log.consistency(5, 20)
+
+
+def test_append_marks_the_receipt_row_with_its_log_index(store: Store) -> None:
+    job = mandelbrot_file()
+    env = verify(job.receipt)
+    store.put_envelope(env.message_id.raw, "receipt", job.receipt, 1.0, job.job_id.raw)
+    store.put_receipt(digest=env.message_id.raw, job_id=job.job_id.raw, attempt=1, executor=job.executor,
+                      message_id=env.message_id.raw, now=1.0)
+    log = ReceiptLog(store, key("executor"), NET)
+    log.append(receipts(1)[0])
+    assert log.append(job.receipt) == 1
+    row = store.receipt(env.message_id.raw)
+    assert row is not None and row.log_index == 1
+
+
+def test_a_tampered_stored_log_is_refused_at_start(tmp_path: Path) -> None:
+    with Store(tmp_path / "node.sqlite") as store:
+        log = ReceiptLog(store, key("executor"), NET)
+        for r in receipts(3):
+            log.append(r)
+        log.signed_tree_head(T0)
+        with store.transaction() as c:
+            c.execute("UPDATE receipt_log SET leaf_hash = ? WHERE idx = 1", (b"\x00" * 32,))
+    with Store(tmp_path / "node.sqlite") as store, pytest.raises(ReceiptLogError, match="does not match"):
+        ReceiptLog(store, key("executor"), NET)
+
+
+def test_another_key_cannot_take_over_the_log(tmp_path: Path) -> None:
+    with Store(tmp_path / "node.sqlite") as store:
+        log = ReceiptLog(store, key("executor"), NET)
+        log.append(receipts(1)[0])
+        log.signed_tree_head(T0)
+    with Store(tmp_path / "node.sqlite") as store, pytest.raises(ReceiptLogError, match="key file"):
+        ReceiptLog(store, key("executor2"), NET)
+
+
+def test_an_append_is_durable_when_it_returns(tmp_path: Path) -> None:
+    """A process killed right after append (no close, no clean exit) leaves the receipt in the log."""
+    entry = receipts(1)[0]
+    (tmp_path / "receipt.bin").write_bytes(entry)
+    here = Path(__file__).resolve().parent
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(here)!r})
+        from pathlib import Path
+        from e31.node.receiptlog import ReceiptLog
+        from e31.node.store import Store
+        from receipt_fixtures import NET, key
+        log = ReceiptLog(Store({str(tmp_path / "node.sqlite")!r}), key("executor"), NET)
+        print(log.append(Path({str(tmp_path / "receipt.bin")!r}).read_bytes()), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -9, proc.stderr
+    assert proc.stdout.strip() == "0"
+    with Store(tmp_path / "node.sqlite") as store:
+        log = ReceiptLog(store, key("executor"), NET)
+        assert log.size == 1 and log.index_of(verify(entry).message_id.raw) == 0
