@@ -1,7 +1,11 @@
-"""Content-addressed blob store: files named by their SHA-256 under DATA/blobs/.
+"""Content-addressed blob store: files named by their blob root under DATA/blobs/.
+
+A blob's name is the protocol's blob root (e31.protocol.blobs, docs/protocol.md section 7): SHA-256 over
+the blob's size and the SHA-256 of each of its CHUNK_SIZE chunks, so a peer that knows only the root can
+fetch the chunk list and check every chunk as it arrives.
 
 Layout:
-    blobs/ab/cdef...            a blob whose hash is "abcdef..." (sharded by the first two hex digits)
+    blobs/ab/cdef...            a blob whose root is "abcdef..." (sharded by the first two hex digits)
     blobs/ab/.tmp-*             a write in progress (same directory, so the final rename is atomic)
     blobs/tmp/.tmp-*            a write whose hash is not known in advance (renamed across, same disk)
     blobs/partial/<hash>/       a chunked download in progress: one file per verified chunk, "<index>"
@@ -29,6 +33,8 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from e31.protocol.blobs import BlobHasher
 
 CHUNK_SIZE = 256 * 1024
 HASH_HEX_LEN = 64
@@ -83,20 +89,19 @@ def hash_hex(digest: str | bytes) -> str:
 
 
 class _BlobName:
-    """Computes a blob's name from its bytes: SHA-256 of the content.
+    """Computes a blob's name from its bytes: the protocol's blob root (chunk-list root).
 
-    Every place that names or checks a blob goes through here, so naming blobs by another digest
-    (such as the protocol's chunk-list root) is a change to this class alone.
+    Every place that names or checks a blob goes through here.
     """
 
     def __init__(self) -> None:
-        self._h = hashlib.sha256()
+        self._h = BlobHasher()
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
         self._h.update(data)
 
     def hexdigest(self) -> str:
-        return self._h.hexdigest()
+        return self._h.finish().root.hex()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -158,7 +163,10 @@ class BlobStore:
     def put(self, data: bytes) -> str:
         name = _BlobName()
         name.update(data)
-        digest, _ = self.put_stream([data], expected=name.hexdigest())
+        digest = name.hexdigest()
+        if self.has(digest) and self.size(digest) == len(data):
+            return digest
+        digest, _ = self.put_stream([data], expected=digest)
         return digest
 
     def put_stream(self, chunks: Iterable[bytes], expected: str | bytes | None = None) -> tuple[str, int]:

@@ -177,7 +177,9 @@ class Node:
                 listen = await nursery.start(self.peering.run)
                 if self.config.mdns:
                     await self._start_discovery(nursery, listen)
-                await nursery.start(serve_control, self.router(), self.config)
+                router = self.router()
+                await self._start_jobs(nursery, router)
+                await nursery.start(serve_control, router, self.config)
                 log.info("node %s on network %s listening on %s", self.peering.node_id, self.config.network,
                          listen)
                 task_status.started()
@@ -207,6 +209,25 @@ class Node:
                                         interfaces=interfaces, on_found=found))
         except DiscoveryError as e:
             log.warning("mDNS discovery is off: %s", e)
+
+    async def _start_jobs(self, nursery: trio.Nursery, router: Router) -> None:
+        """Gossip (offers), the receipt log with its export endpoint, and the job path (market_service)."""
+        from e31.protocol.gossip import GossipConfig, GossipEngine
+
+        from .bundle import export_handler
+        from .gossip import GossipService
+        from .market_service import run_jobs
+        from .receiptlog import ReceiptLog
+
+        gossip = GossipService(GossipEngine[bytes](GossipConfig(self.config.network)),
+                               on_disconnect=self.peering.disconnect)
+        await nursery.start(gossip.run)
+        self.peering.add_listener(gossip)
+        receipt_log = ReceiptLog(self.store.store, self.identity, self.config.network)
+        router.add("POST", "/v1/receipts/export", export_handler(self.store, self.blobs, receipt_log))
+        await nursery.start(partial(run_jobs, identity=self.identity, config=self.config, store=self.store,
+                                    blobs=self.blobs, peering=self.peering, router=router, gossip=gossip,
+                                    receipt_log=receipt_log))
 
     def router(self) -> Router:
         router = Router()

@@ -390,8 +390,11 @@ class Store:
     def add_job(
         self, *, job_id: bytes, role: str, manifest: bytes, state: str, submitter: str, created: float,
         deadline: float, fuel_limit: int | None = None, executor: str | None = None, attempt: int = 0,
+        blobs: Sequence[str] = (),
     ) -> bool:
-        """Insert a job; returns False (and changes nothing) if this node already holds it in `role`."""
+        """Insert a job; returns False (and changes nothing) if this node already holds it in `role`.
+
+        `blobs` (hashes) are referenced by owner "job:<hex id>" in the same transaction."""
         _check_job(role, state)
         with self.transaction() as c:
             cur = c.execute(
@@ -401,6 +404,9 @@ class Store:
                 (job_id, role, manifest, state, submitter, executor, attempt, created, deadline, created,
                  fuel_limit),
             )
+            if cur.rowcount > 0:
+                c.executemany("INSERT INTO blob_refs (blob_hash, owner, retain_until) VALUES (?, ?, NULL) "
+                              "ON CONFLICT DO NOTHING", [(h, f"job:{job_id.hex()}") for h in blobs])
             return cur.rowcount > 0
 
     def job(self, job_id: bytes, role: str) -> JobRow | None:
@@ -420,7 +426,7 @@ class Store:
             rows = c.execute(sql + " ORDER BY created, job_id", args).fetchall()
         return [JobRow(*r) for r in rows]
 
-    def update_job(self, job_id: bytes, role: str, now: float, *, expect_state: str | None = None,
+    def update_job(self, /, job_id: bytes, role: str, now: float, *, expect_state: str | None = None,
                    **changes: Any) -> bool:
         """Change a job's fields; with `expect_state`, only if it is still in that state (compare-and-set).
 

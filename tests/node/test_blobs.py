@@ -24,10 +24,11 @@ from e31.node.blobs import (
     chunk_length,
     hash_hex,
 )
+from e31.protocol.blobs import blob_ref
 
 
 def h(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return blob_ref(data).root.hex()
 
 
 def chunks_of(data: bytes) -> list[bytes]:

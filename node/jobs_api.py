@@ -1,0 +1,445 @@
+"""The jobs endpoints of the local control API: submit, list, show, wait, and write out results.
+
+    POST /v1/jobs                    submit (fields in docs/submitting.md); answers {"job_id": ...}
+    GET  /v1/jobs                    submitted jobs, oldest first (?role=executor: the jobs it ran)
+    GET  /v1/jobs/{id}               one job
+    GET  /v1/jobs/{id}/wait?timeout= the job once it has ended, or as it is after `timeout` seconds
+    POST /v1/jobs/{id}/results       {"out": DIR}: write stdout, stderr, output files and the receipt
+
+The CLI runs on the node's machine and the API listens on 127.0.0.1 only, so files travel by path: a
+submission names absolute paths and the node reads the files itself; results are written by the node
+into the directory the request names. A submission is checked completely before anything is stored:
+the module is a WebAssembly binary that compiles under this node's execution profile and imports only
+WASI preview 1, the limits are within range, the deadline is in the future and the files exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+from e31.protocol.blobs import MAX_BLOB_SIZE, BlobRef
+from e31.protocol.codec import unpack_canonical
+from e31.protocol.envelope import verify
+from e31.protocol.errors import ProtocolError
+from e31.protocol.ids import Digest
+from e31.protocol.jobs import (
+    ARG_MAX,
+    MAX_ARGS,
+    MAX_ENV,
+    MAX_INPUTS,
+    EnvVar,
+    FileRef,
+    JobManifest,
+    Limits,
+    check_file_name,
+)
+from e31.protocol.receipts import UsageReceipt
+
+from .blobs import BlobError, BlobStore
+from .control import HttpError, Request, Router
+from .market import MarketContext
+from .market_rules import TERMINAL
+from .market_submitter import Submitter, outcome_text
+from .store import JobRow, Store
+
+MAX_FUEL = 2**63 - 1
+MIN_MEMORY = 64 * 1024
+MAX_MEMORY = 4 * 1024**3
+MAX_WALL_MS = 7 * 24 * 3600 * 1000
+MIN_DEADLINE_MS = 1000
+MAX_DEADLINE_MS = 30 * 24 * 3600 * 1000
+MAX_MODULE_BYTES = 64 * 1024 * 1024
+DEFAULT_LIMITS = {
+    "fuel": 10_000_000_000,
+    "memory": 256 * 1024 * 1024,
+    "timeout": 60.0,
+    "max_output": 64 * 1024 * 1024,
+}
+DEFAULT_DEADLINE_MS = 3600 * 1000
+MAX_WAIT = 60.0
+COMPILED_CACHE = 1024
+
+
+def bad(message: str) -> HttpError:
+    return HttpError(400, message, "invalid_job")
+
+
+@dataclass
+class JobsApi:
+    submitter: Submitter
+    blobs: BlobStore
+    profile: bytes
+    compile_check: Callable[[bytes], str | None]
+    """Compiles a module under this node's profile; returns why it is refused, or None."""
+    _compiled: set[bytes] = field(default_factory=set)
+    """SHA-256 of modules that compiled here: a sweep of one module is compiled once."""
+
+    def register(self, router: Router) -> None:
+        router.add("POST", "/v1/jobs", self.submit)
+        router.add("GET", "/v1/jobs", self.list_jobs)
+        router.add("GET", "/v1/jobs/{id}", self.show)
+        router.add("GET", "/v1/jobs/{id}/wait", self.wait)
+        router.add("POST", "/v1/jobs/{id}/results", self.results)
+
+    @property
+    def ctx(self) -> MarketContext:
+        return self.submitter.ctx
+
+    # --- submit ---
+
+    async def submit(self, request: Request) -> dict[str, Any]:
+        body = request.body
+        if not isinstance(body, dict):
+            raise bad("the body is a JSON object describing the job")
+        unknown = set(body) - {"module", "inputs", "args", "env", "stdin", "limits", "deadline"}
+        if unknown:
+            raise bad(f"unknown field(s): {', '.join(sorted(unknown))}")
+        now = self.ctx.clock()
+        limits = _limits(body.get("limits") or {})
+        deadline = _deadline(body.get("deadline"), now)
+        args = _strings(body.get("args") or [], "args", MAX_ARGS)
+        env = _env(body.get("env") or [])
+        inputs = _inputs(body.get("inputs") or [])
+        module_path = _path(body.get("module"), "module")
+        stdin_path = None if body.get("stdin") is None else _path(body["stdin"], "stdin")
+
+        module = await trio.to_thread.run_sync(_read_module, module_path)
+        digest = hashlib.sha256(module).digest()
+        if digest not in self._compiled:
+            why = await trio.to_thread.run_sync(self.compile_check, module)
+            if why is not None:
+                raise bad(f"module {module_path}: {why}")
+            if len(self._compiled) >= COMPILED_CACHE:
+                self._compiled.clear()
+            self._compiled.add(digest)
+        module_ref = await self._put_bytes(module)
+        files = []
+        for name, path in inputs:
+            files.append(FileRef(name, await self._put_file(path, f"input {name!r}")))
+        stdin = None if stdin_path is None else await self._put_file(stdin_path, "stdin")
+        try:
+            manifest = JobManifest(
+                module=module_ref,
+                inputs=tuple(sorted(files, key=lambda f: f.name)),
+                args=args,
+                env=tuple(sorted(env, key=lambda e: e.name)),
+                stdin=stdin,
+                limits=limits,
+                deadline=deadline,
+                retention_ms=7 * 24 * 3600 * 1000,
+                replicas=1,
+                profile=Digest(self.profile),
+                submitter=self.ctx.node,
+                nonce=secrets.token_bytes(16),
+                created_at=now,
+            )
+        except ProtocolError as e:
+            raise bad(str(e)) from None
+        job_id = await self.submitter.submit(manifest)
+        return {"job_id": job_id.hex(), "state": "queued"}
+
+    async def _put_bytes(self, data: bytes) -> BlobRef:
+        root = await trio.to_thread.run_sync(self.blobs.put, data)
+        return BlobRef(Digest(bytes.fromhex(root)), len(data))
+
+    async def _put_file(self, path: Path, what: str) -> BlobRef:
+        def put() -> BlobRef:
+            try:
+                if not path.is_file():
+                    raise bad(
+                        f"{what} {path}: " + ("not a regular file" if path.exists() else "no such file")
+                    )
+                if path.stat().st_size > MAX_BLOB_SIZE:
+                    raise bad(f"{what} {path}: larger than {MAX_BLOB_SIZE} bytes")
+                with open(path, "rb") as f:
+                    root, size = self.blobs.put_stream(iter(lambda: f.read(1 << 20), b""))
+            except OSError as e:
+                raise bad(f"{what} {path}: {e.strerror or e}") from None
+            except BlobError as e:
+                raise HttpError(507 if "ceiling" in str(e) else 500, f"{what} {path}: {e}") from None
+            return BlobRef(Digest(bytes.fromhex(root)), size)
+
+        return await trio.to_thread.run_sync(put)
+
+    # --- reading ---
+
+    async def list_jobs(self, request: Request) -> list[dict[str, Any]]:
+        role = request.query.get("role", "submitter")
+        if role not in ("submitter", "executor"):
+            raise bad("role is submitter or executor")
+        rows = await self.ctx.store.run(Store.jobs, role=role)
+        return [await self._doc(r) for r in rows]
+
+    async def _row(self, request: Request) -> JobRow:
+        text = request.params["id"]
+        try:
+            job_id = Digest.parse(text).raw
+        except ProtocolError:
+            raise HttpError(400, f"not a job id (64 hex digits): {text[:80]!r}") from None
+        row = await self.ctx.store.run(Store.job, job_id, "submitter")
+        if row is None:
+            row = await self.ctx.store.run(Store.job, job_id, "executor")
+        if row is None:
+            raise HttpError(404, f"no job {text} on this node")
+        return row
+
+    async def show(self, request: Request) -> dict[str, Any]:
+        return await self._doc(await self._row(request))
+
+    async def wait(self, request: Request) -> dict[str, Any]:
+        try:
+            timeout = min(float(request.query.get("timeout", "30")), MAX_WAIT)
+        except ValueError:
+            raise bad("timeout is a number of seconds") from None
+        row = await self._row(request)
+        with trio.move_on_after(max(timeout, 0.0)):
+            while row.state not in TERMINAL:
+                await self.submitter.changed.wait()
+                row = await self._row(request)
+        return await self._doc(row)
+
+    async def _doc(self, row: JobRow) -> dict[str, Any]:
+        manifest = JobManifest.from_wire(unpack_canonical(row.manifest))
+        doc: dict[str, Any] = {
+            "job_id": row.job_id.hex(),
+            "role": row.role,
+            "submitter": row.submitter,
+            "state": row.state,
+            "executor": row.executor,
+            "attempt": row.attempt,
+            "created": row.created,
+            "updated": row.updated,
+            "deadline": row.deadline,
+            "started": row.started,
+            "finished": row.finished,
+            "fuel_limit": row.fuel_limit,
+            "fuel_used": row.fuel_used,
+            "reason": row.reason,
+            "args": list(manifest.args),
+        }
+        receipt = await self._receipt(row)
+        if receipt is not None:
+            r = receipt.message
+            doc["outcome"] = {
+                "status": r.outcome.status,
+                "exit_code": r.outcome.exit_code,
+                "trap": r.outcome.trap,
+                "text": outcome_text(r.outcome.status, r.outcome.exit_code, r.outcome.trap),
+            }
+            doc["receipt"] = {
+                "id": receipt.message_id.hex(),
+                "executor": str(r.executor),
+                "fuel_used": r.fuel_used,
+                "compute_ms": r.compute_ms,
+                "queued_ms": r.waited_ms,
+                "peak_memory": r.peak_memory,
+                "outputs": [f.name for f in r.outputs],
+            }
+        doc["succeeded"] = (
+            row.state == "done"
+            and receipt is not None
+            and receipt.message.outcome.status == "exited"
+            and receipt.message.outcome.exit_code == 0
+        )
+        return doc
+
+    async def _receipt(self, row: JobRow) -> Any:
+        if row.state != "done":
+            return None
+        rows = await self.ctx.store.run(Store.receipts_for_job, row.job_id)
+        wanted = [r for r in rows if row.role == "executor" or r.delivered is not None]
+        if not wanted:
+            return None
+        env = await self.ctx.store.run(Store.envelope, wanted[-1].message_id)
+        return None if env is None else verify(env.raw, UsageReceipt)
+
+    # --- results ---
+
+    async def results(self, request: Request) -> dict[str, Any]:
+        row = await self._row(request)
+        body = request.body if isinstance(request.body, dict) else {}
+        out = _path(body.get("out"), "out")
+        receipt = await self._receipt(row)
+        if row.state != "done" or receipt is None:
+            raise HttpError(409, f"job {row.job_id.hex()} has no verified result yet (it is {row.state})")
+        written = await trio.to_thread.run_sync(self._write_results, out, receipt)
+        return {"job_id": row.job_id.hex(), "out": str(out), "files": written}
+
+    def _write_results(self, out: Path, receipt: Any) -> list[str]:
+        r: UsageReceipt = receipt.message
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            files = {"stdout": r.stdout, "stderr": r.stderr}
+            written = []
+            for name, ref in files.items():
+                _write(out / name, self.blobs.read(ref.root.raw))
+                written.append(name)
+            for f in r.outputs:
+                target = out / "output" / f.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _write(target, self.blobs.read(f.blob.root.raw))
+                written.append(f"output/{f.name}")
+            _write(out / "receipt", receipt.raw)
+            written.append("receipt")
+        except OSError as e:
+            raise HttpError(400, f"cannot write results to {out}: {e.strerror or e}") from None
+        except BlobError as e:
+            raise HttpError(500, f"a result blob is unavailable: {e}") from None
+        return written
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+# --- request checks ---
+
+
+def _path(value: object, what: str) -> Path:
+    if not isinstance(value, str) or not value:
+        raise bad(f"{what} is an absolute path")
+    path = Path(value)
+    if not path.is_absolute():
+        raise bad(f"{what} {value!r} is not an absolute path (the node reads files itself)")
+    return path
+
+
+def _read_module(path: Path) -> bytes:
+    try:
+        if not path.is_file():
+            raise bad(
+                f"module {path}: not a regular file" if path.exists() else f"module {path}: no such file"
+            )
+        size = path.stat().st_size
+        if size > MAX_MODULE_BYTES:
+            raise bad(f"module {path}: {size} bytes, more than the {MAX_MODULE_BYTES} allowed")
+        return path.read_bytes()
+    except OSError as e:
+        raise bad(f"module {path}: {e.strerror or e}") from None
+
+
+def _int(value: object, what: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(f"{what} is a whole number, got {value!r}")
+    if not lo <= value <= hi:
+        raise bad(f"{what} {value} is outside {lo}..{hi}")
+    return value
+
+
+def _limits(doc: object) -> Limits:
+    if not isinstance(doc, dict):
+        raise bad("limits is an object")
+    unknown = set(doc) - set(DEFAULT_LIMITS)
+    if unknown:
+        raise bad(f"unknown limit(s): {', '.join(sorted(unknown))}")
+    merged = {**DEFAULT_LIMITS, **{k: v for k, v in doc.items() if v is not None}}
+    timeout = merged["timeout"]
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout * 1000 <= MAX_WALL_MS
+    ):
+        raise bad(f"timeout {timeout!r} is outside (0, {MAX_WALL_MS // 1000}] seconds")
+    return Limits(
+        fuel=_int(merged["fuel"], "fuel", 1, MAX_FUEL),
+        memory_bytes=_int(merged["memory"], "memory", MIN_MEMORY, MAX_MEMORY),
+        wall_ms=max(1, round(timeout * 1000)),
+        max_output_bytes=_int(merged["max_output"], "max_output", 0, MAX_BLOB_SIZE),
+    )
+
+
+def _deadline(value: object, now: int) -> int:
+    if value is None:
+        return now + DEFAULT_DEADLINE_MS
+    deadline = _int(value, "deadline (ms since the Unix epoch)", 0, 2**63 - 1)
+    if deadline <= now:
+        raise bad(f"the deadline is {_span((now - deadline) / 1000)} in the past")
+    if deadline < now + MIN_DEADLINE_MS:
+        raise bad(f"the deadline is less than {MIN_DEADLINE_MS // 1000} s away")
+    if deadline > now + MAX_DEADLINE_MS:
+        raise bad(f"the deadline is more than {MAX_DEADLINE_MS // 86_400_000} days away")
+    return deadline
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} days"
+
+
+def _strings(value: object, what: str, most: int) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise bad(f"{what} is a list of strings")
+    if len(value) > most:
+        raise bad(f"more than {most} {what}")
+    for v in value:
+        if "\x00" in v or len(v.encode("utf-8", "surrogatepass")) > ARG_MAX:
+            raise bad(f"{what}: {v[:40]!r} has a NUL byte or is over {ARG_MAX} bytes")
+    return tuple(value)
+
+
+def _env(value: object) -> list[EnvVar]:
+    if not isinstance(value, list) or len(value) > MAX_ENV:
+        raise bad(f"env is a list of [NAME, VALUE] pairs (at most {MAX_ENV})")
+    out: dict[str, EnvVar] = {}
+    for pair in value:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+            raise bad("env is a list of [NAME, VALUE] pairs")
+        name, val = pair
+        if name in out:
+            raise bad(f"environment variable {name!r} given twice")
+        try:
+            out[name] = EnvVar(name, val)
+        except ProtocolError as e:
+            raise bad(f"environment variable {name!r}: {e}") from None
+    return list(out.values())
+
+
+def _inputs(value: object) -> list[tuple[str, Path]]:
+    if not isinstance(value, list) or len(value) > MAX_INPUTS:
+        raise bad(f"inputs is a list of {{name, path}} objects (at most {MAX_INPUTS})")
+    seen: dict[str, Path] = {}
+    for item in value:
+        if not isinstance(item, dict) or set(item) != {"name", "path"}:
+            raise bad("each input is an object with a name and a path")
+        name = item["name"]
+        path = _path(item["path"], "input path")
+        if not isinstance(name, str):
+            raise bad("an input name is a string")
+        why = check_file_name(name)
+        if why is not None:
+            raise bad(f"input {why}")
+        if name in seen:
+            raise bad(f"two inputs are named {name!r}")
+        seen[name] = path
+    return list(seen.items())
+
+
+def compile_check(module: bytes) -> str | None:
+    """Why the sandbox refuses `module` (not WebAssembly, does not validate, imports beyond WASI
+    preview 1, no _start), or None when it compiles under this node's execution profile."""
+    from e31.sandbox.errors import InvalidModule
+    from e31.sandbox.runner import compile_module, default_engine
+
+    try:
+        compile_module(default_engine(), module)
+    except InvalidModule as e:
+        return str(e)
+    return None

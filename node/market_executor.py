@@ -1,0 +1,567 @@
+"""The executor's side of the market: answer offers, run assigned jobs, deliver signed outcomes.
+
+- An offer (from gossip, or from this node's own submitter) gets a signed `bid` or `decline`
+  (market_rules.plan_bid) sent straight to the submitter. The offer is remembered under the bid's id
+  until the bid expires, so an `assign` naming the bid can be matched to the exact manifest.
+- An `assign` for one of our bids, signed by the job's submitter and inside its lease, becomes an
+  executor job row (`fetching`): the module, inputs and stdin are fetched from the submitter by
+  hash (node/transfer.py), then the job waits in the scheduler's queue (`queued`), runs (`running`),
+  and ends `done` with a signed `receipt` and `result`, or `failed` when it could not be run.
+- Delivery: the receipt and result are sent to the submitter, and again every `delivery_interval`
+  (backing off) and whenever its link comes up, until its `ack` arrives. The ack is checked against
+  the receipt (protocol/receipts.check_ack), stored, and handed to `on_acked` (the receipt log);
+  then the receipt's inclusion proof (a signed `proof`) goes to the submitter, and again on request
+  (`proofreq`) or on a repeated ack.
+
+The job's seed (WASI random_get) is its 32-byte job id, so a re-run anywhere reproduces the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+from e31.protocol.blobs import BlobRef
+from e31.protocol.codec import pack, unpack_canonical
+from e31.protocol.envelope import VerifiedEnvelope, check_fresh, sign_message, verify
+from e31.protocol.errors import InvalidMessage, Mismatch, ProtocolError
+from e31.protocol.ids import Digest
+from e31.protocol.jobs import FileRef, JobManifest
+from e31.protocol.messages import REASON_TEXT_MAX, Assign, Bid, Decline, Offer, ProofRequest, Result
+from e31.protocol.receipts import TRAP_MAX, Ack, Outcome, UsageReceipt, check_ack
+from e31.sandbox.errors import SandboxError
+from e31.sandbox.job import JobSpec
+from e31.sandbox.limits import Limits as SandboxLimits
+from e31.sandbox.limits import RunResult, Status
+
+from .blobs import BlobError
+from .market import MarketContext
+from .market_rules import (
+    DeclinePlan,
+    ExecutorView,
+    OfferView,
+    check_transition,
+    plan_bid,
+    run_estimate_ms,
+)
+from .scheduler import Scheduler
+from .store import Store
+from .transfer import BlobTransfer, FetchError
+
+log = logging.getLogger("e31.executor")
+
+ROLE = "executor"
+OnAcked = Callable[[VerifiedEnvelope[UsageReceipt], VerifiedEnvelope[Ack]], Awaitable[object]]
+Prover = Callable[[bytes, int], bytes]
+"""(receipt message id, now in ms) -> a signed `proof` envelope from this node's receipt log (blocking);
+raises when the receipt is not in the log."""
+
+
+class JobFailed(Exception):
+    """This node cannot run an assigned job (its data could not be fetched, or the sandbox refused it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Promise:
+    offer: VerifiedEnvelope[Offer]
+    bid_expires: int
+
+
+class Executor:
+    def __init__(
+        self,
+        ctx: MarketContext,
+        *,
+        transfer: BlobTransfer,
+        scheduler: Scheduler,
+        runs_dir: Path,
+        profile: bytes,
+        memory_bytes: int,
+        on_acked: OnAcked | None = None,
+        prover: Prover | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.prover = prover
+        self.transfer = transfer
+        self.scheduler = scheduler
+        self.runs_dir = runs_dir
+        self.profile = profile
+        self.memory_bytes = memory_bytes
+        self.on_acked = on_acked
+        self._promises: dict[bytes, _Promise] = {}
+        self._answered: set[bytes] = set()
+        self._active: set[bytes] = set()
+        self._nursery: trio.Nursery | None = None
+        self._deliver_now = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self.scheduler.run)
+            for row in await self.ctx.store.run(
+                Store.jobs, role=ROLE, states=("fetching", "queued", "running")
+            ):
+                nursery.start_soon(self._resume, row.job_id)
+            nursery.start_soon(self._delivery_loop)
+            task_status.started()
+
+    def on_link_up(self, peer: bytes) -> None:
+        self._deliver_now.set()
+
+    # --- offers ---
+
+    def on_offer(self, env: VerifiedEnvelope[Offer]) -> None:
+        if env.message_id.raw in self._answered or self._nursery is None:
+            return
+        self._answered.add(env.message_id.raw)
+        self._nursery.start_soon(self._answer, env)
+
+    async def _answer(self, env: VerifiedEnvelope[Offer]) -> None:
+        now = self.ctx.clock()
+        try:
+            check_fresh(env, now, network=self.ctx.network)
+        except ProtocolError:
+            return
+        manifest = env.message.manifest
+        if await self.ctx.store.run(Store.job, manifest.job_id.raw, ROLE) is not None:
+            return
+        cores = self.scheduler.workers
+        me = ExecutorView(
+            self.profile,
+            0 if self.scheduler.suspended else cores,
+            self.memory_bytes,
+            self.scheduler.backlog_ms,
+            self.scheduler.queue_length,
+            cores * self.ctx.settings.max_queue_per_core,
+            self.scheduler.fuel_rate,
+        )
+        limits = manifest.limits
+        offer = OfferView(
+            manifest.profile.raw,
+            limits.fuel,
+            limits.memory_bytes,
+            limits.wall_ms,
+            manifest.deadline,
+            env.message.expires,
+        )
+        plan = plan_bid(offer, me, now, bid_ttl_ms=self.ctx.settings.bid_ttl_ms)
+        job_id, offer_id = manifest.job_id, env.message_id
+        if isinstance(plan, DeclinePlan):
+            answer: Bid | Decline = Decline(
+                self.ctx.network,
+                job_id,
+                offer_id,
+                self.ctx.node,
+                plan.expires,
+                plan.reason,
+                _clip(plan.text),
+            )
+        else:
+            answer = Bid(
+                self.ctx.network,
+                job_id,
+                offer_id,
+                self.ctx.node,
+                plan.expires,
+                plan.expected_start,
+                plan.expected_finish,
+            )
+        raw = sign_message(answer, self.ctx.identity)
+        if isinstance(answer, Bid):
+            bid_id = verify(raw, Bid).message_id.raw
+            self._promises[bid_id] = _Promise(env, answer.expires)
+            self._forget_old_promises(now)
+        await self.ctx.send_to(manifest.submitter.raw, raw)
+
+    def _forget_old_promises(self, now: int) -> None:
+        for bid_id in [b for b, p in self._promises.items() if p.bid_expires <= now]:
+            del self._promises[bid_id]
+        if len(self._answered) > 100_000:
+            self._answered.clear()
+
+    # --- assignments ---
+
+    def on_assign(self, env: VerifiedEnvelope[Assign]) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(self._on_assign, env)
+
+    async def _on_assign(self, env: VerifiedEnvelope[Assign]) -> None:
+        assign = env.message
+        promise = self._promises.get(assign.bid_id.raw)
+        if promise is None or assign.executor != self.ctx.node:
+            return
+        manifest = promise.offer.message.manifest
+        if assign.job_id != manifest.job_id or assign.submitter != manifest.submitter:
+            log.info("ignoring an assignment that does not match our bid")
+            return
+        if assign.lease_expires <= self.ctx.clock():
+            return
+        job_id = manifest.job_id.raw
+        now = self.ctx.now_s()
+        await self.ctx.store.run(Store.put_envelope, env.message_id.raw, "assign", env.raw, now, job_id)
+        await self.ctx.store.run(
+            Store.put_envelope, promise.offer.message_id.raw, "offer", promise.offer.raw, now, job_id
+        )
+        added = await self.ctx.store.run(
+            Store.add_job,
+            job_id=job_id,
+            role=ROLE,
+            manifest=pack(manifest.to_wire()),
+            state="fetching",
+            submitter=str(manifest.submitter),
+            created=now,
+            deadline=manifest.deadline / 1000,
+            fuel_limit=manifest.limits.fuel,
+            executor=str(self.ctx.node),
+            attempt=assign.attempt,
+        )
+        if not added:
+            self._deliver_now.set()  # a repeated assignment: make sure the outcome goes out again
+            return
+        del self._promises[assign.bid_id.raw]
+        await self._execute(job_id, manifest, env)
+
+    async def _resume(self, job_id: bytes) -> None:
+        """Finish a job that was interrupted by a restart, if its lease still holds."""
+        row = await self.ctx.store.run(Store.job, job_id, ROLE)
+        assigns = await self.ctx.store.run(Store.envelopes_for_job, job_id, "assign")
+        if row is None or not assigns:
+            return
+        env = max((verify(a.raw, Assign) for a in assigns), key=lambda e: e.message.attempt)
+        manifest = JobManifest.from_wire(unpack_canonical(row.manifest))
+        if env.message.lease_expires <= self.ctx.clock():
+            await self._fail(
+                job_id, row.state, "the node stopped while holding the job and its lease ran out"
+            )
+            return
+        if row.state != "fetching":
+            await self.ctx.store.run(Store.update_job, job_id, ROLE, self.ctx.now_s(), state="fetching")
+        await self._execute(job_id, manifest, env)
+
+    async def _execute(self, job_id: bytes, manifest: JobManifest, assign: VerifiedEnvelope[Assign]) -> None:
+        if job_id in self._active:
+            return
+        self._active.add(job_id)
+        work = self.runs_dir / job_id.hex()
+        try:
+            try:
+                await self._fetch_inputs(manifest)
+                await self._set_state(job_id, "fetching", "queued")
+                spec = await trio.to_thread.run_sync(self._spec, manifest)
+                await trio.to_thread.run_sync(_fresh_dir, work)
+                estimate = run_estimate_ms(
+                    manifest.limits.fuel, manifest.limits.wall_ms, self.scheduler.fuel_rate
+                )
+
+                def started(at: int) -> None:
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._mark_running, job_id, at)
+
+                record = await self.scheduler.execute(
+                    spec, work / "output", estimate_ms=estimate, on_start=started
+                )
+                receipt = await self._outputs(
+                    manifest,
+                    assign,
+                    record.result,
+                    work,
+                    record.queued_at,
+                    record.started_at,
+                    record.finished_at,
+                    record.compute_ms,
+                )
+            except (JobFailed, FetchError, SandboxError, BlobError, OSError, InvalidMessage) as e:
+                row = await self.ctx.store.run(Store.job, job_id, ROLE)
+                await self._fail(job_id, row.state if row else "fetching", str(e))
+                return
+            await self._finish(job_id, manifest, assign, receipt)
+        finally:
+            self._active.discard(job_id)
+            await trio.to_thread.run_sync(shutil.rmtree, work, True)
+
+    async def _fetch_inputs(self, manifest: JobManifest) -> None:
+        peer = manifest.submitter.raw
+        refs = [manifest.module, *(f.blob for f in manifest.inputs)]
+        if manifest.stdin is not None:
+            refs.append(manifest.stdin)
+        for ref in refs:
+            await self.transfer.fetch(peer, ref)
+
+    def _spec(self, manifest: JobManifest) -> JobSpec:
+        blobs = self.ctx.blobs
+        lim = manifest.limits
+        try:
+            limits = SandboxLimits(
+                fuel=lim.fuel,
+                memory_bytes=lim.memory_bytes,
+                wall_seconds=lim.wall_ms / 1000,
+                max_output_bytes=lim.max_output_bytes,
+            )
+            return JobSpec(
+                module=blobs.read(manifest.module.root.raw),
+                args=manifest.args,
+                env=tuple((e.name, e.value) for e in manifest.env),
+                stdin=None if manifest.stdin is None else blobs.path(manifest.stdin.root.raw),
+                inputs={f.name: blobs.path(f.blob.root.raw) for f in manifest.inputs},
+                limits=limits,
+                seed=manifest.job_id.raw,
+            )
+        except SandboxError as e:
+            raise JobFailed(f"the sandbox refuses the job: {e}") from None
+
+    async def _mark_running(self, job_id: bytes, at: int) -> None:
+        await self._set_state(job_id, "queued", "running", started=at / 1000)
+
+    async def _outputs(
+        self,
+        manifest: JobManifest,
+        assign: VerifiedEnvelope[Assign],
+        result: RunResult,
+        work: Path,
+        queued_at: int,
+        started_at: int,
+        finished_at: int,
+        compute_ms: int,
+    ) -> VerifiedEnvelope[UsageReceipt]:
+        """Store the run's outputs as blobs and sign the receipt describing it."""
+        stdout = await self._stream(result.stdout, result.stdout_bytes, result.stdout_sha256, "stdout")
+        stderr = await self._stream(b"", result.stderr_bytes, result.stderr_sha256, "stderr")
+        outputs = []
+        for name, sha in sorted(result.output_files.items()):
+            path = work / "output" / name
+            data = await trio.to_thread.run_sync(path.read_bytes)
+            if hashlib.sha256(data).hexdigest() != sha:
+                raise JobFailed(f"output file {name!r} changed after the run")
+            root = await trio.to_thread.run_sync(self.ctx.blobs.put, data)
+            outputs.append(FileRef(name, BlobRef(Digest(bytes.fromhex(root)), len(data))))
+        receipt = UsageReceipt(
+            network=self.ctx.network,
+            job_id=manifest.job_id,
+            assignment_id=assign.message_id,
+            submitter=manifest.submitter,
+            executor=self.ctx.node,
+            module=manifest.module,
+            inputs=manifest.inputs,
+            stdin=manifest.stdin,
+            stdout=stdout,
+            stderr=stderr,
+            outputs=tuple(outputs),
+            profile=manifest.profile,
+            limits=manifest.limits,
+            outcome=_outcome(result),
+            fuel_used=result.fuel_used,
+            peak_memory=min(result.peak_memory_bytes, manifest.limits.memory_bytes),
+            compute_ms=compute_ms,
+            queued_at=queued_at,
+            started_at=started_at,
+            finished_at=finished_at,
+        )
+        return verify(sign_message(receipt, self.ctx.identity), UsageReceipt)
+
+    async def _stream(self, kept: bytes, total: int, sha: str, what: str) -> BlobRef:
+        if len(kept) != total or hashlib.sha256(kept).hexdigest() != sha:
+            raise JobFailed(
+                f"the sandbox kept {len(kept)} of the {total} bytes the job wrote to {what}; "
+                f"the receipt needs all of them"
+            )
+        root = await trio.to_thread.run_sync(self.ctx.blobs.put, kept)
+        return BlobRef(Digest(bytes.fromhex(root)), total)
+
+    async def _finish(
+        self,
+        job_id: bytes,
+        manifest: JobManifest,
+        assign: VerifiedEnvelope[Assign],
+        receipt: VerifiedEnvelope[UsageReceipt],
+    ) -> None:
+        now = self.ctx.now_s()
+        available = self.ctx.clock() + min(
+            manifest.retention_ms or self.ctx.settings.retention_ms, self.ctx.settings.retention_ms
+        )
+        result = Result(
+            self.ctx.network, manifest.job_id, assign.message_id, self.ctx.node, receipt.message_id, available
+        )
+        result_raw = sign_message(result, self.ctx.identity)
+        result_id = verify(result_raw, Result).message_id.raw
+        store = self.ctx.store
+        await store.run(Store.put_envelope, receipt.message_id.raw, "receipt", receipt.raw, now, job_id)
+        await store.run(Store.put_envelope, result_id, "result", result_raw, now, job_id)
+        owner = f"result:{job_id.hex()}"
+        msg = receipt.message
+        for ref in (msg.stdout, msg.stderr, *(f.blob for f in msg.outputs)):
+            await store.run(Store.ref_blob, ref.root.hex(), owner, available / 1000)
+        await store.run(
+            Store.put_result,
+            job_id=job_id,
+            attempt=assign.message.attempt,
+            executor=str(self.ctx.node),
+            message_id=result_id,
+            status=msg.outcome.status,
+            now=now,
+            fuel_used=msg.fuel_used,
+            outputs={f.name: f.blob.root.hex() for f in msg.outputs},
+        )
+        await store.run(
+            Store.put_receipt,
+            digest=receipt.message_id.raw,
+            job_id=job_id,
+            attempt=assign.message.attempt,
+            executor=str(self.ctx.node),
+            message_id=receipt.message_id.raw,
+            now=now,
+            next_delivery=now + self.ctx.settings.delivery_interval,
+        )
+        await self._set_state(
+            job_id, "running", "done", finished=msg.finished_at / 1000, fuel_used=msg.fuel_used
+        )
+        log.info(
+            "job %s ran: %s, %d fuel, %d ms compute, %d ms queued",
+            job_id.hex()[:12],
+            msg.outcome.status,
+            msg.fuel_used,
+            msg.compute_ms,
+            msg.waited_ms,
+        )
+        await self._deliver(manifest.submitter.raw, receipt.raw, result_raw)
+
+    async def _fail(self, job_id: bytes, state: str, why: str) -> None:
+        """Give up a job this node cannot run: record why, and give the assignment back to the submitter
+        (a `decline` naming the job after its assignment) so it is offered elsewhere at once."""
+        log.warning("job %s failed here: %s", job_id.hex()[:12], why)
+        if state in ("done", "failed"):
+            return
+        await self.ctx.store.run(
+            Store.update_job, job_id, ROLE, self.ctx.now_s(), state="failed", reason=why[:500]
+        )
+        offers = await self.ctx.store.run(Store.envelopes_for_job, job_id, "offer")
+        if not offers:
+            return
+        offer = verify(offers[-1].raw, Offer)
+        decline = Decline(
+            self.ctx.network,
+            offer.message.job_id,
+            offer.message_id,
+            self.ctx.node,
+            self.ctx.clock() + self.ctx.settings.bid_ttl_ms,
+            "other",
+            _clip(why),
+        )
+        await self.ctx.send_to(offer.message.manifest.submitter.raw, sign_message(decline, self.ctx.identity))
+
+    async def _set_state(self, job_id: bytes, old: str, new: str, **changes: Any) -> None:
+        check_transition(ROLE, old, new)
+        await self.ctx.store.run(
+            Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state=old, state=new, **changes
+        )
+
+    # --- delivery until acknowledged ---
+
+    async def _deliver(self, submitter: bytes, receipt_raw: bytes, result_raw: bytes) -> bool:
+        return await self.ctx.send_to(submitter, receipt_raw) and await self.ctx.send_to(
+            submitter, result_raw
+        )
+
+    async def _delivery_loop(self) -> None:
+        settings = self.ctx.settings
+        while True:
+            with trio.move_on_after(settings.delivery_interval):
+                await self._deliver_now.wait()
+            self._deliver_now = trio.Event()
+            now = self.ctx.now_s()
+            for row in await self.ctx.store.run(Store.receipts_due, now):
+                receipt = await self.ctx.store.run(Store.envelope, row.message_id)
+                results = await self.ctx.store.run(Store.envelopes_for_job, row.job_id, "result")
+                if receipt is None:
+                    continue
+                result_raw = next(
+                    (
+                        r.raw
+                        for r in results
+                        if verify(r.raw, Result).message.receipt_id.raw == row.message_id
+                    ),
+                    None,
+                )
+                if result_raw is None:
+                    continue
+                submitter = verify(receipt.raw, UsageReceipt).message.submitter.raw
+                await self._deliver(submitter, receipt.raw, result_raw)
+                delay = min(
+                    settings.delivery_backoff_max,
+                    settings.delivery_interval * 2 ** min(row.delivery_tries, 8),
+                )
+                await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, now + delay)
+
+    def on_ack(self, env: VerifiedEnvelope[Ack]) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(self._on_ack, env)
+
+    async def _on_ack(self, env: VerifiedEnvelope[Ack]) -> None:
+        ack = env.message
+        row = await self.ctx.store.run(Store.receipt, ack.receipt_id.raw)
+        if row is None:
+            return
+        stored = await self.ctx.store.run(Store.envelope, row.message_id)
+        if stored is None:
+            return
+        receipt = verify(stored.raw, UsageReceipt)
+        try:
+            check_ack(ack, receipt.message, receipt.message_id)
+        except Mismatch as e:
+            log.warning("refusing an ack from %s: %s", env.signer, e)
+            return
+        if row.delivered is None:
+            now = self.ctx.now_s()
+            await self.ctx.store.run(
+                Store.put_envelope, env.message_id.raw, "ack", env.raw, now, ack.job_id.raw
+            )
+            first = await self.ctx.store.run(Store.put_ack, ack.receipt_id.raw, env.message_id.raw, now)
+            if first and self.on_acked is not None:
+                try:
+                    await self.on_acked(receipt, env)
+                except Exception:
+                    log.exception(
+                        "appending the receipt of job %s to the receipt log failed", ack.job_id.hex()[:12]
+                    )
+                    return
+        await self._send_proof(ack.submitter.raw, ack.receipt_id.raw)
+
+    def on_proof_request(self, peer: bytes, env: VerifiedEnvelope[ProofRequest]) -> None:
+        msg = env.message
+        if msg.executor == self.ctx.node and msg.expires > self.ctx.clock() and self._nursery is not None:
+            self._nursery.start_soon(self._send_proof, peer, msg.receipt_id.raw)
+
+    async def _send_proof(self, peer: bytes, receipt_id: bytes) -> None:
+        """Send the receipt's inclusion proof against this node's latest signed tree head."""
+        if self.prover is None:
+            return
+        try:
+            raw = await trio.to_thread.run_sync(self.prover, receipt_id, self.ctx.clock())
+        except Exception as e:  # not (yet) in the log: the asker learns nothing, as the protocol says
+            log.debug("no inclusion proof for receipt %s: %s", receipt_id.hex()[:12], e)
+            return
+        await self.ctx.send_to(peer, raw)
+
+
+def _outcome(result: RunResult) -> Outcome:
+    if result.status is Status.EXITED:
+        return Outcome("exited", result.exit_code if result.exit_code is not None else 0, None)
+    if result.status is Status.TRAP:
+        trap = (result.trap or "unknown")[:TRAP_MAX] or "unknown"
+        return Outcome("trap", None, trap)
+    return Outcome(str(result.status), None, None)
+
+
+def _clip(text: str) -> str:
+    """`text` cut to fit a decline's reason text (REASON_TEXT_MAX bytes of UTF-8)."""
+    return text.encode("utf-8", "replace")[:REASON_TEXT_MAX].decode("utf-8", "ignore")
+
+
+def _fresh_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, mode=0o700)

@@ -1,0 +1,113 @@
+"""Assembles the job path of a running node: scheduler, blob transfer, submitter, executor, market,
+and the jobs endpoints of the local API. The daemon starts it with one `nursery.start(run_jobs, ...)`.
+
+Wiring: the market is a LinkListener of the peering service (direct job messages); offers come from
+gossip's `offer` subscription and go out through `gossip.publish`; the executor's acknowledged
+receipts are appended to the receipt log when one is given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import nacl.signing
+import trio
+from e31.protocol.envelope import VerifiedEnvelope
+from e31.protocol.receipts import Ack, UsageReceipt
+
+from .blobs import BlobStore
+from .config import NodeConfig
+from .control import Router
+from .jobs_api import JobsApi, compile_check
+from .market import Market, MarketContext, MarketSettings
+from .market_executor import Executor
+from .market_submitter import Submitter
+from .scheduler import Scheduler
+from .store import AsyncStore, Store
+from .transfer import BlobTransfer
+
+MODULE_CACHE_DIR = "module-cache"
+RUNS_DIR = "runs"
+ENGINE_OVERHEAD = 512 << 20
+"""RLIMIT_DATA of a worker beyond the job's memory and output: Python, wasmtime and compilation."""
+
+
+async def run_jobs(
+    *,
+    identity: nacl.signing.SigningKey,
+    config: NodeConfig,
+    store: AsyncStore,
+    blobs: BlobStore,
+    peering: Any,
+    router: Router,
+    gossip: Any = None,
+    receipt_log: Any = None,
+    settings: MarketSettings | None = None,
+    task_status: trio.TaskStatus[Market] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the job path until cancelled; `nursery.start` returns the Market once it is ready.
+
+    `peering` is the PeerService (send, connected, add_listener); `gossip` a GossipService or None
+    (offers then reach only this node's own executor); `receipt_log` a ReceiptLog or None."""
+    from e31.sandbox.limits import Limits as SandboxLimits
+    from e31.sandbox.pool import WorkerPool
+    from e31.sandbox.profile import PROFILE
+
+    settings = settings or MarketSettings()
+    ctx = MarketContext(
+        identity=identity,
+        network=config.network,
+        store=store,
+        blobs=blobs,
+        settings=settings,
+        peer_send=peering.send,
+        connected=peering.connected,
+    )
+    transfer = BlobTransfer(
+        identity=identity,
+        network=config.network,
+        blobs=blobs,
+        send=ctx.send_to,
+        wall_ms=ctx.clock,
+        settings=settings.transfer,
+    )
+    workers = max(1, config.cores)
+    data_limit = (
+        max(config.memory, SandboxLimits.DEFAULT_MEMORY_BYTES)
+        + SandboxLimits.DEFAULT_MAX_OUTPUT_BYTES
+        + ENGINE_OVERHEAD
+    )
+
+    def pool() -> WorkerPool:
+        return WorkerPool(workers, config.data_dir / MODULE_CACHE_DIR, data_limit_bytes=data_limit)
+
+    scheduler = Scheduler(workers, pool)
+
+    async def acked(receipt: VerifiedEnvelope[UsageReceipt], ack: VerifiedEnvelope[Ack]) -> None:
+        if receipt_log is not None:
+            index = await trio.to_thread.run_sync(receipt_log.append, receipt.raw)
+            await store.run(Store.set_receipt_log_index, receipt.message_id.raw, index)
+
+    executor = Executor(
+        ctx,
+        transfer=transfer,
+        scheduler=scheduler,
+        runs_dir=config.data_dir / RUNS_DIR,
+        profile=PROFILE.digest,
+        memory_bytes=config.memory,
+        on_acked=acked,
+        prover=None if receipt_log is None else receipt_log.inclusion,
+    )
+    submitter = Submitter(
+        ctx,
+        transfer=transfer,
+        publish=None if gossip is None else gossip.publish,
+        local_offer=executor.on_offer,
+    )
+    market = Market(ctx, submitter=submitter, executor=executor, transfer=transfer)
+    JobsApi(submitter, blobs, PROFILE.digest, compile_check).register(router)
+    offers = None if gossip is None else gossip.subscribe("offer")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(market.run, offers)
+        peering.add_listener(market)
+        task_status.started(market)

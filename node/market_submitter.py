@@ -1,0 +1,598 @@
+"""The submitter's side of the market: offer a job, collect answers, assign it, verify what comes back.
+
+Each job the node submitted and has not finished has one driver task, which runs rounds:
+
+    offer (signed, gossiped, and shown to this node's own executor)
+      -> answers arrive (bids and declines, direct messages) -> the window decides (market_rules)
+      -> assign (signed, with a lease) to the chosen bid -> wait for a verified outcome until the lease
+    ends; a lease that runs out, a refused assignment or an outcome that fails verification starts a
+    new round without that executor; the deadline ends it all (`expired`).
+
+An outcome is a `receipt` plus the `result` naming it. Once both are in, the receipt is checked
+against the manifest and the assignment it names (protocol/receipts.py), the output blobs it lists are
+fetched from the executor (every chunk verified), and only then is the job `done` and the receipt
+countersigned with an `ack`. A repeated outcome for a finished job gets the stored ack again, so an
+executor that missed the first one stops retrying. Every step is written to the store before the next.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from e31.protocol.codec import pack
+from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
+from e31.protocol.errors import Mismatch, ProtocolError
+from e31.protocol.ids import Digest, NodeId
+from e31.protocol.jobs import JobManifest
+from e31.protocol.merkle import verify_entry_inclusion
+from e31.protocol.messages import Assign, Bid, Decline, InclusionProof, Offer, Result, TreeHead
+from e31.protocol.receipts import Ack, UsageReceipt, check_receipt_assignment, check_receipt_manifest
+
+from .market import MarketContext
+from .market_rules import (
+    TERMINAL,
+    BidView,
+    Window,
+    check_transition,
+    choose_bid,
+    lease_expiry,
+    offer_expiry,
+    window_state,
+)
+from .peers import TokenBucket
+from .store import JobRow, Store
+from .transfer import BlobTransfer, FetchError
+
+log = logging.getLogger("e31.submitter")
+
+ROLE = "submitter"
+POLL = 0.05
+OFFER_RATE = 1.8
+OFFER_BURST = 45.0
+"""Offers gossiped per second, and at once: under what each node accepts from one signer (2 per second,
+burst 50; docs/gossip.md 1.5), so none is dropped at the first hop. A round without a token offers the
+job to this node's own executor only; later rounds try the network again."""
+
+
+@dataclass(eq=False)
+class _Round:
+    offer_id: bytes
+    opened: float
+    bids: dict[bytes, BidView] = field(default_factory=dict)
+    answered: set[bytes] = field(default_factory=set)
+    raw: dict[bytes, bytes] = field(default_factory=dict)
+    """The signed bids by message id (the chosen one is stored with the job)."""
+    wake: trio.Event = field(default_factory=trio.Event)
+
+
+@dataclass(eq=False)
+class _Job:
+    manifest: JobManifest
+    round: _Round | None = None
+    finished: trio.Event = field(default_factory=trio.Event)
+    rejected: set[bytes] = field(default_factory=set)
+    """Executors whose assignment failed (lease ran out, or their outcome failed verification)."""
+    outcome_failed: trio.Event = field(default_factory=trio.Event)
+    completing: bool = False
+    rounds: int = 0
+    assigned_to: bytes | None = None
+    assigned_offer: bytes | None = None
+    """The offer (message id) whose round chose the current assignment."""
+    refusal: str | None = None
+    """Why the last executor gave the job back or had its outcome refused."""
+    settled: trio.Event = field(default_factory=trio.Event)
+    """Set when the outcome being verified (while `completing`) has been accepted or refused."""
+
+
+class Submitter:
+    def __init__(
+        self,
+        ctx: MarketContext,
+        *,
+        transfer: BlobTransfer,
+        publish: Callable[[bytes], int] | None = None,
+        local_offer: Callable[[VerifiedEnvelope[Any]], None] | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.transfer = transfer
+        self.publish = publish
+        self.local_offer = local_offer
+        self.jobs: dict[bytes, _Job] = {}
+        self.load: Counter[bytes] = Counter()
+        self._nursery: trio.Nursery | None = None
+        self._offers = TokenBucket(OFFER_RATE, OFFER_BURST)
+        self.changed = trio.Event()
+        """Set (and replaced) whenever a job's state changes: `e31 wait` long-polls on it."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        rows = await self.ctx.store.run(Store.jobs, role=ROLE)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for row in rows:
+                if row.state not in TERMINAL:
+                    self._start(row)
+            task_status.started()
+            await trio.sleep_forever()
+
+    # --- submitting ---
+
+    async def submit(self, manifest: JobManifest) -> bytes:
+        """Record a new job (its blobs already stored) and start offering it; returns the job id."""
+        job_id = manifest.job_id.raw
+        now = self.ctx.now_s()
+        refs = [manifest.module.root, *(f.blob.root for f in manifest.inputs)]
+        if manifest.stdin is not None:
+            refs.append(manifest.stdin.root)
+        added = await self.ctx.store.run(
+            Store.add_job,
+            job_id=job_id,
+            role=ROLE,
+            manifest=pack(manifest.to_wire()),
+            state="queued",
+            submitter=str(manifest.submitter),
+            created=now,
+            deadline=manifest.deadline / 1000,
+            fuel_limit=manifest.limits.fuel,
+            blobs=[r.hex() for r in refs],
+        )
+        if added:
+            row = await self.ctx.store.run(Store.job, job_id, ROLE)
+            assert row is not None
+            self._start(row)
+        return job_id
+
+    def _start(self, row: JobRow) -> None:
+        try:
+            manifest = JobManifest.from_wire(_unpack(row.manifest))
+        except ProtocolError as e:
+            log.error("stored job %s has an unreadable manifest: %s", row.job_id.hex(), e)
+            return
+        job = _Job(manifest)
+        self.jobs[row.job_id] = job
+        assert self._nursery is not None
+        self._nursery.start_soon(self._drive, row.job_id, job)
+
+    async def _set_state(self, job_id: bytes, old: str, new: str, **changes: Any) -> bool:
+        check_transition(ROLE, old, new)
+        ok = await self.ctx.store.run(
+            Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state=old, state=new, **changes
+        )
+        self._notify()
+        return ok
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    # --- the driver ---
+
+    async def _drive(self, job_id: bytes, job: _Job) -> None:
+        try:
+            await self._rounds(job_id, job)
+        finally:
+            self.jobs.pop(job_id, None)
+
+    async def _rounds(self, job_id: bytes, job: _Job) -> None:
+        deadline_ms = job.manifest.deadline
+        with trio.move_on_after(max(0.0, (deadline_ms - self.ctx.clock()) / 1000)):
+            row = await self.ctx.store.run(Store.job, job_id, ROLE)
+            if row is not None and row.state == "assigned":
+                key = _key(row.executor)
+                if key is not None:
+                    self.load[key] += 1
+                try:
+                    await self._await_outcome(job_id, job, row.executor, await self._lease_left(job_id))
+                finally:
+                    if key is not None:
+                        self._unload(key)
+            while not job.finished.is_set():
+                row = await self.ctx.store.run(Store.job, job_id, ROLE)
+                if row is None or row.state in TERMINAL:
+                    return
+                if job.refusal is not None and self._candidates() <= job.rejected:
+                    await self._set_state(
+                        job_id,
+                        row.state,
+                        "failed",
+                        reason=f"every node that could run it failed: {job.refusal}"[:500],
+                    )
+                    log.info("job %s failed: %s", job_id.hex()[:12], job.refusal)
+                    return
+                if row.state != "offered":
+                    await self._set_state(job_id, row.state, "offered")
+                bid = await self._offer_round(job_id, job)
+                if bid is None:
+                    await trio.sleep(self.ctx.settings.reoffer_delay)
+                    continue
+                try:
+                    if await self._assign(job_id, job, bid, row.attempt + 1):
+                        lease_s = await self._lease_left(job_id)
+                        await self._await_outcome(job_id, job, NodeId(bid.executor), lease_s)
+                    else:
+                        job.rejected.add(bid.executor)
+                finally:
+                    self._unload(bid.executor)
+            return
+        row = await self.ctx.store.run(Store.job, job_id, ROLE)
+        if row is not None and row.state not in TERMINAL and not job.completing:
+            await self._set_state(
+                job_id, row.state, "expired", reason="the deadline passed before a verified result arrived"
+            )
+            log.info("job %s expired", job_id.hex()[:12])
+
+    def _candidates(self) -> set[bytes]:
+        """The nodes a round would ask now: the connected peers, and this node if it runs its own jobs."""
+        nodes = set(self.ctx.connected())
+        if self.local_offer is not None and self.ctx.settings.execute_own_jobs:
+            nodes.add(self.ctx.local)
+        return nodes
+
+    async def _offer_round(self, job_id: bytes, job: _Job) -> BidView | None:
+        now = self.ctx.clock()
+        expires = offer_expiry(now, job.manifest.deadline, self.ctx.settings.offer_ttl_ms, job.rounds)
+        job.rounds += 1
+        offer = Offer(self.ctx.network, expires, job.manifest)
+        raw = sign_message(offer, self.ctx.identity)
+        env = verify(raw, Offer)
+        await self.ctx.store.run(
+            Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id
+        )
+        rnd = _Round(env.message_id.raw, trio.current_time())
+        job.round = rnd
+        job.assigned_offer = env.message_id.raw
+        expected: set[bytes] = set()
+        if self.publish is not None and self._offers.allow(trio.current_time()):
+            try:
+                self.publish(raw)
+                expected.update(self.ctx.connected())
+            except ProtocolError as e:
+                log.warning("cannot gossip the offer of job %s: %s", job_id.hex()[:12], e)
+        if self.local_offer is not None and self.ctx.settings.execute_own_jobs:
+            expected.add(self.ctx.local)
+            self.local_offer(env)
+        expected -= job.rejected
+        try:
+            while not job.finished.is_set():
+                state = window_state(
+                    now=trio.current_time(),
+                    opened=rnd.opened,
+                    expected=frozenset(expected),
+                    answered=frozenset(rnd.answered),
+                    bids=len(rnd.bids),
+                    settings=self.ctx.settings.window,
+                )
+                if state is Window.ASSIGN:
+                    bid = choose_bid(
+                        rnd.bids.values(),
+                        self.load,
+                        now=self.ctx.clock(),
+                        deadline=job.manifest.deadline,
+                        exclude=frozenset(job.rejected),
+                    )
+                    if bid is not None:
+                        self.load[bid.executor] += 1  # at once: rounds choosing at the same time see it
+                        try:
+                            await self.ctx.store.run(
+                                Store.put_envelope,
+                                bid.bid_id,
+                                "bid",
+                                rnd.raw[bid.bid_id],
+                                self.ctx.now_s(),
+                                job_id,
+                            )
+                        except BaseException:
+                            self._unload(bid.executor)
+                            raise
+                    return bid
+                if state is Window.REOFFER:
+                    return None
+                with trio.move_on_after(POLL * 4):
+                    await rnd.wake.wait()
+                rnd.wake = trio.Event()
+            return None
+        finally:
+            job.round = None
+
+    async def _assign(self, job_id: bytes, job: _Job, bid: BidView, attempt: int) -> bool:
+        now = self.ctx.clock()
+        lease = lease_expiry(now, bid, job.manifest.deadline, slack_ms=self.ctx.settings.lease_slack_ms)
+        assign = Assign(
+            self.ctx.network,
+            Digest(job_id),
+            Digest(bid.bid_id),
+            self.ctx.node,
+            NodeId(bid.executor),
+            attempt,
+            lease,
+        )
+        raw = sign_message(assign, self.ctx.identity)
+        env = verify(raw, Assign)
+        await self.ctx.store.run(
+            Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id
+        )
+        await self._set_state(
+            job_id, "offered", "assigned", executor=str(NodeId(bid.executor)), attempt=attempt
+        )
+        if not await self.ctx.send_to(bid.executor, raw):
+            log.info("job %s: no link to %s to assign it", job_id.hex()[:12], NodeId(bid.executor))
+            await self._set_state(job_id, "assigned", "offered")
+            return False
+        log.info("job %s attempt %d assigned to %s", job_id.hex()[:12], attempt, NodeId(bid.executor))
+        return True
+
+    async def _lease_left(self, job_id: bytes) -> float:
+        rows = await self.ctx.store.run(Store.envelopes_for_job, job_id, "assign")
+        if not rows:
+            return 0.0
+        lease = max(verify(r.raw, Assign).message.lease_expires for r in rows)
+        return max(0.0, (lease - self.ctx.clock()) / 1000)
+
+    def _unload(self, executor: bytes) -> None:
+        self.load[executor] -= 1
+        if self.load[executor] <= 0:
+            del self.load[executor]
+
+    async def _await_outcome(
+        self, job_id: bytes, job: _Job, executor: NodeId | str | None, lease_s: float
+    ) -> None:
+        key = _key(executor)
+        job.assigned_to = key
+        try:
+            job.outcome_failed = trio.Event()
+            with trio.move_on_after(lease_s):
+                async with trio.open_nursery() as nursery:
+
+                    async def stop_on(event: trio.Event) -> None:
+                        await event.wait()
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(stop_on, job.finished)
+                    nursery.start_soon(stop_on, job.outcome_failed)
+        finally:
+            job.assigned_to = None
+        if job.finished.is_set():
+            return
+        if job.completing:  # an outcome is being verified right at the end of the lease
+            await job.settled.wait()
+        if job.finished.is_set():
+            return
+        if key is not None:
+            job.rejected.add(key)
+        row = await self.ctx.store.run(Store.job, job_id, ROLE)
+        if row is not None and row.state == "assigned":
+            log.info(
+                "job %s: no verified result from %s in time; offering it again", job_id.hex()[:12], executor
+            )
+            await self._set_state(job_id, "assigned", "offered")
+
+    # --- answers to offers ---
+
+    def on_answer(self, env: VerifiedEnvelope[Any]) -> None:
+        msg: Bid | Decline = env.message
+        job = self.jobs.get(msg.job_id.raw)
+        if job is None:
+            return
+        if (
+            isinstance(msg, Decline)
+            and job.assigned_to == msg.executor.raw
+            and job.assigned_offer in (None, msg.offer_id.raw)
+        ):
+            log.info(
+                "job %s: %s gave the assignment back (%s: %s)",
+                msg.job_id.hex()[:12],
+                msg.executor,
+                msg.reason,
+                msg.text,
+            )
+            job.rejected.add(msg.executor.raw)
+            job.refusal = msg.text or msg.reason
+            job.outcome_failed.set()
+            return
+        if job.round is None or msg.offer_id.raw != job.round.offer_id:
+            return
+        rnd = job.round
+        executor = msg.executor.raw
+        rnd.answered.add(executor)
+        if isinstance(msg, Bid):
+            if msg.expires > self.ctx.clock():
+                rnd.bids[executor] = BidView(
+                    env.message_id.raw, executor, msg.expected_start, msg.expected_finish, msg.expires
+                )
+                rnd.raw[env.message_id.raw] = env.raw
+        else:
+            log.debug(
+                "job %s: %s declined (%s: %s)", msg.job_id.hex()[:12], msg.executor, msg.reason, msg.text
+            )
+        rnd.wake.set()
+
+    # --- outcomes ---
+
+    def on_outcome(self, env: VerifiedEnvelope[Any]) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(self._on_outcome, env)
+
+    async def _on_outcome(self, env: VerifiedEnvelope[Any]) -> None:
+        msg: UsageReceipt | Result = env.message
+        job_id = msg.job_id.raw
+        row = await self.ctx.store.run(Store.job, job_id, ROLE)
+        if row is None:
+            return
+        await self.ctx.store.run(
+            Store.put_envelope, env.message_id.raw, env.kind, env.raw, self.ctx.now_s(), job_id
+        )
+        receipt_env, result_env = await self._outcome_pair(job_id, env)
+        if receipt_env is None or result_env is None:
+            return
+        if row.state == "done":
+            await self._resend_ack(receipt_env)
+            return
+        job = self.jobs.get(job_id)
+        if job is None or job.completing or row.state in TERMINAL:
+            return
+        job.completing, job.settled = True, trio.Event()
+        try:
+            await self._complete(job_id, job, row, receipt_env, result_env)
+        except (Mismatch, ProtocolError, FetchError) as e:
+            log.warning(
+                "job %s: the outcome from %s is refused: %s", job_id.hex()[:12], receipt_env.signer, e
+            )
+            job.rejected.add(receipt_env.signer.raw)
+            job.refusal = f"its outcome was refused: {e}"
+            job.outcome_failed.set()
+        finally:
+            job.completing = False
+            job.settled.set()
+
+    async def _outcome_pair(
+        self, job_id: bytes, env: VerifiedEnvelope[Any]
+    ) -> tuple[VerifiedEnvelope[UsageReceipt] | None, VerifiedEnvelope[Result] | None]:
+        if isinstance(env.message, Result):
+            result_env: VerifiedEnvelope[Result] | None = env
+            stored = await self.ctx.store.run(Store.envelope, env.message.receipt_id.raw)
+            receipt_env = None if stored is None else verify(stored.raw, UsageReceipt)
+            return receipt_env, result_env
+        receipt_env = env
+        rows = await self.ctx.store.run(Store.envelopes_for_job, job_id, "result")
+        for r in rows:
+            candidate = verify(r.raw, Result)
+            if candidate.message.receipt_id == env.message_id:
+                return receipt_env, candidate
+        return receipt_env, None
+
+    async def _complete(
+        self,
+        job_id: bytes,
+        job: _Job,
+        row: JobRow,
+        receipt_env: VerifiedEnvelope[UsageReceipt],
+        result_env: VerifiedEnvelope[Result],
+    ) -> None:
+        receipt, result = receipt_env.message, result_env.message
+        assign_row = await self.ctx.store.run(Store.envelope, receipt.assignment_id.raw)
+        if assign_row is None or assign_row.kind != "assign":
+            raise Mismatch("the receipt names an assignment this node never made")
+        assign_env = verify(assign_row.raw, Assign)
+        check_receipt_manifest(receipt, job.manifest)
+        check_receipt_assignment(receipt, assign_env.message, assign_env.message_id)
+        if result.assignment_id != receipt.assignment_id or result.executor != receipt.executor:
+            raise Mismatch("the result and its receipt name different assignments or executors")
+        if receipt.network != self.ctx.network:
+            raise Mismatch("the receipt is for another network")
+        executor = receipt.executor.raw
+        for ref in (receipt.stdout, receipt.stderr, *(f.blob for f in receipt.outputs)):
+            await self.transfer.fetch(executor, ref)
+        now = self.ctx.now_s()
+        owner = f"job:{job_id.hex()}"
+        for ref in (receipt.stdout, receipt.stderr, *(f.blob for f in receipt.outputs)):
+            await self.ctx.store.run(Store.ref_blob, ref.root.hex(), owner)
+        await self.ctx.store.run(
+            Store.put_receipt,
+            digest=receipt_env.message_id.raw,
+            job_id=job_id,
+            attempt=assign_env.message.attempt,
+            executor=str(receipt.executor),
+            message_id=receipt_env.message_id.raw,
+            now=now,
+        )
+        ack = Ack(
+            self.ctx.network,
+            receipt.job_id,
+            receipt_env.message_id,
+            self.ctx.node,
+            receipt.executor,
+            self.ctx.clock(),
+        )
+        raw = sign_message(ack, self.ctx.identity)
+        ack_env = verify(raw, Ack)
+        await self.ctx.store.run(Store.put_envelope, ack_env.message_id.raw, "ack", raw, now, job_id)
+        await self.ctx.store.run(Store.put_ack, receipt_env.message_id.raw, ack_env.message_id.raw, now)
+        outcome = receipt.outcome
+        await self._set_state(
+            job_id,
+            row.state,
+            "done",
+            executor=str(receipt.executor),
+            started=receipt.started_at / 1000,
+            finished=receipt.finished_at / 1000,
+            fuel_used=receipt.fuel_used,
+            reason=outcome_text(outcome.status, outcome.exit_code, outcome.trap),
+        )
+        job.finished.set()
+        log.info(
+            "job %s done on %s: %s, %d fuel",
+            job_id.hex()[:12],
+            receipt.executor,
+            outcome_text(outcome.status, outcome.exit_code, outcome.trap),
+            receipt.fuel_used,
+        )
+        await self.ctx.send_to(executor, raw)
+
+    async def _resend_ack(self, receipt_env: VerifiedEnvelope[UsageReceipt]) -> None:
+        ack = await self.ctx.store.run(Store.ack_for, receipt_env.message_id.raw)
+        if ack is not None:
+            await self.ctx.send_to(receipt_env.signer.raw, ack.raw)
+
+    # --- inclusion proofs ---
+
+    def on_proof(self, env: VerifiedEnvelope[InclusionProof]) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(self._on_proof, env)
+
+    async def _on_proof(self, env: VerifiedEnvelope[InclusionProof]) -> None:
+        """Keep an executor's proof that one of our receipts is in its log, once it checks out."""
+        proof = env.message
+        row = await self.ctx.store.run(Store.receipt, proof.receipt_id.raw)
+        if row is None or row.executor != str(proof.executor) or row.delivered is None:
+            return
+        stored = await self.ctx.store.run(Store.envelope, row.message_id)
+        if stored is None:
+            return
+        try:
+            head = verify(proof.treehead, TreeHead)
+            if head.signer != proof.executor or head.message.size != proof.tree_size:
+                raise Mismatch("the proof's tree head is not the executor's head of that size")
+            if head.message.network != self.ctx.network:
+                raise Mismatch("the proof's tree head is for another network")
+            verify_entry_inclusion(
+                stored.raw,
+                proof.leaf_index,
+                proof.tree_size,
+                [h.raw for h in proof.path],
+                head.message.root.raw,
+            )
+        except ProtocolError as e:
+            log.warning("refusing an inclusion proof from %s: %s", proof.executor, e)
+            return
+        await self.ctx.store.run(
+            Store.put_envelope, env.message_id.raw, "proof", env.raw, self.ctx.now_s(), row.job_id
+        )
+
+
+def outcome_text(status: str, exit_code: int | None, trap: str | None) -> str:
+    if status == "exited":
+        return f"exited {exit_code}"
+    if status == "trap":
+        return f"trap {trap}"
+    return status
+
+
+def _key(executor: NodeId | str | None) -> bytes | None:
+    if executor is None:
+        return None
+    if isinstance(executor, NodeId):
+        return executor.raw
+    try:
+        return NodeId.parse(executor).raw
+    except ProtocolError:
+        return None
+
+
+def _unpack(data: bytes) -> Any:
+    from e31.protocol.codec import unpack_canonical
+
+    return unpack_canonical(data)

@@ -1,0 +1,307 @@
+"""The market over in-memory links: real stores, blob stores and sandbox workers, no sockets.
+
+Node A submits (and does not run its own jobs); node B executes. A third party, C, is scripted: it
+bids on everything and then either says nothing or returns a receipt that lies about the job. The
+submitter must end every job done with a receipt it verified, and never accept C's.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import nacl.signing
+import pytest
+import trio
+from e31.node.blobs import BlobStore
+from e31.node.market import Market, MarketContext, MarketSettings
+from e31.node.market_executor import Executor
+from e31.node.market_rules import WindowSettings
+from e31.node.market_submitter import Submitter
+from e31.node.scheduler import Scheduler
+from e31.node.store import AsyncStore, Store
+from e31.node.transfer import BlobTransfer, TransferSettings
+from e31.protocol.blobs import BlobRef, blob_ref
+from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
+from e31.protocol.ids import Digest, NodeId
+from e31.protocol.jobs import JobManifest, Limits
+from e31.protocol.messages import Assign, Bid, Offer, Result
+from e31.protocol.receipts import Outcome, UsageReceipt
+from e31.sandbox.pool import WorkerPool
+from e31.sandbox.profile import PROFILE
+
+NETWORK = "test"
+WORKLOADS = Path(__file__).resolve().parents[2] / "sandbox" / "workloads"
+SETTINGS = MarketSettings(
+    window=WindowSettings(window=0.3, max_wait=2.0),
+    lease_slack_ms=1500,
+    reoffer_delay=0.1,
+    delivery_interval=0.2,
+    execute_own_jobs=False,
+    transfer=TransferSettings(request_timeout=2.0),
+)
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Net:
+    def __init__(self) -> None:
+        self.handlers: dict[bytes, Callable[[bytes, bytes], Any]] = {}
+        self.offer_sinks: dict[bytes, Callable[[VerifiedEnvelope[Any]], None]] = {}
+        self.nursery: trio.Nursery | None = None
+
+    def sender(self, me: bytes) -> Callable[[bytes, bytes], Any]:
+        async def send(peer: bytes, raw: bytes) -> bool:
+            handler = self.handlers.get(peer)
+            if handler is None or self.nursery is None:
+                return False
+            self.nursery.start_soon(handler, me, raw)
+            return True
+
+        return send
+
+    def publisher(self, me: bytes) -> Callable[[bytes], int]:
+        def publish(raw: bytes) -> int:
+            env = verify(raw, Offer)
+            for key, sink in self.offer_sinks.items():
+                if key != me:
+                    sink(env)
+            return len(self.offer_sinks) - 1
+
+        return publish
+
+
+class RealNode:
+    def __init__(self, net: Net, tmp: Path, name: str, seed: int) -> None:
+        self.key = nacl.signing.SigningKey(bytes([seed]) * 32)
+        self.id = bytes(self.key.verify_key)
+        self.store = AsyncStore(Store(tmp / f"{name}.sqlite"))
+        self.blobs = BlobStore(tmp / f"{name}-blobs")
+        self.acked: list[bytes] = []
+        self.ctx = MarketContext(
+            identity=self.key,
+            network=NETWORK,
+            store=self.store,
+            blobs=self.blobs,
+            settings=SETTINGS,
+            peer_send=net.sender(self.id),
+            connected=lambda: [k for k in net.handlers if k != self.id],
+        )
+        self.transfer = BlobTransfer(
+            identity=self.key,
+            network=NETWORK,
+            blobs=self.blobs,
+            send=self.ctx.send_to,
+            wall_ms=wall_ms,
+            settings=SETTINGS.transfer,
+        )
+        scheduler = Scheduler(1, lambda: WorkerPool(1, tmp / "cache"))
+
+        async def acked(receipt: VerifiedEnvelope[UsageReceipt], ack: Any) -> None:
+            self.acked.append(receipt.message_id.raw)
+
+        self.executor = Executor(
+            self.ctx,
+            transfer=self.transfer,
+            scheduler=scheduler,
+            runs_dir=tmp / f"{name}-runs",
+            profile=PROFILE.digest,
+            memory_bytes=1 << 30,
+            on_acked=acked,
+        )
+        self.submitter = Submitter(
+            self.ctx,
+            transfer=self.transfer,
+            publish=net.publisher(self.id),
+            local_offer=self.executor.on_offer,
+        )
+        self.market = Market(
+            self.ctx, submitter=self.submitter, executor=self.executor, transfer=self.transfer
+        )
+        net.handlers[self.id] = self.market.message
+        net.offer_sinks[self.id] = self.executor.on_offer
+
+    def manifest(self, args: tuple[str, ...], deadline_s: float = 60.0) -> JobManifest:
+        module = (WORKLOADS / "montecarlo.wasm").read_bytes()
+        self.blobs.put(module)
+        now = wall_ms()
+        return JobManifest(
+            module=blob_ref(module),
+            inputs=(),
+            args=args,
+            env=(),
+            stdin=None,
+            limits=Limits(10**10, 64 << 20, 30_000, 1 << 20),
+            deadline=now + int(deadline_s * 1000),
+            retention_ms=60_000,
+            replicas=1,
+            profile=Digest(PROFILE.digest),
+            submitter=NodeId(self.id),
+            nonce=secrets.token_bytes(16),
+            created_at=now,
+        )
+
+    async def job(self, job_id: bytes) -> Any:
+        return await self.store.run(Store.job, job_id, "submitter")
+
+
+class Liar:
+    """Bids on every offer; on an assignment, stays silent or answers with a receipt for another module."""
+
+    def __init__(self, net: Net, mode: str) -> None:
+        self.key = nacl.signing.SigningKey(b"\x63" * 32)
+        self.id = bytes(self.key.verify_key)
+        self.mode = mode
+        self.assigned = 0
+        self.net = net
+        self.send = net.sender(self.id)
+        net.handlers[self.id] = self.message
+        net.offer_sinks[self.id] = self.offer
+
+    def offer(self, env: VerifiedEnvelope[Any]) -> None:
+        now = wall_ms()
+        bid = Bid(NETWORK, env.message.job_id, env.message_id, NodeId(self.id), now + 30_000, now, now + 1)
+        assert self.net.nursery is not None
+        self.net.nursery.start_soon(
+            self.send, env.message.manifest.submitter.raw, sign_message(bid, self.key)
+        )
+
+    async def message(self, peer: bytes, raw: bytes) -> None:
+        env = verify(raw)
+        if not isinstance(env.message, Assign):
+            return
+        self.assigned += 1
+        if self.mode == "silent":
+            return
+        a: Assign = env.message
+        empty = blob_ref(b"")
+        now = wall_ms()
+        receipt = UsageReceipt(
+            NETWORK,
+            a.job_id,
+            env.message_id,
+            a.submitter,
+            NodeId(self.id),
+            module=BlobRef(Digest(b"\x01" * 32), 10),
+            inputs=(),
+            stdin=None,
+            stdout=empty,
+            stderr=empty,
+            outputs=(),
+            profile=Digest(PROFILE.digest),
+            limits=Limits(10**10, 64 << 20, 30_000, 1 << 20),
+            outcome=Outcome("exited", 0, None),
+            fuel_used=1,
+            peak_memory=0,
+            compute_ms=1,
+            queued_at=now,
+            started_at=now,
+            finished_at=now,
+        )
+        raw_receipt = sign_message(receipt, self.key)
+        result = Result(
+            NETWORK, a.job_id, env.message_id, NodeId(self.id), verify(raw_receipt).message_id, now + 60_000
+        )
+        await self.send(peer, raw_receipt)
+        await self.send(peer, sign_message(result, self.key))
+
+
+@pytest.fixture
+async def net(nursery: trio.Nursery) -> Net:
+    n = Net()
+    n.nursery = nursery
+    return n
+
+
+async def start(nursery: trio.Nursery, *nodes: RealNode) -> None:
+    for node in nodes:
+        await nursery.start(node.market.run)
+
+
+async def wait_state(node: RealNode, job_id: bytes, state: str, seconds: float = 30.0) -> Any:
+    for _ in range(int(seconds / 0.05)):
+        row = await node.job(job_id)
+        if row is not None and row.state == state:
+            return row
+        await trio.sleep(0.05)
+    raise AssertionError(f"job never reached {state}")
+
+
+async def test_a_job_runs_on_another_node_and_comes_back_verified_and_acknowledged(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(a.manifest(("5", "1000")))
+    row = await wait_state(a, job_id, "done")
+    assert row.executor == str(NodeId(b.id))
+    assert row.reason == "exited 0" and row.fuel_used and row.fuel_used > 0
+    receipts = await a.store.run(Store.receipts_for_job, job_id)
+    assert len(receipts) == 1 and receipts[0].delivered is not None
+    receipt = verify((await a.store.run(Store.envelope, receipts[0].message_id)).raw, UsageReceipt)
+    assert a.blobs.read(receipt.message.stdout.root.raw).startswith(b"samples 1000\n")
+    for _ in range(200):
+        if b.acked:
+            break
+        await trio.sleep(0.05)
+    assert b.acked == [receipt.message_id.raw]
+    executed = await b.store.run(Store.job, job_id, "executor")
+    assert executed is not None and executed.state == "done"
+    # B's copy of the module arrived by chunked transfer and is the submitter's exact blob.
+    assert b.blobs.has(receipt.message.module.root.raw)
+
+
+async def test_a_silent_executor_loses_the_job_when_its_lease_runs_out(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    liar = Liar(net, "silent")
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(a.manifest(("6", "1000")))
+    row = await wait_state(a, job_id, "done")
+    assert liar.assigned == 1  # its bid (finish at once) won the first round, then its lease ran out
+    assert row.executor == str(NodeId(b.id)) and row.attempt == 2
+
+
+async def test_a_receipt_that_does_not_match_the_job_is_refused(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    liar = Liar(net, "lying")
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(a.manifest(("7", "1000")))
+    row = await wait_state(a, job_id, "done")
+    assert liar.assigned == 1
+    assert row.executor == str(NodeId(b.id))
+    acks = await a.store.run(Store.envelopes_for_job, job_id, "ack")
+    assert len(acks) == 1 and verify(acks[0].raw).message.executor == NodeId(b.id)
+
+
+async def test_a_job_nobody_can_run_expires_at_its_deadline(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a = RealNode(net, tmp_path, "a", 1)
+    await start(nursery, a)
+    manifest = a.manifest(("8", "1000"), deadline_s=1.5)
+    job_id = await a.submitter.submit(replace(manifest))
+    row = await wait_state(a, job_id, "expired", seconds=10)
+    assert "deadline" in (row.reason or "")
+
+
+async def test_a_job_no_node_can_run_is_given_back_and_fails_with_the_reason(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    manifest = replace(a.manifest(("9", "1000")), limits=Limits(10**10, 1000, 30_000, 1 << 20))
+    job_id = await a.submitter.submit(manifest)
+    row = await wait_state(a, job_id, "failed", seconds=10)  # long before the lease would run out
+    assert "memory_bytes" in (row.reason or "")
+    executed = await b.store.run(Store.job, job_id, "executor")
+    assert executed is not None and executed.state == "failed"

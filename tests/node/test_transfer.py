@@ -1,0 +1,137 @@
+"""Chunked blob transfer between two nodes' blob stores, over an in-memory link of signed envelopes."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import nacl.signing
+import pytest
+import trio
+from e31.node.blobs import BlobStore
+from e31.node.transfer import BlobTransfer, FetchError, TransferSettings
+from e31.protocol.blobs import CHUNK_SIZE, BlobRef, blob_ref, chunk_list
+from e31.protocol.envelope import verify
+from e31.protocol.messages import BlobChunk, BlobRequest
+
+NETWORK = "test"
+FAST = TransferSettings(window=3, request_timeout=0.5, retries=2)
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Pair:
+    """Node a serves, node b fetches; `drop` decides which envelopes the link loses."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.keys = {n: nacl.signing.SigningKey(bytes([i + 1]) * 32) for i, n in enumerate("ab")}
+        self.ids = {n: bytes(k.verify_key) for n, k in self.keys.items()}
+        self.stores = {n: BlobStore(tmp / n) for n in "ab"}
+        self.drop: Callable[[str, bytes], bool] = lambda sender, raw: False
+        self.nodes = {n: BlobTransfer(identity=self.keys[n], network=NETWORK, blobs=self.stores[n],
+                                      send=self._sender(n), wall_ms=wall_ms, settings=FAST) for n in "ab"}
+
+    def _sender(self, me: str) -> Callable[[bytes, bytes], object]:
+        async def send(peer: bytes, raw: bytes) -> bool:
+            if self.drop(me, raw):
+                return True
+            target = next(n for n, key in self.ids.items() if key == peer)
+            env = verify(raw)
+            node = self.nodes[target]
+            if isinstance(env.message, BlobRequest):
+                node.on_request(self.ids[me], env)
+            elif isinstance(env.message, BlobChunk):
+                node.on_chunk(self.ids[me], env)
+            return True
+
+        return send
+
+    async def fetch(self, ref: BlobRef) -> None:
+        await self.nodes["b"].fetch(self.ids["a"], ref)
+
+
+@pytest.fixture
+async def pair(tmp_path: Path, nursery: trio.Nursery) -> Pair:
+    p = Pair(tmp_path)
+    for node in p.nodes.values():
+        await nursery.start(node.run)
+    return p
+
+
+def blob(size: int) -> bytes:
+    return os.urandom(size)
+
+
+async def test_a_multi_chunk_blob_arrives_whole_and_verified(pair: Pair) -> None:
+    data = blob(3 * CHUNK_SIZE + 1234)
+    root = pair.stores["a"].put(data)
+    ref = blob_ref(data)
+    assert root == ref.root.hex()
+    await pair.fetch(ref)
+    assert pair.stores["b"].read(root) == data
+    assert pair.nodes["b"].fetched_chunks == 4
+    assert pair.stores["b"].partials() == []
+    await pair.fetch(ref)  # already there: nothing is asked for again
+    assert pair.nodes["b"].fetched_chunks == 4
+
+
+async def test_empty_and_single_chunk_blobs(pair: Pair) -> None:
+    for data in (b"", b"x", blob(CHUNK_SIZE)):
+        pair.stores["a"].put(data)
+        await pair.fetch(blob_ref(data))
+        assert pair.stores["b"].read(blob_ref(data).root.raw) == data
+
+
+async def test_a_blob_the_peer_does_not_hold_fails_cleanly(pair: Pair) -> None:
+    with pytest.raises(FetchError, match="did not send the chunk list"):
+        await pair.fetch(blob_ref(b"nobody has this"))
+
+
+async def test_a_corrupt_chunk_is_refused_and_nothing_unverified_is_kept(pair: Pair) -> None:
+    data = blob(2 * CHUNK_SIZE + 10)
+    root = pair.stores["a"].put(data)
+    ref = blob_ref(data)
+    await pair.nodes["a"]._chunk_list(ref.root.raw)  # the list is served from the cache from now on
+    path = pair.stores["a"].path(root)
+    corrupt = bytearray(path.read_bytes())
+    corrupt[CHUNK_SIZE + 5] ^= 0xFF
+    path.write_bytes(bytes(corrupt))
+    with pytest.raises(FetchError, match="bad chunk"):
+        await pair.fetch(ref)
+    assert not pair.stores["b"].has(root)
+    partial = pair.stores["b"].partial(root, ref.size)
+    assert 1 not in [i for i in range(partial.chunk_count) if partial.have(i)]
+
+
+async def test_a_wrong_chunk_list_is_refused(pair: Pair) -> None:
+    data, other = blob(CHUNK_SIZE + 1), blob(CHUNK_SIZE + 1)
+    pair.stores["a"].put(other)
+    lying = BlobRef(blob_ref(data).root, blob_ref(data).size)
+    pair.nodes["a"]._lists[lying.root.raw] = chunk_list(other).to_bytes()
+    with pytest.raises(FetchError, match="wrong chunk list"):
+        await pair.fetch(lying)
+
+
+async def test_an_interrupted_fetch_resumes_with_only_the_missing_chunks(pair: Pair) -> None:
+    data = blob(4 * CHUNK_SIZE)
+    root = pair.stores["a"].put(data)
+    ref = blob_ref(data)
+
+    def lose_chunk_2(sender: str, raw: bytes) -> bool:
+        env = verify(raw)
+        return isinstance(env.message, BlobChunk) and env.message.index == 2
+
+    pair.drop = lose_chunk_2
+    with pytest.raises(FetchError, match="chunk 2"):
+        await pair.fetch(ref)
+    assert not pair.stores["b"].has(root)
+    fetched = pair.nodes["b"].fetched_chunks
+    assert fetched == 3
+    pair.drop = lambda sender, raw: False
+    await pair.fetch(ref)
+    assert pair.stores["b"].read(root) == data
+    assert pair.nodes["b"].fetched_chunks == fetched + 1
