@@ -3,9 +3,18 @@
 Settings and why:
 - WAL journal: readers never block the writer, and a crash (kill -9, power loss) leaves the database at
   its last committed transaction.
-- synchronous=FULL: in WAL mode NORMAL is safe against a process crash but may lose the last commits on
-  power loss. The node tells peers things it has stored (acknowledgements, "safe to walk away"); a promise
-  made to a peer must survive a power cut, so each commit syncs the WAL. The node's write rate is small.
+- Two kinds of commit. Every commit survives a crash of the process (kill -9): WAL mode writes it to the
+  WAL file before COMMIT returns. Power loss is another matter: a *durable* commit (synchronous=FULL)
+  fsyncs the WAL before it returns; any other commit (synchronous=NORMAL) reaches the disk at the next
+  durable commit or checkpoint. The WAL is one file synced whole, so a durable commit also makes every
+  commit before it durable: a promise made after a durable commit covers everything written before it.
+  Durable: `transaction()` by default (callers outside this module), jobs accepted (`add_job`), job
+  states that others rely on (DURABLE_STATES: assigned, running and the ends), results, receipts,
+  receipt log indexes and acknowledgements, the writes behind "safe to walk away" and acks.
+  Not durable (each one a few microseconds instead of an fsync): the key-value cache, peers, the
+  seen-cache, envelopes (kept before the durable write that names them), blob references, delivery
+  retry times, and the intermediate job states (offered, fetching); losing them to a power cut only
+  repeats work (an offer re-sent, a blob re-fetched).
 - foreign_keys=ON, and every write method is one transaction (BEGIN IMMEDIATE ... COMMIT).
 - application_id marks the file as an e31 store; user_version is the schema version. Opening refuses a
   file that is not SQLite, is another program's database, fails quick_check, or has a newer schema,
@@ -40,6 +49,8 @@ JOB_STATES = frozenset(
 )
 JOB_ROLES = frozenset({"submitter", "executor"})
 PEER_SOURCES = frozenset({"bootstrap", "mdns", "exchange", "inbound", "manual"})
+DURABLE_STATES = frozenset({"assigned", "running", "done", "failed", "expired", "cancelled", "disputed"})
+"""Job states whose update is a durable commit (others may see them: a hand-off, an end)."""
 
 
 class StoreError(Exception):
@@ -252,6 +263,7 @@ class Store:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._conn = _open(self.path)
+        self._durable = True
 
     @classmethod
     def in_data_dir(cls, data_dir: Path | str) -> Store:
@@ -279,10 +291,16 @@ class Store:
             yield self._conn
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction: everything inside commits together or not at all."""
+    def transaction(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction: everything inside commits together or not at all.
+
+        A durable commit is on disk when this returns, with every commit before it; otherwise it
+        survives a process crash but may be lost to a power cut until the next durable commit."""
         with self._lock, _translate(self.path):
             c = self._conn
+            if durable is not self._durable:
+                c.execute("PRAGMA synchronous = FULL" if durable else "PRAGMA synchronous = NORMAL")
+                self._durable = durable
             c.execute("BEGIN IMMEDIATE")
             try:
                 yield c
@@ -300,12 +318,12 @@ class Store:
         return None if row is None else bytes(row[0])
 
     def kv_set(self, key: str, value: bytes) -> None:
-        with self.transaction() as c:
+        with self.transaction(durable=False) as c:
             c.execute("INSERT INTO kv (key, value) VALUES (?, ?) "
                       "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
 
     def kv_delete(self, key: str) -> bool:
-        with self.transaction() as c:
+        with self.transaction(durable=False) as c:
             return c.execute("DELETE FROM kv WHERE key = ?", (key,)).rowcount > 0
 
     # --- peers ---
@@ -320,7 +338,7 @@ class Store:
         """
         if source not in PEER_SOURCES:
             raise ValueError(f"unknown peer source {source!r}")
-        with self.transaction() as c:
+        with self.transaction(durable=False) as c:
             row = c.execute("SELECT addresses FROM peers WHERE node_id = ?", (node_id,)).fetchone()
             known = json.loads(row[0]) if row else []
             merged = list(dict.fromkeys([*addresses, *known]))[:16]
@@ -334,7 +352,7 @@ class Store:
 
     def peer_failed(self, node_id: str, now: float) -> int:
         """Count a failed contact; returns the consecutive failures so far (0 if the peer is unknown)."""
-        with self.transaction() as c:
+        with self.transaction(durable=False) as c:
             row = c.execute(
                 "UPDATE peers SET failures = failures + 1, last_failure = ? WHERE node_id = ? "
                 "RETURNING failures", (now, node_id),
@@ -356,12 +374,12 @@ class Store:
         return [_peer(r) for r in rows]
 
     def remove_peer(self, node_id: str) -> bool:
-        with self.transaction() as c:
+        with self.transaction(durable=False) as c:
             return c.execute("DELETE FROM peers WHERE node_id = ?", (node_id,)).rowcount > 0
 
     def prune_peers(self, *, seen_before: float, min_failures: int) -> int:
         """Forget peers not seen since `seen_before` that failed at least `min_failures` times in a row."""
-        with self.transaction() as c:
+        with self.transaction(durable=False) as c:
             return c.execute("DELETE FROM peers WHERE last_seen < ? AND failures >= ?",
                              (seen_before, min_failures)).rowcount
 
@@ -369,7 +387,7 @@ class Store:
 
     def mark_seen(self, message_id: bytes, expires: float) -> bool:
         """Remember a message id until `expires`; True if it was new, False if already known."""
-        with self.transaction() as c:
+        with self.transaction(durable=False) as c:
             cur = c.execute("INSERT INTO seen (message_id, expires) VALUES (?, ?) "
                             "ON CONFLICT (message_id) DO NOTHING", (message_id, expires))
             return cur.rowcount > 0
@@ -382,7 +400,7 @@ class Store:
 
     def prune_seen(self, now: float) -> int:
         """Forget message ids whose expiry has passed; returns how many."""
-        with self.transaction() as c:
+        with self.transaction(durable=False) as c:
             return c.execute("DELETE FROM seen WHERE expires <= ?", (now,)).rowcount
 
     # --- jobs ---
@@ -444,7 +462,7 @@ class Store:
         if expect_state is not None:
             sql += " AND state = ?"
             args.append(expect_state)
-        with self.transaction() as c:
+        with self.transaction(durable=changes.get("state") in DURABLE_STATES) as c:
             return c.execute(sql, args).rowcount > 0
 
     # --- envelopes ---
@@ -452,7 +470,7 @@ class Store:
     def put_envelope(self, message_id: bytes, kind: str, raw: bytes, now: float,
                      job_id: bytes | None = None) -> bool:
         """Keep a signed envelope's exact bytes; returns False if it was already stored."""
-        with self.transaction() as c:
+        with self.transaction(durable=False) as c:
             cur = c.execute(
                 "INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (message_id) DO NOTHING", (message_id, kind, raw, job_id, now),
@@ -527,7 +545,7 @@ class Store:
         return [ReceiptRow(*r) for r in rows]
 
     def receipt_delivery_failed(self, digest: bytes, next_delivery: float) -> None:
-        with self.transaction() as c:
+        with self.transaction(durable=False) as c:
             c.execute("UPDATE receipts SET delivery_tries = delivery_tries + 1, next_delivery = ? "
                       "WHERE digest = ?", (next_delivery, digest))
 
@@ -557,13 +575,13 @@ class Store:
     # --- blob references (what keeps a blob from garbage collection) ---
 
     def ref_blob(self, blob_hash: str, owner: str, retain_until: float | None = None) -> None:
-        with self.transaction() as c:
+        with self.transaction(durable=False) as c:
             c.execute("INSERT INTO blob_refs (blob_hash, owner, retain_until) VALUES (?, ?, ?) "
                       "ON CONFLICT DO UPDATE SET retain_until = excluded.retain_until",
                       (blob_hash, owner, retain_until))
 
     def unref_owner(self, owner: str) -> int:
-        with self.transaction() as c:
+        with self.transaction(durable=False) as c:
             return c.execute("DELETE FROM blob_refs WHERE owner = ?", (owner,)).rowcount
 
     def live_blobs(self, now: float) -> set[str]:
@@ -574,7 +592,7 @@ class Store:
         return {r[0] for r in rows}
 
     def expire_blob_refs(self, now: float) -> int:
-        with self.transaction() as c:
+        with self.transaction(durable=False) as c:
             return c.execute("DELETE FROM blob_refs WHERE retain_until <= ?", (now,)).rowcount
 
 

@@ -1,11 +1,13 @@
 """Blobs between peers, in chunks: serving our blobs and fetching others' with every chunk verified.
 
-A fetch of a blob named by its BlobRef (root and size) asks the peer for the chunk list first
-(`blobreq` with index nil), checks that it hashes to the root, then asks for the missing chunks, a
-window of them at a time, and checks each against its listed digest before it is written (as its own
-fsynced file) into the blob store's PartialBlob for that root. A fetch interrupted by a timeout, a
-lost link or a restart resumes with only the chunks still missing; the blob is installed once the
-whole of it hashes to the root. No unverified byte is ever kept.
+A blob of one chunk (most job outputs) takes one round trip: chunk 0 is asked for directly, and the
+chunk list it implies (its own SHA-256) must hash to the root, which checks the bytes completely; the
+blob is then stored in one write. A larger blob is asked for its chunk list first (`blobreq` with
+index nil), which must hash to the root; then the missing chunks are asked for, a window of them at
+a time, and each is checked against its listed digest before it is written (as its own fsynced file)
+into the blob store's PartialBlob for that root. A fetch interrupted by a timeout, a lost link or a
+restart resumes with only the chunks still missing; the blob is installed once the whole of it hashes
+to the root. No unverified byte is ever kept.
 
 Serving answers each `blobreq` with a `blobchunk` read from the blob store; chunk lists are computed
 once per blob (the whole blob is checked then) and cached. Replies are matched to requests by
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 
 import nacl.signing
 import trio
-from e31.protocol.blobs import BlobRef, ChunkList
+from e31.protocol.blobs import CHUNK_SIZE, BlobRef, ChunkList, blob_ref
 from e31.protocol.envelope import VerifiedEnvelope, check_fresh, sign_message
 from e31.protocol.errors import BadBlob, ProtocolError
 from e31.protocol.ids import Digest, NodeId
@@ -152,11 +154,23 @@ class BlobTransfer:
                     return
                 if ref.size == 0:
                     await trio.to_thread.run_sync(self.blobs.put_stream, [], root)
-                    return
-                await self._fetch(peer, ref)
+                elif ref.size <= CHUNK_SIZE:
+                    await self._fetch_one_chunk(peer, ref)
+                else:
+                    await self._fetch(peer, ref)
         finally:
             if not lock.locked() and lock.statistics().tasks_waiting == 0:
                 self._locks.pop(root, None)
+
+    async def _fetch_one_chunk(self, peer: bytes, ref: BlobRef) -> None:
+        data = await self._ask(peer, ref.root, 0)
+        if len(data) != ref.size or blob_ref(data) != ref:
+            raise FetchError(f"{NodeId(peer)} sent a bad chunk of {ref.root}: it does not hash to its root")
+        try:
+            await trio.to_thread.run_sync(self.blobs.put_stream, [data], ref.root.raw)
+        except (BlobError, OSError) as e:
+            raise FetchError(f"cannot store blob {ref.root}: {e}") from None
+        self.fetched_chunks += 1
 
     async def _fetch(self, peer: bytes, ref: BlobRef) -> None:
         raw_list = await self._ask(peer, ref.root, None)

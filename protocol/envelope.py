@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar, overload
 
 import nacl.exceptions
 import nacl.signing
+from nacl.bindings import crypto_sign_open
 
 from .codec import MAX_FRAME, pack, unpack_canonical
 from .errors import (
@@ -143,9 +144,11 @@ def verify(
         raise UnknownKind(f"unknown message kind {kind[:32]!r}")
     if expect is not None and cls is not expect:
         raise UnknownKind(f"expected a {expect.KIND!r} envelope, got {kind!r}")
-    signed = SIGNING_PREFIX + kind.encode("ascii") + b"\x00" + body
+    # libsodium's combined form (signature || signed bytes), assembled once: the signed bytes are
+    # then a view into it, also hashed for the message id
+    sealed = b"".join((signature, SIGNING_PREFIX, kind.encode("ascii"), b"\x00", body))
     try:
-        nacl.signing.VerifyKey(signer).verify(signed, signature)
+        crypto_sign_open(sealed, signer)
     except nacl.exceptions.CryptoError as e:  # BadSignatureError and malformed keys alike
         raise BadSignature(f"bad {kind} signature: {e}") from None
     except (ValueError, TypeError) as e:
@@ -160,7 +163,9 @@ def verify(
     _set_raw(env, data)
     _set_kind(env, kind)
     _set_signer(env, message.issuer)
-    _set_message_id(env, _digest(hashlib.sha256(signed + signer).digest()))
+    digest = hashlib.sha256(memoryview(sealed)[SIGNATURE_SIZE:])
+    digest.update(signer)
+    _set_message_id(env, _digest(digest.digest()))
     _set_message(env, message)
     _set_seal(env, _SEAL)
     return env
@@ -205,7 +210,7 @@ def _split_canonical(data: bytes) -> tuple[str, bytes, bytes, bytes] | None:
     if tag == 0xC4:
         size, pos = data[pos + 1], pos + 2
     elif tag == 0xC5:
-        size, pos = int.from_bytes(data[pos + 1:pos + 3], "big"), pos + 3
+        size, pos = (data[pos + 1] << 8) | data[pos + 2], pos + 3
         if size < 0x100:
             return None
     elif tag == 0xC6:
@@ -215,7 +220,8 @@ def _split_canonical(data: bytes) -> tuple[str, bytes, bytes, bytes] | None:
     else:
         return None
     end = pos + size
-    if n != end + _TAIL or data[end:end + 2] != b"\xc4\x20" or data[end + 34:end + 36] != b"\xc4\x40":
+    if (n != end + _TAIL or data[end] != 0xC4 or data[end + 1] != KEY_SIZE or data[end + 34] != 0xC4
+            or data[end + 35] != SIGNATURE_SIZE):
         return None
     kind = data[3:3 + k]
     if not kind.isascii():

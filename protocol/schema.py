@@ -49,9 +49,9 @@ class Codec(Generic[T]):
         self.check(v)
         return v
 
-    def inline(self, c: str) -> list[str]:
+    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
         """Source lines (for Record's compiled decoder) turning wire value `x` into checked `v`;
-        `c` is an expression naming this codec."""
+        `c` is an expression naming this codec, `bind(obj)` names any other object the lines need."""
         return [f"v = {c}.decode(x)"]
 
     def to_json(self, v: T) -> Any:
@@ -79,7 +79,7 @@ class UInt(Codec[int]):
             self.check(w)
         return w
 
-    def inline(self, c: str) -> list[str]:
+    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
         return [f"if type(x) is not int or not {self.min} <= x <= {self.max}: {c}.check(x)", "v = x"]
 
     def describe(self) -> str:
@@ -126,7 +126,7 @@ class Text(Codec[str]):
             self.check(w)
         return w
 
-    def inline(self, c: str) -> list[str]:
+    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
         lines = [f"if type(x) is not str or len(x) * 4 > {self.max} or len(x) < {self.min} or NUL in x: "
                  f"{c}.check(x)"]
         if self.rule is not None:
@@ -154,7 +154,7 @@ class OneOf(Codec[str]):
             self.check(w)
         return w
 
-    def inline(self, c: str) -> list[str]:
+    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
         return [f"if type(x) is not str or x not in {c}.choices: {c}.check(x)", "v = x"]
 
     def describe(self) -> str:
@@ -176,7 +176,7 @@ class Bin(Codec[bytes]):
             self.check(w)
         return w
 
-    def inline(self, c: str) -> list[str]:
+    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
         return [f"if type(x) is not bytes or not {self.min} <= len(x) <= {self.max}: {c}.check(x)", "v = x"]
 
     def to_json(self, v: bytes) -> Any:
@@ -209,7 +209,7 @@ class Key(Codec[NodeId]):
 
     decode = dec
 
-    def inline(self, c: str) -> list[str]:
+    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
         return [f"if type(x) is not bytes or len(x) != {KEY_SIZE}: {c}.dec(x)",
                 "v = new(NodeId)", "set_node_raw(v, x)"]
 
@@ -246,7 +246,7 @@ class Hash(Codec[Digest]):
 
     decode = dec
 
-    def inline(self, c: str) -> list[str]:
+    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
         return [f"if type(x) is not bytes or len(x) != {DIGEST_SIZE}: {c}.dec(x)",
                 "v = new(Digest)", "set_digest_raw(v, x)"]
 
@@ -284,8 +284,8 @@ class Opt(Codec[Any]):
     def decode(self, w: object) -> Any:
         return None if w is None else self.inner.decode(w)
 
-    def inline(self, c: str) -> list[str]:
-        inner = ["    " + line for line in self.inner.inline(f"{c}.inner")]
+    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
+        inner = ["    " + line for line in self.inner.inline(f"{c}.inner", bind)]
         return ["if x is None:", "    v = None", "else:", *inner]
 
     def to_json(self, v: Any) -> Any:
@@ -367,14 +367,22 @@ class Seq(Codec[tuple[Any, ...]]):
         inner = self.inner
         return inner.cls.from_wire if isinstance(inner, Sub) else inner.decode
 
-    def inline(self, c: str) -> list[str]:
-        lines = [f"if type(x) is not tuple or not {self.min} <= len(x) <= {self.max}: {c}.decode(x)",
-                 f"e = {c}.element_decoder()",
-                 "v = tuple([e(y) for y in x])"]
+    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
+        lines = [f"if type(x) is not tuple or not {self.min} <= len(x) <= {self.max}: {c}.decode(x)"]
+        inner = self.inner
+        if type(inner) is Text and inner.rule is None:
+            # the wire array is already a tuple of the values: check them in place, keep it as is
+            lines += ["for y in x:",
+                      f"    if type(y) is not str or len(y) * 4 > {inner.max} or len(y) < {inner.min} "
+                      f"or NUL in y: {c}.inner.check(y)",
+                      "v = x"]
+        else:
+            decode = _compiled(inner.cls) if isinstance(inner, Sub) else inner.decode
+            lines.append(f"v = tuple([{bind(decode)}(y) for y in x])")
         if self.order_key is not None:
             # strictly increasing exactly when the keys equal their sorted set
             lines += ["if len(v) > 1:",
-                      f"    k = list(map({c}.order_key, v))",
+                      f"    k = list(map({bind(self.order_key)}, v))",
                       f"    if k != sorted(set(k)): {c}.check(v)"]
         return lines
 
@@ -409,7 +417,7 @@ class Sub(Codec[Any]):
 
     decode = dec
 
-    def inline(self, c: str) -> list[str]:
+    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
         return [f"v = {c}.from_wire(x)"]
 
     @property
@@ -510,11 +518,19 @@ def _compile_on_first_use(cls: type[R]) -> Callable[[object], R]:
     """A from_wire that compiles the real one on its first call (keeps `e31 inspect` start-up fast)."""
 
     def from_wire(wire: object) -> R:
+        return _compiled(cls)(wire)
+
+    from_wire.lazy = True  # type: ignore[attr-defined]
+    return from_wire
+
+
+def _compiled(cls: type[R]) -> Callable[[object], R]:
+    """The compiled decoder of `cls`, compiling it now if it has not been yet."""
+    fn: Callable[[object], R] = cls.from_wire
+    if getattr(fn, "lazy", False):
         fn = _compile_from_wire(cls)
         cls.from_wire = fn  # type: ignore[method-assign,assignment]
-        return fn(wire)
-
-    return from_wire
+    return fn
 
 
 def _check_shape(cls: type[Record], wire: object) -> None:
@@ -524,43 +540,87 @@ def _check_shape(cls: type[Record], wire: object) -> None:
         raise InvalidMessage(f"{cls.__name__}: expected {len(cls._FIELDS)} fields, got {len(wire)}")
 
 
+def _explain(cls: type[Record], wire: object, error: InvalidMessage) -> InvalidMessage:
+    """The error to raise for wire data the compiled decoder refused: the reference decoder's, which
+    names the field at fault (the compiled one keeps no note of where it is, to stay fast)."""
+    try:
+        cls.from_wire_reference(wire)
+    except InvalidMessage as precise:
+        return precise
+    return InvalidMessage(f"{cls.__name__}: {error}")
+
+
+MAX_INLINE_DEPTH = 4
+"""Nested records (Sub fields) up to this depth are decoded inline, without a call of their own."""
+
+
 def _compile_from_wire(cls: type[R]) -> Callable[[object], R]:
-    """Generate the decoder of one record class: the checks of every field's codec inlined, the
-    values stored into a mutable twin that then becomes the frozen class (a frozen dataclass's
-    __init__ would redo every check at several times the cost). Decoding is the hot path of
-    verification, right after the signature check."""
+    """Generate the decoder of one record class: the checks of every field's codec inlined, nested
+    records inlined too, each record's values stored into a mutable twin that then becomes the frozen
+    class (a frozen dataclass's __init__ would redo every check at several times the cost). Decoding
+    is the hot path of verification, right after the signature check. Any refusal is re-explained by
+    the reference decoder (`_explain`), so both raise the same error."""
     ns: dict[str, Any] = {
         "InvalidMessage": InvalidMessage, "cls": cls, "new": object.__new__, "NUL": "\x00",
-        "NodeId": NodeId, "Digest": Digest, "check_shape": _check_shape,
+        "NodeId": NodeId, "Digest": Digest, "check_shape": _check_shape, "explain": _explain,
         "set_node_raw": _slot_setter(NodeId, "raw"), "set_digest_raw": _slot_setter(Digest, "raw"),
-        "Twin": _mutable_twin(cls),
     }
-    lines = [
-        "def from_wire(wire):",
-        f"    if type(wire) is not tuple or len(wire) != {len(cls._FIELDS)}:",
-        "        check_shape(cls, wire)",
-        "    obj = new(Twin)",
-        "    f = ''",
-        "    try:",
-    ]
-    for i, (name, codec) in enumerate(cls._FIELDS):
-        ns[f"c{i}"] = codec
-        lines += [f"        f = {name!r}", f"        x = wire[{i}]"]
-        lines += ["        " + line for line in codec.inline(f"c{i}")]
-        lines.append(f"        obj.{name} = v")
+    names: dict[int, str] = {}
+
+    def bind(obj: object) -> str:
+        name = names.get(id(obj))
+        if name is None:
+            name = names[id(obj)] = f"k{len(names)}"
+            ns[name] = obj
+        return name
+
+    lines = ["def from_wire(wire):", "    try:"]
+    lines += ["        " + line for line in _record_lines(cls, "wire", "obj", bind, 0)]
     lines += [
         "    except InvalidMessage as e:",
-        "        raise InvalidMessage(cls.__name__ + '.' + f + ': ' + str(e)) from None",
+        "        raise explain(cls, wire, e) from None",
+        "    return obj",
     ]
-    lines.append("    obj.__class__ = cls")
-    if cls._validate is not Record._validate:
-        lines.append("    obj._validate()")
-    lines.append("    return obj")
     exec(compile("\n".join(lines), f"<{cls.__name__}.from_wire>", "exec"), ns)
     fn: Callable[[object], R] = ns["from_wire"]
     fn.__qualname__ = f"{cls.__name__}.from_wire"
     fn.__doc__ = Record.from_wire.__doc__
     return fn
+
+
+SMALL_RECORD = 5
+"""Records with at most this many fields are filled through their frozen slots' setters; larger ones
+through a mutable twin whose class is then switched (one costly step, then cheap stores)."""
+
+
+def _record_lines(cls: type[Record], src: str, dst: str, bind: Callable[[object], str],
+                  depth: int) -> list[str]:
+    """Lines that decode the wire array in variable `src` into a `cls` in variable `dst`."""
+    c = bind(cls)
+    small = len(cls._FIELDS) <= SMALL_RECORD
+    lines = [f"if type({src}) is not tuple or len({src}) != {len(cls._FIELDS)}: check_shape({c}, {src})",
+             f"{dst} = new({c if small else bind(_mutable_twin(cls))})"]
+
+    def store(name: str, value: str) -> str:
+        if small:
+            return f"{bind(_slot_setter(cls, name))}({dst}, {value})"
+        return f"{dst}.{name} = {value}"
+
+    for i, (name, codec) in enumerate(cls._FIELDS):
+        if isinstance(codec, Sub) and depth < MAX_INLINE_DEPTH:
+            inner_src, inner_dst = f"w{depth + 1}", f"o{depth + 1}"
+            lines.append(f"{inner_src} = {src}[{i}]")
+            lines += _record_lines(codec.cls, inner_src, inner_dst, bind, depth + 1)
+            lines.append(store(name, inner_dst))
+        else:
+            lines.append(f"x = {src}[{i}]")
+            lines += codec.inline(bind(codec), bind)
+            lines.append(store(name, "v"))
+    if not small:
+        lines.append(f"{dst}.__class__ = {c}")
+    if cls._validate is not Record._validate:
+        lines.append(f"{dst}._validate()")
+    return lines
 
 
 def _mutable_twin(cls: type) -> type:

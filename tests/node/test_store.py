@@ -41,7 +41,9 @@ def test_new_store_settings(tmp_path: Path, store: Store) -> None:
     with store.transaction() as c:
         assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert c.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-        assert c.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert c.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: durable by default
+    with store.transaction(durable=False) as c:
+        assert c.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
         assert c.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
 
 
@@ -123,6 +125,45 @@ def test_jobs(store: Store) -> None:
     with pytest.raises(ValueError, match="role"):
         _job(store, b"j3", role="bystander")
     assert store.job(b"j9", "submitter") is None
+
+
+def _sync_level_of_commits(store: Store) -> list[int]:
+    """Record, for every COMMIT on the store's connection, the synchronous level it ran under."""
+    levels: list[int] = []
+    conn = store._conn
+
+    def trace(statement: str) -> None:
+        if statement == "COMMIT":
+            levels.append(conn.execute("PRAGMA synchronous").fetchone()[0])
+
+    conn.set_trace_callback(trace)
+    return levels
+
+
+def test_promises_are_durable_commits_and_caches_are_not(store: Store) -> None:
+    """FULL (2) syncs the WAL at commit; NORMAL (1) leaves it to the next durable commit."""
+    levels = _sync_level_of_commits(store)
+    _job(store, b"j1", role="executor", state="fetching")
+    store.update_job(b"j1", "executor", 2.0, state="fetching")
+    store.update_job(b"j1", "executor", 3.0, state="running")
+    store.put_envelope(b"res", "result", b"r", now=1.0, job_id=b"j1")
+    store.kv_set("k", b"v")
+    store.ref_blob("ab" * 32, "job:j1")
+    store.put_result(
+        job_id=b"j1", attempt=1, executor=BOB, message_id=b"res", status="ok", outputs={}, now=2.0
+    )
+    store.update_job(b"j1", "executor", 4.0, state="done")
+    with store.transaction() as c:  # callers outside the store get durable commits unless they say not
+        c.execute("DELETE FROM kv")
+    assert levels == [2, 1, 2, 1, 1, 1, 2, 2, 2]
+    store._conn.set_trace_callback(None)
+
+
+def test_a_commit_that_is_not_durable_is_still_kept(tmp_path: Path) -> None:
+    with Store.in_data_dir(tmp_path) as s:
+        s.kv_set("cache", b"1")
+    with Store.in_data_dir(tmp_path) as s:
+        assert s.kv_get("cache") == b"1"
 
 
 def test_envelopes_keep_exact_bytes(store: Store) -> None:

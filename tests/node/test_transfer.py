@@ -87,8 +87,41 @@ async def test_empty_and_single_chunk_blobs(pair: Pair) -> None:
 
 
 async def test_a_blob_the_peer_does_not_hold_fails_cleanly(pair: Pair) -> None:
-    with pytest.raises(FetchError, match="did not send the chunk list"):
+    with pytest.raises(FetchError, match="did not send chunk 0"):
         await pair.fetch(blob_ref(b"nobody has this"))
+    with pytest.raises(FetchError, match="did not send the chunk list"):
+        await pair.fetch(blob_ref(bytes(CHUNK_SIZE + 1)))
+
+
+async def test_a_single_chunk_blob_takes_one_request(pair: Pair) -> None:
+    asked: list[int | None] = []
+
+    def count(sender: str, raw: bytes) -> bool:
+        env = verify(raw)
+        if isinstance(env.message, BlobRequest):
+            asked.append(env.message.index)
+        return False
+
+    pair.drop = count
+    data = blob(CHUNK_SIZE)
+    pair.stores["a"].put(data)
+    await pair.fetch(blob_ref(data))
+    assert asked == [0]
+    assert pair.stores["b"].read(blob_ref(data).root.raw) == data
+    assert pair.stores["b"].partials() == []
+
+
+async def test_a_single_chunk_blob_that_does_not_hash_to_its_root_is_refused(pair: Pair) -> None:
+    data, other = b"the real bytes", b"other bytes!!!"
+    ref = blob_ref(data)
+    pair.stores["a"].put(other)
+    shard = pair.stores["a"].path(ref.root.raw)
+    shard.parent.mkdir(exist_ok=True)
+    shard.write_bytes(other)  # a peer's store serving the wrong bytes under the root asked for
+    with pytest.raises(FetchError, match="bad chunk"):
+        await pair.fetch(ref)
+    assert not pair.stores["b"].has(ref.root.raw)
+    assert list(pair.stores["b"].root.glob("*/.tmp-*")) == []
 
 
 async def test_a_corrupt_chunk_is_refused_and_nothing_unverified_is_kept(pair: Pair) -> None:
