@@ -3,9 +3,8 @@
 The run uses what the executor used: the manifest's arguments, environment and limits (the wall clock
 allowing WALL_FACTOR times the job's, as this machine may be slower), the bundle's module, input and
 stdin blobs, and the job's seed (its job id). The comparison is exact: outcome, fuel, and stdout,
-stderr and output files by blob root and size. The sandbox keeps whole stdout up to 1 MiB and only
-the SHA-256 of stderr, so a stream is compared by root when it is whole or fits in one chunk (the root
-of a one-chunk blob follows from its SHA-256), and by size otherwise (said in `unchecked`).
+stderr and output files by blob root and size. The sandbox writes the whole stdout and stderr into a
+streams directory as the guest writes them, so both streams are compared by root, whatever their size.
 The sandbox (wasmtime) is imported only when a job actually runs.
 """
 
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from e31.protocol.blobs import CHUNK_SIZE, BlobRef, ChunkList, blob_ref
+from e31.protocol.blobs import CHUNK_SIZE, BlobHasher, BlobRef, ChunkList, blob_ref
 from e31.protocol.ids import Digest
 from e31.protocol.jobs import FileRef, JobManifest
 from e31.protocol.receipts import TRAP_MAX, Outcome, UsageReceipt
@@ -116,21 +115,34 @@ def rerun_job(manifest: JobManifest, blobs: dict[bytes, bytes], *,
                 limits=Limits(fuel=lim.fuel, memory_bytes=lim.memory_bytes, wall_seconds=wall,
                               max_output_bytes=lim.max_output_bytes),
                 seed=job_seed(manifest.job_id))
-            result = run(spec, root / "output", module=compiled)
+            result = run(spec, root / "output", module=compiled, streams_dir=root / "streams")
             outputs = _output_files(root / "output")
+            streams = (_file_ref(root / "streams" / "stdout"), _file_ref(root / "streams" / "stderr"))
         except (SandboxError, OSError) as e:
             return _failed_rerun(f"the sandbox could not run the job here: {e}")
-    return _rerun_from(result, outputs)
+    return _rerun_from(result, outputs, streams)
 
 
-def _rerun_from(result: RunResult, outputs: tuple[FileRef, ...]) -> Rerun:
+def _file_ref(path: Path) -> BlobRef | None:
+    """The blob root of a stream file, hashed in pieces; None when the run left no such file."""
+    if not path.is_file():
+        return None
+    hasher = BlobHasher()
+    with path.open("rb") as f:
+        while piece := f.read(CHUNK_SIZE):
+            hasher.update(piece)
+    return hasher.finish().ref
+
+
+def _rerun_from(result: RunResult, outputs: tuple[FileRef, ...],
+                streams: tuple[BlobRef | None, BlobRef | None] = (None, None)) -> Rerun:
     unchecked = []
-    stdout_ref: BlobRef | None = None
-    if len(result.stdout) == result.stdout_bytes:
-        stdout_ref = blob_ref(result.stdout)
-    else:
-        stdout_ref = _ref_from_hash(result.stdout_sha256, result.stdout_bytes)
-    stderr_ref = _ref_from_hash(result.stderr_sha256, result.stderr_bytes)
+    stdout_ref, stderr_ref = streams
+    if stdout_ref is None:
+        stdout_ref = (blob_ref(result.stdout) if len(result.stdout) == result.stdout_bytes
+                      else _ref_from_hash(result.stdout_sha256, result.stdout_bytes))
+    if stderr_ref is None:
+        stderr_ref = _ref_from_hash(result.stderr_sha256, result.stderr_bytes)
     for name, ref, size in (("stdout", stdout_ref, result.stdout_bytes), ("stderr", stderr_ref,
                                                                            result.stderr_bytes)):
         if ref is None:

@@ -276,10 +276,12 @@ def _host_result(limits: Limits, trap: str, message: str, wall: float) -> RunRes
 class JobHandle:
     """One job submitted to the pool. All methods are thread-safe."""
 
-    def __init__(self, job_id: int, spec: JobSpec, output_dir: Path | None) -> None:
+    def __init__(self, job_id: int, spec: JobSpec, output_dir: Path | None,
+                 streams_dir: Path | None = None) -> None:
         self.job_id = job_id
         self.spec = spec
         self.output_dir = output_dir
+        self.streams_dir = streams_dir
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._started = threading.Event()
@@ -475,7 +477,8 @@ class _Slot:
             # A worker that died meanwhile fails the send; the receive loop reports how it ended.
             with contextlib.suppress(ValueError, OSError):
                 worker.send(["run", job.job_id, encode_spec(job.spec),
-                             None if job.output_dir is None else os.fsencode(job.output_dir)])
+                             None if job.output_dir is None else os.fsencode(job.output_dir),
+                             None if job.streams_dir is None else os.fsencode(job.streams_dir)])
             if not self._supervise(job, worker, may_retry=attempt == 0):
                 return
             log.warning("worker %d died before starting job %d; sending it to a new worker",
@@ -640,9 +643,12 @@ class WorkerPool:
         """The pids of the live worker processes."""
         return [w.pid for w in (s.worker for s in self._slots) if w is not None and not w.closed]
 
+    pids = worker_pids
+
     def start_job(self, spec: JobSpec, output_dir: Path | None = None, *,
-                  timeout: float | None = None) -> JobHandle:
-        """Hands the job to a free worker (waiting up to `timeout` for one) and returns at once."""
+                  timeout: float | None = None, streams_dir: Path | None = None) -> JobHandle:
+        """Hands the job to a free worker (waiting up to `timeout` for one) and returns at once.
+        With `streams_dir`, the job's whole stdout and stderr are written there (runner.run)."""
         if not isinstance(spec, JobSpec):
             raise TypeError("spec must be a JobSpec")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -656,16 +662,17 @@ class WorkerPool:
                 raise PoolError("the worker pool is closed")
             slot = self._free.pop()
             out = None if output_dir is None else Path(output_dir).absolute()
-            job = JobHandle(next(self._ids), spec, out)
+            streams = None if streams_dir is None else Path(streams_dir).absolute()
+            job = JobHandle(next(self._ids), spec, out, streams)
             job._slot = slot
             self._running.add(job)
         slot.submit(job)
         return job
 
     def run(self, spec: JobSpec, output_dir: Path | None = None, *,
-            timeout: float | None = None) -> RunResult:
+            timeout: float | None = None, streams_dir: Path | None = None) -> RunResult:
         """Runs one job to its end on a worker (blocking). `timeout` bounds the wait for a free worker."""
-        return self.start_job(spec, output_dir, timeout=timeout).wait()
+        return self.start_job(spec, output_dir, timeout=timeout, streams_dir=streams_dir).wait()
 
     def _release(self, slot: _Slot) -> None:
         with self._cond:

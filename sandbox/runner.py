@@ -13,6 +13,11 @@ Fences, in the order a guest meets them:
 - Output: stdout + stderr + /output growth are charged as they happen (vfs.OutputBudget); the write
   that would pass max_output_bytes stops the guest -> `output_limit`.
 
+Streams: RunResult keeps the first DISPLAY_CAP bytes of stdout for display and the hashes and sizes
+of both streams. A caller that needs the whole streams (an executor serving them as blobs) passes
+`streams_dir`: every byte the guest writes to stdout and stderr goes, as it is written and after
+it is charged, to `streams_dir/stdout` and `streams_dir/stderr` (created empty for every run).
+
 Memory-limit rule: a guest that traps while its memory is within one 64 KiB page of the limit is
 reported as `memory_limit` (a refused memory.grow followed by abort() or a null dereference looks
 exactly like that). A guest that handles the refusal itself and exits keeps `exited`.
@@ -33,6 +38,7 @@ does).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
@@ -40,6 +46,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import wasmtime
 
@@ -55,6 +62,9 @@ MAX_TABLES = 16
 TICK_SECONDS = 0.02
 MAX_STEP = 0.25
 """Most seconds one watchdog sample may add: larger gaps are a paused process, not guest time."""
+
+SINK_BUFFER = 1 << 20
+"""Write buffer of each stream file: a guest's many small writes reach the disk in large ones."""
 
 _EMPTY_SHA = hashlib.sha256(b"").hexdigest()
 
@@ -224,13 +234,32 @@ def run(
     engine: wasmtime.Engine | None = None,
     module: wasmtime.Module | None = None,
     clock: Callable[[], float] = time.monotonic,
+    streams_dir: Path | None = None,
 ) -> RunResult:
     """Run one job to its end. Never raises for anything the guest does; raises SandboxError only
-    for host-side failures (an input file that vanished, an output_dir that cannot be written)."""
+    for host-side failures (an input file that vanished, an output_dir or streams_dir that cannot
+    be written)."""
     engine = engine or default_engine()
     state = _state(engine)
-    with _RUN_LOCK:
-        return _run_locked(spec, output_dir, engine, module, clock, state)
+    with _RUN_LOCK, contextlib.ExitStack() as files:
+        sinks = None if streams_dir is None else _open_sinks(files, streams_dir)
+        result = _run_locked(spec, output_dir, engine, module, clock, state, sinks)
+        if sinks is not None:
+            try:
+                for sink in sinks:
+                    sink.flush()
+            except OSError as e:
+                raise SandboxError(f"cannot write streams to {str(streams_dir)!r}: {e}") from e
+        return result
+
+
+def _open_sinks(files: contextlib.ExitStack, streams_dir: Path) -> tuple[BinaryIO, BinaryIO]:
+    try:
+        streams_dir.mkdir(parents=True, exist_ok=True)
+        return (files.enter_context(open(streams_dir / "stdout", "wb", buffering=SINK_BUFFER)),
+                files.enter_context(open(streams_dir / "stderr", "wb", buffering=SINK_BUFFER)))
+    except OSError as e:
+        raise SandboxError(f"cannot write streams to {str(streams_dir)!r}: {e}") from e
 
 
 def _run_locked(
@@ -240,6 +269,7 @@ def _run_locked(
     module: wasmtime.Module | None,
     clock: Callable[[], float],
     state: _EngineState,
+    sinks: tuple[BinaryIO, BinaryIO] | None,
 ) -> RunResult:
     limits = spec.limits
     if module is None:
@@ -259,7 +289,7 @@ def _run_locked(
         tree.add_input(f.parts, f.host_path, f.size)
     stdin = InputFile(0, 0, tree.input, spec.stdin, spec.stdin_size) if spec.stdin is not None else None
     try:
-        ctx = wasi.Context(spec.args, spec.env, spec.seed, tree, budget, stdin)
+        ctx = wasi.Context(spec.args, spec.env, spec.seed, tree, budget, stdin, sinks)
     except Errno as e:
         raise SandboxError(f"cannot open stdin file {str(spec.stdin)!r}") from e
 

@@ -26,7 +26,7 @@ import hashlib
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import wasmtime
 
@@ -148,15 +148,19 @@ class Open:
 
 
 class Stream:
-    """stdout or stderr: everything hashed, the first DISPLAY_CAP bytes kept."""
+    """stdout or stderr: everything hashed, the first `keep` bytes kept for display, and every byte
+    written on to `sink` (a host file the caller opened) when there is one."""
 
-    def __init__(self, keep: int) -> None:
+    def __init__(self, keep: int, sink: BinaryIO | None = None) -> None:
         self.sha = hashlib.sha256()
         self.kept = bytearray()
         self.keep = keep
         self.total = 0
+        self.sink = sink
 
     def write(self, data: bytes) -> None:
+        if self.sink is not None:
+            self.sink.write(data)
         self.sha.update(data)
         self.total += len(data)
         room = self.keep - len(self.kept)
@@ -175,6 +179,7 @@ class Context:
         tree: Tree,
         budget: OutputBudget,
         stdin: InputFile | None,
+        sinks: tuple[BinaryIO, BinaryIO] | None = None,
     ) -> None:
         self.argv = [a.encode() + b"\0" for a in (ARGV0, *args)]
         self.environ = [f"{k}={v}".encode() + b"\0" for k, v in env]
@@ -182,8 +187,8 @@ class Context:
         self.tree = tree
         self.budget = budget
         self.host = HostFiles()
-        self.stdout = Stream(DISPLAY_CAP)
-        self.stderr = Stream(0)
+        self.stdout = Stream(DISPLAY_CAP, None if sinks is None else sinks[0])
+        self.stderr = Stream(0, None if sinks is None else sinks[1])
         self.clock_ns = 0
         self.rng_counter = 0
         self.rng_buf = b""

@@ -8,9 +8,10 @@ second fence behind wasmtime's: RLIMIT_DATA, RLIMIT_FSIZE, RLIMIT_CORE=0; never 
 wasmtime's 4 GiB+ reservations per memory would break), builds one engine and a module cache, says
 `ready`, then serves requests until its request pipe closes.
 
-Frames are a 4-byte big-endian length and a msgpack array. Requests: `["run", id, spec, output_dir]`,
-`["quit"]`. Replies: `["ready", pid]`, `["started", id]` (module compiled or loaded: the job's own wall
-clock starts), `["result", id, result]`, `["error", id, class_name, message]` (a SandboxError from the
+Frames are a 4-byte big-endian length and a msgpack array. Requests:
+`["run", id, spec, output_dir, streams_dir]` (the directories as bytes or nil) and `["quit"]`.
+Replies: `["ready", pid]`, `["started", id]` (module compiled or loaded: the job's own wall clock
+starts), `["result", id, result]`, `["error", id, class_name, message]` (a SandboxError from the
 host side, re-raised in the caller). Results travel as plain msgpack, never pickle: the worker runs
 untrusted code, and a worker taken over through a wasmtime bug must not be able to run code in the
 node by what it sends back; the pool validates every reply field by field.
@@ -30,6 +31,7 @@ import resource
 import signal
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +48,9 @@ SHM_BYTES = 8
 EXIT_PROTOCOL = 3
 EXIT_OUT_OF_MEMORY = 86
 """Exit status of a worker whose Python heap hit RLIMIT_DATA (the pool reports `worker_limit`)."""
+EXIT_ORPHANED = 87
+"""Exit status of a worker whose pool process died (it must not go on running a job nobody awaits)."""
+PARENT_CHECK_SECONDS = 0.2
 _LEN = struct.Struct(">I")
 _NS = struct.Struct("<q")
 
@@ -218,23 +223,50 @@ def serve(inp: BinaryIO, out: BinaryIO, cache_dir: Path, clock: Callable[[], flo
         message = read_frame(inp)
         if message is None or message[0] == "quit":
             return 0
-        if message[0] != "run" or len(message) != 4 or not isinstance(message[1], int):
+        if message[0] != "run" or len(message) != 5 or not isinstance(message[1], int):
             raise ProtocolViolation(f"unexpected request {message[0]!r}")
-        _, job_id, raw_spec, raw_dir = message
+        _, job_id, raw_spec, raw_dir, raw_streams = message
         try:
             spec = decode_spec(raw_spec)
-            output_dir = None if raw_dir is None else Path(os.fsdecode(raw_dir))
+            output_dir = _decode_dir(raw_dir, "output_dir")
+            streams_dir = _decode_dir(raw_streams, "streams_dir")
             try:
                 module = cache.get(engine, spec.module)
             except InvalidModule:
                 module = None  # the runner reports it as an invalid_module result
             write_frame(out, ["started", job_id])
-            result = run(spec, output_dir, engine=engine, module=module, clock=clock)
+            result = run(spec, output_dir, engine=engine, module=module, clock=clock, streams_dir=streams_dir)
         except SandboxError as e:
             name = type(e).__name__ if type(e).__name__ in ERRORS else "SandboxError"
             write_frame(out, ["error", job_id, name, str(e)])
             continue
         write_frame(out, ["result", job_id, encode_result(result)])
+
+
+def _decode_dir(raw: object, what: str) -> Path | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, bytes) or not raw:
+        raise ProtocolViolation(f"{what} must be bytes or nil")
+    return Path(os.fsdecode(raw))
+
+
+def watch_parent(interval: float = PARENT_CHECK_SECONDS) -> threading.Thread:
+    """Exit at once when the process that started this worker dies (a node killed with SIGKILL), even
+    in the middle of a job: its restarted node runs the job again, and two runs of it must not overlap.
+    Workers live in their own session (so a terminal's ^C reaches only the node), which is why the kernel
+    would not stop them; PR_SET_PDEATHSIG cannot be used either, as it fires when the *thread* that
+    spawned the worker ends, and the pool spawns from short-lived threads."""
+    parent = os.getppid()
+
+    def loop() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os._exit(EXIT_ORPHANED)
+
+    thread = threading.Thread(target=loop, name="e31-worker-parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-limit", type=int)
     p.add_argument("--file-size-limit", type=int)
     args = p.parse_args(argv)
+    watch_parent()
     apply_limits(args.data_limit, args.file_size_limit)
     shm = mmap.mmap(args.paused_fd, SHM_BYTES, mmap.MAP_SHARED, mmap.PROT_READ)
     os.close(args.paused_fd)

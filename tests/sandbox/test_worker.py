@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import BinaryIO
 
@@ -143,14 +144,14 @@ def test_a_worker_process_driven_by_hand(tmp_path: Path) -> None:
     try:
         with requests, replies:
             assert read_frame(replies) == ["ready", proc.pid]
-            write_frame(requests, ["run", 7, encode_spec(JobSpec(ECHO, args=("by", "hand"))), None])
+            write_frame(requests, ["run", 7, encode_spec(JobSpec(ECHO, args=("by", "hand"))), None, None])
             assert read_frame(replies) == ["started", 7]
             kind, job_id, raw = read_frame(replies) or [None, None, None]
             assert (kind, job_id) == ("result", 7)
             assert decode_result(raw).stdout == b"by hand\n"
             missing = encode_spec(JobSpec(ECHO))
             missing[4] = [["x", os.fsencode(tmp_path / "nope")]]
-            write_frame(requests, ["run", 8, missing, None])
+            write_frame(requests, ["run", 8, missing, None, None])
             reply = read_frame(replies)
             assert reply is not None and reply[:3] == ["error", 8, "JobSpecError"]
             write_frame(requests, ["quit"])
@@ -175,3 +176,45 @@ def test_a_worker_refuses_a_malformed_request(tmp_path: Path) -> None:
         assert read_frame(replies) == ["ready", proc.pid]
         write_frame(requests, ["launch", 1])
         assert proc.wait(timeout=30) == EXIT_PROTOCOL
+
+
+def _gone(pid: int) -> bool:
+    """True once `pid` has exited (reaped, or a zombie waiting for a reaper that never comes)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="process states are read from /proc")
+def test_a_worker_stops_its_job_when_its_pool_process_is_killed(tmp_path: Path) -> None:
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from e31.sandbox.job import JobSpec\n"
+        "from e31.sandbox.limits import Limits\n"
+        "from e31.sandbox.pool import WorkerPool\n"
+        "from e31.sandbox.runner import wat_to_wasm\n"
+        "spin = wat_to_wasm('(module (func (export \"_start\") (loop (br 0))))')\n"
+        "pool = WorkerPool(1, Path(sys.argv[1]))\n"
+        "job = pool.start_job(JobSpec(spin, limits=Limits(fuel=10**15, wall_seconds=600)))\n"
+        "while job.pid is None: time.sleep(0.01)\n"
+        "print(job.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "cache")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        worker = int(parent.stdout.readline())
+        assert not _gone(worker)
+        parent.kill()
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while not _gone(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(worker), "the orphaned worker is still running its job"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
