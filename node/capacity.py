@@ -1,6 +1,6 @@
 """Idle capacity: what this node can spare, given what the machine's owner uses right now.
 
-How it works (docs/capacity.md has the formulas):
+How it works (docs/operating.md, "Capacity and the machine's owner", has the formulas):
 - A *sample* is a snapshot of counters: busy and total CPU jiffies of the whole machine (/proc/stat), the
   CPU jiffies and resident memory of the node's own worker processes (/proc/PID/stat), and the memory the
   kernel could hand out (MemAvailable in /proc/meminfo). `read_sample` takes one; elsewhere than Linux it
@@ -99,11 +99,9 @@ class CapacityPolicy:
 
     @classmethod
     def from_config(cls, config: NodeConfig) -> CapacityPolicy:
-        # `idle_load` is the config key proposed for the threshold (docs/capacity.md); until it exists
-        # the default applies.
-        threshold = getattr(config, "idle_load", DEFAULT_IDLE_THRESHOLD)
         return cls(cores=config.cores, memory=config.memory, only_when_idle=config.only_when_idle,
-                   idle_threshold=threshold, idle_seconds=config.idle_seconds)
+                   idle_threshold=config.idle_load, idle_seconds=config.idle_seconds,
+                   raise_after=config.capacity_raise_after)
 
 
 class State(Enum):
@@ -348,6 +346,43 @@ def _page_size() -> int:
         return os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
         return 4096
+
+
+class SyntheticOwnerLoad:
+    """For tests only: a sampler whose owner uses exactly the number of cores written in a file.
+
+    Chosen by `sampler_from_env` when E31_TEST_OWNER_LOAD_FILE names a file; never otherwise. A missing,
+    empty or unreadable file means no owner load. Memory is left unmeasured (the ceiling applies).
+    """
+
+    TICKS = 10_000
+
+    def __init__(self, path: Path, cpus: int | None = None) -> None:
+        self.path = path
+        self.cpus = cpus or os.cpu_count() or 1
+        self._busy = 0
+        self._total = 0
+
+    def load(self) -> float:
+        try:
+            value = float(self.path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0.0
+        return min(max(value, 0.0), float(self.cpus)) if math.isfinite(value) else 0.0
+
+    def __call__(self, worker_pids: Sequence[int] = ()) -> Sample:
+        self._total += self.TICKS
+        self._busy += round(self.TICKS * self.load() / self.cpus)
+        return Sample(self.cpus, CpuTimes(self._busy, self._total))
+
+
+TEST_OWNER_LOAD_ENV = "E31_TEST_OWNER_LOAD_FILE"
+
+
+def sampler_from_env(environ: Mapping[str, str] | None = None) -> Callable[[Sequence[int]], Sample]:
+    """/proc sampling, unless a test set E31_TEST_OWNER_LOAD_FILE (then SyntheticOwnerLoad)."""
+    path = (os.environ if environ is None else environ).get(TEST_OWNER_LOAD_ENV)
+    return SyntheticOwnerLoad(Path(path)) if path else read_sample
 
 
 # --- the service ------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "submit": ("e31.node.cmd_submit", "submit a job to the network through the local node"),
     "jobs": ("e31.node.cmd_jobs", "list the jobs this node submitted, with their state"),
     "wait": ("e31.node.cmd_wait", "wait for jobs to end; exit 0 only if all succeeded"),
+    "cancel": ("e31.node.cmd_cancel", "withdraw submitted jobs (or batches) with a signed cancel"),
     "results": ("e31.node.cmd_results", "write a finished job's outputs and receipt into a directory"),
     "receipts": ("e31.node.cmd_receipts", "export signed receipts and proofs into a bundle for auditing"),
     "audit": ("e31.node.cmd_audit", "check a receipts bundle offline, optionally re-running every job"),

@@ -1,7 +1,10 @@
 """`e31 submit MODULE ...`: hand a job to the local node, which offers it to the network.
 
 The node reads the module and input files itself (the paths are sent made absolute), checks the
-job, stores it and answers with the job id, printed as the last word of the last line.
+job, stores it and answers with the job id, printed as the last word of the last line. With
+`--batch FILE.jsonl` each line is one job (args, env, inputs, stdin; relative paths are taken from
+the file's directory) and the last word is the batch id. A submission is safe to leave (this node may
+stop) once it is handed off: its executor holds its data. `--wait-handoff` waits for that.
 """
 
 from __future__ import annotations
@@ -11,9 +14,13 @@ import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .cli import CliError
 from .config import add_data_dir_argument, parse_size
+
+if TYPE_CHECKING:
+    from .api_client import ApiClient
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -52,6 +59,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION|ISO-8601",
         help="when the result is needed: a duration from now (90s, 10m, 2h, 1d) or a time "
         "(2026-12-01T08:00:00Z); default 1h",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        metavar="K",
+        help="run each job on K distinct nodes and compare: agreeing receipts make it done, "
+        "any difference disputed (default 1)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=Path,
+        metavar="FILE.jsonl",
+        help='many jobs of MODULE, one JSON object per line: {"args": [...], "env": {...}, '
+        '"inputs": {"NAME": "PATH"}, "stdin": "PATH"} (each optional)',
+    )
+    parser.add_argument(
+        "--wait-handoff",
+        action="store_true",
+        help="return only once every job is handed off (its executor holds its data: safe to stop this node)",
+    )
+    parser.add_argument(
+        "--handoff-timeout",
+        type=_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="give up waiting for the hand-off after this long (exit 1; the jobs stay submitted)",
     )
     parser.add_argument("--json", action="store_true", help="print the node's answer as JSON")
     parser.set_defaults(accepts_passthrough=True)
@@ -129,18 +162,99 @@ def request_body(args: argparse.Namespace, now: float) -> dict[str, object]:
         "stdin": None if args.stdin is None else _absolute(args.stdin),
         "limits": {k: v for k, v in limits.items() if v is not None},
         "deadline": None if args.deadline is None else parse_deadline(args.deadline, now),
+        **({} if getattr(args, "replicas", None) is None else {"replicas": args.replicas}),
     }
 
 
+def batch_body(args: argparse.Namespace, now: float) -> dict[str, object]:
+    """The POST /v1/batches body: the batch file's jobs (paths made absolute from its directory)."""
+    from .batch import BatchError, parse_lines
+
+    per_job = [n for n in ("input", "arg", "env") if getattr(args, n)]
+    if args.stdin is not None:
+        per_job.append("stdin")
+    if per_job or getattr(args, "passthrough", []):
+        names = ", ".join(f"--{n}" for n in per_job) or "arguments after --"
+        raise CliError(f"{names}: with --batch, each line of the batch file says these")
+    try:
+        text = args.batch.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CliError(f"--batch {args.batch}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        jobs = parse_lines(text, str(args.batch))
+    except BatchError as e:
+        raise CliError(str(e)) from None
+    base = args.batch.expanduser().absolute().parent
+
+    def absolute(value: object) -> object:
+        return str(base / value) if isinstance(value, str) else value
+
+    for job in jobs:
+        inputs = job.get("inputs")
+        if isinstance(inputs, dict):
+            job["inputs"] = [{"name": k, "path": absolute(v)} for k, v in inputs.items()]
+        elif isinstance(inputs, list):
+            job["inputs"] = [
+                {**i, "path": absolute(i.get("path"))} if isinstance(i, dict) else i for i in inputs
+            ]
+        if "stdin" in job:
+            job["stdin"] = absolute(job["stdin"])
+    single = request_body(args, now)
+    shared = {k: single[k] for k in ("module", "limits", "deadline", "replicas") if k in single}
+    return {**shared, "jobs": jobs}
+
+
+def wait_handoff(api: ApiClient, ids: list[str], batch: str | None, timeout: float) -> list[str]:
+    """Poll until every job is handed off or has ended; returns the ids still waiting at `timeout`."""
+    import time
+
+    from .jobs_cli import call
+
+    terminal = {"done", "failed", "expired", "cancelled", "disputed"}
+    end = time.monotonic() + timeout
+    pending = list(ids)
+    while pending:
+        if batch is not None:
+            docs = call(api, "GET", f"/v1/batches/{batch}?brief=1")["jobs"]
+        else:
+            docs = [call(api, "GET", f"/v1/jobs/{j}") for j in pending]
+        pending = [d["job_id"] for d in docs if not d.get("handed_off") and d["state"] not in terminal]
+        if not pending or time.monotonic() >= end:
+            break
+        time.sleep(0.2 if batch is None else 1.0)
+    return pending
+
+
 def run(args: argparse.Namespace) -> int:
+    import sys
     import time
 
     from .jobs_cli import call, client
 
-    body = request_body(args, time.time())
-    answer = call(client(args), "POST", "/v1/jobs", body)
-    if args.json:
-        print(json.dumps(answer))
+    api = client(args)
+    if args.batch is not None:
+        answer = call(api, "POST", "/v1/batches", batch_body(args, time.time()))
+        ids, name, batch = answer["job_ids"], answer["batch_id"], answer["batch_id"]
+        line = f"submitted {len(ids)} jobs as batch {name}"
     else:
-        print(f"submitted job {answer['job_id']}")
-    return 0
+        answer = call(api, "POST", "/v1/jobs", request_body(args, time.time()))
+        ids, name, batch = [answer["job_id"]], answer["job_id"], None
+        line = f"submitted job {name}"
+    waiting: list[str] = []
+    if args.wait_handoff:
+        waiting = wait_handoff(api, ids, batch, args.handoff_timeout)
+    if args.json:
+        print(json.dumps({**answer, "handed_off": args.wait_handoff and not waiting}))
+    else:
+        if not args.wait_handoff:
+            print(
+                "keep this node running until the submission is handed off "
+                "(`e31 jobs` HANDOFF column, or `e31 submit --wait-handoff`); then it is safe to leave",
+                file=sys.stderr,
+            )
+        elif waiting:
+            print(f"{len(waiting)} of {len(ids)} jobs not handed off yet: keep this node running")
+        else:
+            print("handed off: safe to stop this node; results wait at the executors until it is back")
+        print(line)
+    return 1 if waiting else 0

@@ -83,7 +83,15 @@ class NodeConfig:
     mdns_interfaces: tuple[str, ...] = ()
     only_when_idle: bool = False
     idle_seconds: float = 300.0
+    idle_load: float = 0.2
+    """Owner CPU use, as a fraction of the machine, above which the owner counts as working."""
+    capacity_interval: float = 5.0
+    """Seconds between two samples of the machine's load."""
+    capacity_raise_after: float = 30.0
+    """A higher capacity is offered only once it has held this many seconds (a lower one at once)."""
     disk_ceiling: int = 10 << 30
+    gc_interval: float = 600.0
+    """Seconds between two garbage collections of expired blobs and finished jobs."""
     config_file: Path | None = None
     """The file the values were read from, or None when there was none."""
 
@@ -208,6 +216,20 @@ def _parse_float(value: object, from_text: bool, *, low: float) -> float:
     return float(value)
 
 
+def _parse_fraction(value: object, from_text: bool) -> float:
+    number = _parse_float(value, from_text, low=0.0)
+    if not 0.0 < number <= 1.0:
+        raise ValueError(f"expected a fraction in (0, 1], got {_show(value)}")
+    return number
+
+
+def _parse_positive(value: object, from_text: bool) -> float:
+    number = _parse_float(value, from_text, low=0.0)
+    if number <= 0.0:
+        raise ValueError(f"expected a number of seconds above 0, got {_show(value)}")
+    return number
+
+
 def _parse_bool(value: object, from_text: bool) -> bool:
     if from_text and isinstance(value, str):
         lowered = value.strip().lower()
@@ -264,7 +286,11 @@ _PARSERS: dict[str, Parser] = {
     "mdns_interfaces": lambda v, t: _parse_list(_parse_interface, v, t),
     "only_when_idle": _parse_bool,
     "idle_seconds": lambda v, t: _parse_float(v, t, low=0.0),
+    "idle_load": lambda v, t: _parse_fraction(v, t),
+    "capacity_interval": lambda v, t: _parse_positive(v, t),
+    "capacity_raise_after": lambda v, t: _parse_float(v, t, low=0.0),
     "disk_ceiling": lambda v, t: parse_size(v),
+    "gc_interval": lambda v, t: _parse_positive(v, t),
 }
 FILE_KEYS = tuple(_PARSERS)
 """The keys config.toml may hold (the NodeConfig field names, minus data_dir and config_file)."""
@@ -361,7 +387,11 @@ _FLAG_HELP = {
     "max_connections_per_address": ("N", "cap on peer connections per remote address"),
     "mdns_interfaces": ("IF[,IF...]", "interfaces for mDNS (default: all)"),
     "idle_seconds": ("S", "owner inactivity before jobs run (with --only-when-idle)"),
+    "idle_load": ("FRACTION", "owner CPU use (0-1 of the machine) that counts as working (default 0.2)"),
+    "capacity_interval": ("S", "seconds between load samples (default 5)"),
+    "capacity_raise_after": ("S", "seconds a higher capacity must hold before it is offered (default 30)"),
     "disk_ceiling": ("BYTES", "most disk the blob store may use, e.g. 20GiB"),
+    "gc_interval": ("S", "seconds between garbage collections (default 600)"),
 }
 
 

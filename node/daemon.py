@@ -7,6 +7,7 @@ one DaemonError with a one-line message. Then one root nursery holds every servi
 with `nursery.start`, so the node is announced only once all of them are ready:
 
     peering (transport listener, dialer, links)  ->  mDNS discovery (unless --no-mdns)
+        ->  gossip, job path (market, scheduler, capacity)  ->  garbage collection
         ->  local control API  ->  "node ... listening on ..."
 
 SIGINT or SIGTERM cancels the root nursery: links close, the control API removes api.json, the
@@ -164,6 +165,8 @@ class Node:
     peering: PeerService = field(init=False)
     started_at: float = 0.0
     started_wall: float = 0.0
+    capacity: Any = None
+    """The CapacityService once the job path runs (node/capacity_service.py)."""
 
     def __post_init__(self) -> None:
         self.peering = PeerService(identity=self.identity, config=self.config, store=self.store,
@@ -179,6 +182,7 @@ class Node:
                     await self._start_discovery(nursery, listen)
                 router = self.router()
                 await self._start_jobs(nursery, router)
+                await self._start_gc(nursery)
                 await nursery.start(serve_control, router, self.config)
                 log.info("node %s on network %s listening on %s", self.peering.node_id, self.config.network,
                          listen)
@@ -221,13 +225,28 @@ class Node:
 
         gossip = GossipService(GossipEngine[bytes](GossipConfig(self.config.network)),
                                on_disconnect=self.peering.disconnect)
+        adverts = gossip.subscribe("capacity")  # before any link can bring one
         await nursery.start(gossip.run)
         self.peering.add_listener(gossip)
         receipt_log = ReceiptLog(self.store.store, self.identity, self.config.network)
         router.add("POST", "/v1/receipts/export", export_handler(self.store, self.blobs, receipt_log))
         await nursery.start(partial(run_jobs, identity=self.identity, config=self.config, store=self.store,
                                     blobs=self.blobs, peering=self.peering, router=router, gossip=gossip,
-                                    receipt_log=receipt_log))
+                                    receipt_log=receipt_log, on_capacity=self._set_capacity,
+                                    adverts=adverts))
+
+    async def _start_gc(self, nursery: trio.Nursery) -> None:
+        """Collect expired blobs and the leftovers of finished jobs every `gc_interval` seconds."""
+        from .gc import run_gc
+        from .market import MarketSettings
+        from .market_service import RUNS_DIR
+
+        await nursery.start(partial(run_gc, self.store, self.blobs, interval=self.config.gc_interval,
+                                    retention_s=MarketSettings().retention_ms / 1000,
+                                    runs_dir=self.config.data_dir / RUNS_DIR))
+
+    def _set_capacity(self, capacity: Any) -> None:
+        self.capacity = capacity
 
     def router(self) -> Router:
         router = Router()
@@ -252,6 +271,8 @@ class Node:
             "peer_count": counts["connected"] + counts["suspect"],
             "peers": counts,
             "capacity": {"cores": self.config.cores, "memory_bytes": self.config.memory},
+            "offered": None if self.capacity is None else self.capacity.to_json(),
+            "peer_capacity": {} if self.capacity is None else self.capacity.peer_table(),
         }
 
     async def _status(self, request: Request) -> dict[str, Any]:

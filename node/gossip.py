@@ -23,11 +23,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import trio
-from e31.protocol.codec import unpack
-from e31.protocol.envelope import VerifiedEnvelope
-from e31.protocol.errors import ProtocolError
+from e31.protocol.envelope import VerifiedEnvelope, claimed_kind
 from e31.protocol.gossip import Deliver, Disconnect, Forward, GossipEngine, Penalise, Rng
-from e31.protocol.ids import ENVELOPE_VERSION
 from e31.protocol.messages import AnyMessage
 
 from .transport import TransportError
@@ -43,22 +40,6 @@ LINK_ERRORS = (TransportError, trio.BrokenResourceError, trio.ClosedResourceErro
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def claimed_kind(raw: bytes) -> str | None:
-    """The kind an envelope claims, read without checking anything else; None if it is no envelope.
-    Reads the canonical layout straight from the bytes and decodes only other layouts."""
-    if len(raw) > 3 and raw[0] == 0x95 and raw[1] == ENVELOPE_VERSION and 0xA1 <= raw[2] <= 0xBF:
-        kind = raw[3:3 + raw[2] - 0xA0]
-        return kind.decode("ascii") if kind.isascii() else None
-    try:
-        outer = unpack(raw)
-    except ProtocolError:
-        return None
-    if type(outer) is not tuple or len(outer) != 5 or type(outer[1]) is not str:
-        return None
-    kind_text: str = outer[1]
-    return kind_text
 
 
 @dataclass(slots=True)

@@ -5,6 +5,10 @@
     GET  /v1/jobs/{id}               one job
     GET  /v1/jobs/{id}/wait?timeout= the job once it has ended, or as it is after `timeout` seconds
     POST /v1/jobs/{id}/results       {"out": DIR}: write stdout, stderr, output files and the receipt
+    POST /v1/jobs/{id}/cancel        {"text": WHY}: withdraw the job (signed `cancel`); answers its state
+    POST /v1/batches                 {"module", "limits", "deadline", "jobs": [{args, env, inputs, stdin}]}
+    GET  /v1/batches/{id}            the batch's jobs (?brief=1: id, state and reason only)
+    GET  /v1/batches/{id}/wait?timeout= the batch once every job has ended, or after `timeout` seconds
 
 The CLI runs on the node's machine and the API listens on 127.0.0.1 only, so files travel by path: a
 submission names absolute paths and the node reads the files itself; results are written by the node
@@ -35,19 +39,23 @@ from e31.protocol.jobs import (
     MAX_ARGS,
     MAX_ENV,
     MAX_INPUTS,
+    MAX_REPLICAS,
     EnvVar,
     FileRef,
     JobManifest,
     Limits,
     check_file_name,
 )
+from e31.protocol.messages import REASON_TEXT_MAX
 from e31.protocol.receipts import UsageReceipt
 
+from . import batch
 from .blobs import BlobError, BlobStore
 from .control import HttpError, Request, Router
+from .handoff import acked_receipts
 from .market import MarketContext
 from .market_rules import TERMINAL
-from .market_submitter import Submitter, outcome_text
+from .market_submitter import Submitter, UnknownJob, outcome_text
 from .store import JobRow, Store
 
 MAX_FUEL = 2**63 - 1
@@ -65,6 +73,7 @@ DEFAULT_LIMITS = {
 }
 DEFAULT_DEADLINE_MS = 3600 * 1000
 MAX_WAIT = 60.0
+BATCH_POLL = 0.2
 COMPILED_CACHE = 1024
 
 
@@ -88,6 +97,10 @@ class JobsApi:
         router.add("GET", "/v1/jobs/{id}", self.show)
         router.add("GET", "/v1/jobs/{id}/wait", self.wait)
         router.add("POST", "/v1/jobs/{id}/results", self.results)
+        router.add("POST", "/v1/jobs/{id}/cancel", self.cancel)
+        router.add("POST", "/v1/batches", self.submit_batch)
+        router.add("GET", "/v1/batches/{id}", self.show_batch)
+        router.add("GET", "/v1/batches/{id}/wait", self.wait_batch)
 
     @property
     def ctx(self) -> MarketContext:
@@ -99,18 +112,45 @@ class JobsApi:
         body = request.body
         if not isinstance(body, dict):
             raise bad("the body is a JSON object describing the job")
-        unknown = set(body) - {"module", "inputs", "args", "env", "stdin", "limits", "deadline"}
+        unknown = set(body) - {"module", "inputs", "args", "env", "stdin", "limits", "deadline", "replicas"}
         if unknown:
             raise bad(f"unknown field(s): {', '.join(sorted(unknown))}")
         now = self.ctx.clock()
         limits = _limits(body.get("limits") or {})
         deadline = _deadline(body.get("deadline"), now)
-        args = _strings(body.get("args") or [], "args", MAX_ARGS)
-        env = _env(body.get("env") or [])
-        inputs = _inputs(body.get("inputs") or [])
-        module_path = _path(body.get("module"), "module")
-        stdin_path = None if body.get("stdin") is None else _path(body["stdin"], "stdin")
+        replicas = _replicas(body.get("replicas"))
+        module_ref = await self._module(_path(body.get("module"), "module"))
+        manifest = await self._manifest(body, module_ref, limits, deadline, now, replicas)
+        job_id = await self.submitter.submit(manifest)
+        return {"job_id": job_id.hex(), "state": "queued"}
 
+    async def submit_batch(self, request: Request) -> dict[str, Any]:
+        body = request.body
+        if not isinstance(body, dict):
+            raise bad("the body is a JSON object describing the batch")
+        unknown = set(body) - {"module", "limits", "deadline", "jobs", "replicas"}
+        if unknown:
+            raise bad(f"unknown field(s): {', '.join(sorted(unknown))}")
+        lines = body.get("jobs")
+        if not isinstance(lines, list) or not lines or len(lines) > batch.MAX_JOBS:
+            raise bad(f"jobs is a list of 1..{batch.MAX_JOBS} job objects")
+        now = self.ctx.clock()
+        limits = _limits(body.get("limits") or {})
+        deadline = _deadline(body.get("deadline"), now)
+        replicas = _replicas(body.get("replicas"))
+        module_ref = await self._module(_path(body.get("module"), "module"))
+        manifests = []
+        for number, line in enumerate(lines, 1):
+            if not isinstance(line, dict) or not set(line) <= batch.LINE_FIELDS:
+                raise bad(f"job {number}: an object with only {', '.join(sorted(batch.LINE_FIELDS))}")
+            try:
+                manifests.append(await self._manifest(line, module_ref, limits, deadline, now, replicas))
+            except HttpError as e:
+                raise bad(f"job {number}: {e.message}") from None
+        bid = await self.submitter.submit_batch(manifests)
+        return {"batch_id": bid, "job_ids": [m.job_id.hex() for m in manifests], "state": "queued"}
+
+    async def _module(self, module_path: Path) -> BlobRef:
         module = await trio.to_thread.run_sync(_read_module, module_path)
         digest = hashlib.sha256(module).digest()
         if digest not in self._compiled:
@@ -120,7 +160,21 @@ class JobsApi:
             if len(self._compiled) >= COMPILED_CACHE:
                 self._compiled.clear()
             self._compiled.add(digest)
-        module_ref = await self._put_bytes(module)
+        return await self._put_bytes(module)
+
+    async def _manifest(
+        self,
+        body: dict[str, Any],
+        module_ref: BlobRef,
+        limits: Limits,
+        deadline: int,
+        now: int,
+        replicas: int = 1,
+    ) -> JobManifest:
+        args = _strings(body.get("args") or [], "args", MAX_ARGS)
+        env = _env(body.get("env") or [])
+        inputs = _inputs(body.get("inputs") or [])
+        stdin_path = None if body.get("stdin") is None else _path(body["stdin"], "stdin")
         files = []
         for name, path in inputs:
             files.append(FileRef(name, await self._put_file(path, f"input {name!r}")))
@@ -135,7 +189,7 @@ class JobsApi:
                 limits=limits,
                 deadline=deadline,
                 retention_ms=7 * 24 * 3600 * 1000,
-                replicas=1,
+                replicas=replicas,
                 profile=Digest(self.profile),
                 submitter=self.ctx.node,
                 nonce=secrets.token_bytes(16),
@@ -143,8 +197,85 @@ class JobsApi:
             )
         except ProtocolError as e:
             raise bad(str(e)) from None
-        job_id = await self.submitter.submit(manifest)
-        return {"job_id": job_id.hex(), "state": "queued"}
+        return manifest
+
+    # --- cancel ---
+
+    async def cancel(self, request: Request) -> dict[str, Any]:
+        job_id = _job_id(request.params["id"])
+        body = request.body if isinstance(request.body, dict) else {}
+        text = body.get("text") or ""
+        if not isinstance(text, str) or "\x00" in text or len(text.encode()) > REASON_TEXT_MAX:
+            raise bad(f"text is a string of at most {REASON_TEXT_MAX} bytes")
+        try:
+            state, withdrawn = await self.submitter.cancel(job_id, text)
+        except UnknownJob:
+            raise HttpError(404, f"no job {job_id.hex()} was submitted from this node") from None
+        return {"job_id": job_id.hex(), "state": state, "cancelled": withdrawn}
+
+    # --- batches ---
+
+    async def _batch(self, request: Request) -> batch.BatchRow:
+        text = request.params["id"]
+        if not batch.is_batch_id(text):
+            raise HttpError(
+                400, f"not a batch id ({batch.PREFIX} and {batch.ID_HEX} hex digits): {text[:80]!r}"
+            )
+        row = await self.ctx.store.run(batch.get_batch, text)
+        if row is None:
+            raise HttpError(404, f"no batch {text} on this node")
+        return row
+
+    async def _batch_rows(self, row: batch.BatchRow) -> list[JobRow]:
+        wanted = set(row.job_ids)
+        rows = await self.ctx.store.run(Store.jobs, role="submitter")
+        jobs = {r.job_id: r for r in rows if r.job_id in wanted}
+        return [jobs[j] for j in row.job_ids if j in jobs]
+
+    async def _batch_doc(self, row: batch.BatchRow, brief: bool) -> dict[str, Any]:
+        present = await self._batch_rows(row)
+        states: dict[str, int] = {}
+        for r in present:
+            states[r.state] = states.get(r.state, 0) + 1
+        docs: list[dict[str, Any]] = []
+        handed = await self.submitter.handed_off(present)
+        receipts = {} if brief else await self.ctx.store.run(acked_receipts, [r.job_id for r in present])
+        for r in present:
+            if brief:
+                docs.append(
+                    {
+                        "job_id": r.job_id.hex(),
+                        "state": r.state,
+                        "reason": r.reason,
+                        "handed_off": r.job_id in handed,
+                    }
+                )
+            else:
+                docs.append(await self._doc(r, handed, receipts))
+        return {
+            "batch_id": row.batch_id,
+            "created": row.created,
+            "total": len(row.job_ids),
+            "states": states,
+            "ended": sum(1 for r in present if r.state in TERMINAL),
+            "jobs": docs,
+        }
+
+    async def show_batch(self, request: Request) -> dict[str, Any]:
+        return await self._batch_doc(await self._batch(request), request.query.get("brief") == "1")
+
+    async def wait_batch(self, request: Request) -> dict[str, Any]:
+        timeout = _timeout(request)
+        row = await self._batch(request)
+        brief = request.query.get("brief") == "1"
+        with trio.move_on_after(timeout):
+            while True:
+                changed = self.submitter.changed
+                if all(r.state in TERMINAL for r in await self._batch_rows(row)):
+                    break
+                await changed.wait()
+                await trio.sleep(BATCH_POLL)  # let a burst of changes pass before scanning again
+        return await self._batch_doc(row, brief)
 
     async def _put_bytes(self, data: bytes) -> BlobRef:
         root = await trio.to_thread.run_sync(self.blobs.put, data)
@@ -176,14 +307,15 @@ class JobsApi:
         if role not in ("submitter", "executor"):
             raise bad("role is submitter or executor")
         rows = await self.ctx.store.run(Store.jobs, role=role)
-        return [await self._doc(r) for r in rows]
+        if role != "submitter":
+            return [await self._doc(r) for r in rows]
+        handed = await self.submitter.handed_off(rows)
+        receipts = await self.ctx.store.run(acked_receipts, [r.job_id for r in rows if r.state == "done"])
+        return [await self._doc(r, handed, receipts) for r in rows]
 
     async def _row(self, request: Request) -> JobRow:
         text = request.params["id"]
-        try:
-            job_id = Digest.parse(text).raw
-        except ProtocolError:
-            raise HttpError(400, f"not a job id (64 hex digits): {text[:80]!r}") from None
+        job_id = _job_id(text)
         row = await self.ctx.store.run(Store.job, job_id, "submitter")
         if row is None:
             row = await self.ctx.store.run(Store.job, job_id, "executor")
@@ -195,18 +327,17 @@ class JobsApi:
         return await self._doc(await self._row(request))
 
     async def wait(self, request: Request) -> dict[str, Any]:
-        try:
-            timeout = min(float(request.query.get("timeout", "30")), MAX_WAIT)
-        except ValueError:
-            raise bad("timeout is a number of seconds") from None
+        timeout = _timeout(request)
         row = await self._row(request)
-        with trio.move_on_after(max(timeout, 0.0)):
+        with trio.move_on_after(timeout):
             while row.state not in TERMINAL:
                 await self.submitter.changed.wait()
                 row = await self._row(request)
         return await self._doc(row)
 
-    async def _doc(self, row: JobRow) -> dict[str, Any]:
+    async def _doc(
+        self, row: JobRow, handed: set[bytes] | None = None, receipts: dict[bytes, bytes] | None = None
+    ) -> dict[str, Any]:
         manifest = JobManifest.from_wire(unpack_canonical(row.manifest))
         doc: dict[str, Any] = {
             "job_id": row.job_id.hex(),
@@ -225,7 +356,15 @@ class JobsApi:
             "reason": row.reason,
             "args": list(manifest.args),
         }
-        receipt = await self._receipt(row)
+        if row.role == "submitter":
+            if handed is None:
+                handed = await self.submitter.handed_off([row])
+            doc["handed_off"] = row.job_id in handed
+        if receipts is not None and row.role == "submitter":
+            raw = receipts.get(row.job_id) if row.state == "done" else None
+            receipt = None if raw is None else verify(raw, UsageReceipt)
+        else:
+            receipt = await self._receipt(row)
         if receipt is not None:
             r = receipt.message
             doc["outcome"] = {
@@ -308,6 +447,27 @@ def _write(path: Path, data: bytes) -> None:
 
 
 # --- request checks ---
+
+
+def _job_id(text: str) -> bytes:
+    try:
+        return Digest.parse(text).raw
+    except ProtocolError:
+        raise HttpError(400, f"not a job id (64 hex digits): {text[:80]!r}") from None
+
+
+def _replicas(value: object) -> int:
+    return 1 if value is None else _int(value, "replicas", 1, MAX_REPLICAS)
+
+
+def _timeout(request: Request) -> float:
+    try:
+        timeout = float(request.query.get("timeout", "30"))
+    except ValueError:
+        raise bad("timeout is a number of seconds") from None
+    if timeout != timeout:
+        raise bad("timeout is a number of seconds")
+    return max(0.0, min(timeout, MAX_WAIT))
 
 
 def _path(value: object, what: str) -> Path:

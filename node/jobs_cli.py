@@ -43,6 +43,21 @@ def resolve_ids(api: ApiClient, given: list[str]) -> list[str]:
     return out
 
 
+def expand_ids(api: ApiClient, given: list[str]) -> list[str]:
+    """Full job ids for job ids, unique prefixes and batch ids (`batch-...`, every job of the batch),
+    in the order given, each once."""
+    from .batch import PREFIX
+
+    out: list[str] = []
+    for text in given:
+        if text.strip().lower().startswith(PREFIX):
+            doc = call(api, "GET", f"/v1/batches/{text.strip().lower()}?brief=1")
+            out += [j["job_id"] for j in doc["jobs"]]
+        else:
+            out += resolve_ids(api, [text])
+    return list(dict.fromkeys(out))
+
+
 def short(text: str | None, n: int = 12) -> str:
     return "-" if not text else text[:n]
 

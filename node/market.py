@@ -1,8 +1,8 @@
 """The market service: the job messages between nodes, routed to the submitter and executor roles.
 
 One `Market` per node. It is a LinkListener of the peering service: every direct job message
-(`bid`, `decline`, `assign`, `result`, `receipt`, `ack`, `blobreq`, `blobchunk`, `proofreq`, `proof`)
-is verified here,
+(`bid`, `decline`, `assign`, `accepted`, `result`, `receipt`, `ack`, `cancel`, `blobreq`, `blobchunk`,
+`proofreq`, `proof`) is verified here,
 must be signed by the peer it came from, and goes to the role that handles it; offers arrive from
 gossip. Handlers never block the link's reader: slow work (disk, fetches, runs) runs in the market's
 own tasks.
@@ -22,15 +22,17 @@ from typing import Any
 
 import nacl.signing
 import trio
-from e31.protocol.envelope import VerifiedEnvelope, verify
+from e31.protocol.envelope import VerifiedEnvelope, claimed_kind, verify
 from e31.protocol.errors import ProtocolError
 from e31.protocol.ids import NodeId
 from e31.protocol.messages import (
+    Accepted,
     Ack,
     Assign,
     Bid,
     BlobChunk,
     BlobRequest,
+    Cancel,
     Decline,
     InclusionProof,
     Offer,
@@ -47,7 +49,20 @@ from .transfer import BlobTransfer, TransferSettings
 log = logging.getLogger("e31.market")
 
 DIRECT_KINDS = frozenset(
-    {"bid", "decline", "assign", "result", "receipt", "ack", "blobreq", "blobchunk", "proofreq", "proof"}
+    {
+        "bid",
+        "decline",
+        "assign",
+        "accepted",
+        "result",
+        "receipt",
+        "ack",
+        "cancel",
+        "blobreq",
+        "blobchunk",
+        "proofreq",
+        "proof",
+    }
 )
 PeerSend = Callable[[bytes, bytes], Awaitable[bool]]
 
@@ -145,12 +160,13 @@ class Market:
 
     def link_up(self, peer: bytes, send: Callable[[bytes], Awaitable[None]]) -> None:
         self.executor.on_link_up(peer)
+        self.submitter.on_link_up(peer)
 
     def link_down(self, peer: bytes) -> None:
         pass
 
     async def message(self, peer: bytes, raw: bytes) -> None:
-        kind = _claimed_kind(raw)
+        kind = claimed_kind(raw)
         if kind not in DIRECT_KINDS:
             return
         try:
@@ -177,6 +193,10 @@ class Market:
             self.submitter.on_outcome(env)
         elif isinstance(msg, Assign):
             self.executor.on_assign(env)
+        elif isinstance(msg, Accepted):
+            self.submitter.on_accepted(env)
+        elif isinstance(msg, Cancel):
+            self.executor.on_cancel(env)
         elif isinstance(msg, Ack):
             self.executor.on_ack(env)
         elif isinstance(msg, ProofRequest):
@@ -187,9 +207,3 @@ class Market:
     def _deliver_local(self, peer: bytes, raw: bytes) -> None:
         if self._nursery is not None:
             self._nursery.start_soon(self.message, peer, raw)
-
-
-def _claimed_kind(raw: bytes) -> str | None:
-    from .gossip import claimed_kind
-
-    return claimed_kind(raw)

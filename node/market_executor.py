@@ -14,14 +14,25 @@
   (`proofreq`) or on a repeated ack.
 
 The job's seed (WASI random_get) is its 32-byte job id, so a re-run anywhere reproduces the run.
+The sandbox writes the job's whole stdout and stderr to files (runner `streams_dir`); they are stored
+as blobs, checked against the run's hashes, and named in the receipt.
+
+Restarts: jobs `fetching`, `queued` or `running` at a stop are resumed with the same assignment while
+its lease holds (a running one is run again from the start: the same outcome and fuel, one receipt),
+unless that attempt's receipt was already signed (then the job is only marked done and delivered);
+a job whose lease ran out is given back. While the node is suspended for its owner, `give_back_late`
+stops and gives back the jobs that could no longer meet their deadline (a `decline`, reason
+`deadline`). Delivery stops, unacknowledged, once the result's retention has ended.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import os
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,14 +44,24 @@ from e31.protocol.envelope import VerifiedEnvelope, check_fresh, sign_message, v
 from e31.protocol.errors import InvalidMessage, Mismatch, ProtocolError
 from e31.protocol.ids import Digest
 from e31.protocol.jobs import FileRef, JobManifest
-from e31.protocol.messages import REASON_TEXT_MAX, Assign, Bid, Decline, Offer, ProofRequest, Result
+from e31.protocol.messages import (
+    REASON_TEXT_MAX,
+    Accepted,
+    Assign,
+    Bid,
+    Cancel,
+    Decline,
+    Offer,
+    ProofRequest,
+    Result,
+)
 from e31.protocol.receipts import TRAP_MAX, Ack, Outcome, UsageReceipt, check_ack
 from e31.sandbox.errors import SandboxError
 from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import Limits as SandboxLimits
 from e31.sandbox.limits import RunResult, Status
 
-from .blobs import BlobError
+from .blobs import BlobError, BlobStore
 from .market import MarketContext
 from .market_rules import (
     DeclinePlan,
@@ -53,6 +74,12 @@ from .market_rules import (
 from .scheduler import Scheduler
 from .store import Store
 from .transfer import BlobTransfer, FetchError
+
+FINISHED_HERE = ("done", "failed", "cancelled")
+
+_TEST_LIE = 1 if os.environ.get("E31_TEST_CORRUPT_OUTPUT") == "1" else 0
+"""TEST ONLY: E31_TEST_CORRUPT_OUTPUT=1 makes this node a lying executor that claims one fuel more than
+it used (tests/node/test_faults_submitter.py catches it as `disputed`). Never set it otherwise."""
 
 log = logging.getLogger("e31.executor")
 
@@ -71,6 +98,20 @@ class JobFailed(Exception):
 class _Promise:
     offer: VerifiedEnvelope[Offer]
     bid_expires: int
+
+
+@dataclass(eq=False, slots=True)
+class _Held:
+    """A job between assignment and its run's end: what handing it back needs."""
+
+    scope: trio.CancelScope
+    deadline: int
+    estimate_ms: int
+    ran: bool = False
+    handed_back: bool = False
+
+
+GIVE_BACK_TEXT = "the machine's owner needs it back and the job would miss its deadline here"
 
 
 class Executor:
@@ -97,6 +138,9 @@ class Executor:
         self._promises: dict[bytes, _Promise] = {}
         self._answered: set[bytes] = set()
         self._active: set[bytes] = set()
+        self._held: dict[bytes, _Held] = {}
+        self.capacity: Callable[[], tuple[int, int]] | None = None
+        """The (cores, memory) this node offers now (capacity_service); None: the configured ceiling."""
         self._nursery: trio.Nursery | None = None
         self._deliver_now = trio.Event()
 
@@ -131,11 +175,14 @@ class Executor:
         manifest = env.message.manifest
         if await self.ctx.store.run(Store.job, manifest.job_id.raw, ROLE) is not None:
             return
-        cores = self.scheduler.workers
+        cores, memory = self.scheduler.workers, self.memory_bytes
+        if self.capacity is not None:
+            offered_cores, offered_memory = self.capacity()
+            cores, memory = min(cores, offered_cores), min(memory, offered_memory)
         me = ExecutorView(
             self.profile,
             0 if self.scheduler.suspended else cores,
-            self.memory_bytes,
+            memory,
             self.scheduler.backlog_ms,
             self.scheduler.queue_length,
             cores * self.ctx.settings.max_queue_per_core,
@@ -194,7 +241,10 @@ class Executor:
     async def _on_assign(self, env: VerifiedEnvelope[Assign]) -> None:
         assign = env.message
         promise = self._promises.get(assign.bid_id.raw)
-        if promise is None or assign.executor != self.ctx.node:
+        if assign.executor != self.ctx.node:
+            return
+        if promise is None:
+            await self._redeliver(env)
             return
         manifest = promise.offer.message.manifest
         if assign.job_id != manifest.job_id or assign.submitter != manifest.submitter:
@@ -227,6 +277,17 @@ class Executor:
         del self._promises[assign.bid_id.raw]
         await self._execute(job_id, manifest, env)
 
+    async def _redeliver(self, env: VerifiedEnvelope[Assign]) -> None:
+        """An assignment this node already holds, sent again: its submitter is back and asks for the
+        outcome, so unacknowledged receipts of the job are delivered now, not at the next retry."""
+        if await self.ctx.store.run(Store.envelope, env.message_id.raw) is None:
+            return
+        now = self.ctx.now_s()
+        for row in await self.ctx.store.run(Store.receipts_for_job, env.message.job_id.raw):
+            if row.delivered is None:
+                await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, now)
+        self._deliver_now.set()
+
     async def _resume(self, job_id: bytes) -> None:
         """Finish a job that was interrupted by a restart, if its lease still holds."""
         row = await self.ctx.store.run(Store.job, job_id, ROLE)
@@ -234,6 +295,8 @@ class Executor:
         if row is None or not assigns:
             return
         env = max((verify(a.raw, Assign) for a in assigns), key=lambda e: e.message.attempt)
+        if await self._signed_before_stop(job_id, env.message.attempt):
+            return
         manifest = JobManifest.from_wire(unpack_canonical(row.manifest))
         if env.message.lease_expires <= self.ctx.clock():
             await self._fail(
@@ -244,46 +307,98 @@ class Executor:
             await self.ctx.store.run(Store.update_job, job_id, ROLE, self.ctx.now_s(), state="fetching")
         await self._execute(job_id, manifest, env)
 
+    async def _signed_before_stop(self, job_id: bytes, attempt: int) -> bool:
+        """True if this attempt's receipt was signed and stored before the node stopped (between that and
+        marking the job done): the job is marked done and its delivery goes on; it never runs twice."""
+        me = str(self.ctx.node)
+        rows = await self.ctx.store.run(Store.receipts_for_job, job_id)
+        row = next((r for r in rows if r.executor == me and r.attempt == attempt), None)
+        stored = None if row is None else await self.ctx.store.run(Store.envelope, row.message_id)
+        if stored is None:
+            return False
+        msg = verify(stored.raw, UsageReceipt).message
+        await self.ctx.store.run(
+            Store.update_job, job_id, ROLE, self.ctx.now_s(), state="done",
+            finished=msg.finished_at / 1000, fuel_used=msg.fuel_used,
+        )
+        self._deliver_now.set()
+        return True
+
     async def _execute(self, job_id: bytes, manifest: JobManifest, assign: VerifiedEnvelope[Assign]) -> None:
         if job_id in self._active:
             return
         self._active.add(job_id)
         work = self.runs_dir / job_id.hex()
+        estimate = run_estimate_ms(manifest.limits.fuel, manifest.limits.wall_ms, self.scheduler.fuel_rate)
+        held = self._held[job_id] = _Held(trio.CancelScope(), manifest.deadline, estimate)
         try:
-            try:
-                await self._fetch_inputs(manifest)
-                await self._set_state(job_id, "fetching", "queued")
-                spec = await trio.to_thread.run_sync(self._spec, manifest)
-                await trio.to_thread.run_sync(_fresh_dir, work)
-                estimate = run_estimate_ms(
-                    manifest.limits.fuel, manifest.limits.wall_ms, self.scheduler.fuel_rate
-                )
-
-                def started(at: int) -> None:
-                    assert self._nursery is not None
-                    self._nursery.start_soon(self._mark_running, job_id, at)
-
-                record = await self.scheduler.execute(
-                    spec, work / "output", estimate_ms=estimate, on_start=started
-                )
-                receipt = await self._outputs(
-                    manifest,
-                    assign,
-                    record.result,
-                    work,
-                    record.queued_at,
-                    record.started_at,
-                    record.finished_at,
-                    record.compute_ms,
-                )
-            except (JobFailed, FetchError, SandboxError, BlobError, OSError, InvalidMessage) as e:
+            with held.scope:
+                await self._run(job_id, manifest, assign, work, held)
+            if held.handed_back:
                 row = await self.ctx.store.run(Store.job, job_id, ROLE)
-                await self._fail(job_id, row.state if row else "fetching", str(e))
-                return
-            await self._finish(job_id, manifest, assign, receipt)
+                await self._fail(job_id, row.state if row else "queued", GIVE_BACK_TEXT, reason="deadline")
         finally:
             self._active.discard(job_id)
-            await trio.to_thread.run_sync(shutil.rmtree, work, True)
+            self._held.pop(job_id, None)
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(shutil.rmtree, work, True)
+
+    async def give_back_late(self) -> int:
+        """Hand back every job held here that would now miss its deadline (called while this node is
+        suspended for its owner): its run is stopped and its submitter told, so it runs elsewhere."""
+        now = self.ctx.clock()
+        late = [
+            h for h in self._held.values()
+            if not h.ran and not h.handed_back and now + h.estimate_ms > h.deadline
+        ]
+        for held in late:
+            held.handed_back = True
+            held.scope.cancel()
+        return len(late)
+
+    async def _run(
+        self, job_id: bytes, manifest: JobManifest, assign: VerifiedEnvelope[Assign], work: Path, held: _Held
+    ) -> None:
+        try:
+            await self._fetch_inputs(manifest)
+            await self._set_state(job_id, "fetching", "queued")
+            await self._accepted(manifest, assign)
+            spec = await trio.to_thread.run_sync(self._spec, manifest)
+            await trio.to_thread.run_sync(_fresh_dir, work)
+            estimate = held.estimate_ms
+
+            def started(at: int) -> None:
+                assert self._nursery is not None
+                self._nursery.start_soon(self._mark_running, job_id, at)
+
+            record = await self.scheduler.execute(
+                spec,
+                work / "output",
+                estimate_ms=estimate,
+                on_start=started,
+                streams_dir=work / "streams",
+            )
+            held.ran = True
+            receipt = await self._outputs(
+                manifest,
+                assign,
+                record.result,
+                work,
+                record.queued_at,
+                record.started_at,
+                record.finished_at,
+                record.compute_ms,
+            )
+        except (JobFailed, FetchError, SandboxError, BlobError, OSError, InvalidMessage) as e:
+            row = await self.ctx.store.run(Store.job, job_id, ROLE)
+            await self._fail(job_id, row.state if row else "fetching", str(e))
+            return
+        await self._finish(job_id, manifest, assign, receipt)
+
+    async def _accepted(self, manifest: JobManifest, assign: VerifiedEnvelope[Assign]) -> None:
+        """Tell the submitter this node holds the job's data and has queued it: the hand-off."""
+        msg = Accepted(self.ctx.network, manifest.job_id, assign.message_id, self.ctx.node)
+        await self.ctx.send_to(manifest.submitter.raw, sign_message(msg, self.ctx.identity))
 
     async def _fetch_inputs(self, manifest: JobManifest) -> None:
         peer = manifest.submitter.raw
@@ -330,8 +445,9 @@ class Executor:
         compute_ms: int,
     ) -> VerifiedEnvelope[UsageReceipt]:
         """Store the run's outputs as blobs and sign the receipt describing it."""
-        stdout = await self._stream(result.stdout, result.stdout_bytes, result.stdout_sha256, "stdout")
-        stderr = await self._stream(b"", result.stderr_bytes, result.stderr_sha256, "stderr")
+        streams = work / "streams"
+        stdout = await self._stream(streams / "stdout", result.stdout_bytes, result.stdout_sha256)
+        stderr = await self._stream(streams / "stderr", result.stderr_bytes, result.stderr_sha256)
         outputs = []
         for name, sha in sorted(result.output_files.items()):
             path = work / "output" / name
@@ -355,7 +471,7 @@ class Executor:
             profile=manifest.profile,
             limits=manifest.limits,
             outcome=_outcome(result),
-            fuel_used=result.fuel_used,
+            fuel_used=result.fuel_used + _TEST_LIE,
             peak_memory=min(result.peak_memory_bytes, manifest.limits.memory_bytes),
             compute_ms=compute_ms,
             queued_at=queued_at,
@@ -364,13 +480,9 @@ class Executor:
         )
         return verify(sign_message(receipt, self.ctx.identity), UsageReceipt)
 
-    async def _stream(self, kept: bytes, total: int, sha: str, what: str) -> BlobRef:
-        if len(kept) != total or hashlib.sha256(kept).hexdigest() != sha:
-            raise JobFailed(
-                f"the sandbox kept {len(kept)} of the {total} bytes the job wrote to {what}; "
-                f"the receipt needs all of them"
-            )
-        root = await trio.to_thread.run_sync(self.ctx.blobs.put, kept)
+    async def _stream(self, path: Path, total: int, sha: str) -> BlobRef:
+        """Store one whole stream the sandbox wrote to `path` as a blob, checked against the run's hash."""
+        root = await trio.to_thread.run_sync(_put_checked, self.ctx.blobs, path, total, sha)
         return BlobRef(Digest(bytes.fromhex(root)), total)
 
     async def _finish(
@@ -430,7 +542,7 @@ class Executor:
         )
         await self._deliver(manifest.submitter.raw, receipt.raw, result_raw)
 
-    async def _fail(self, job_id: bytes, state: str, why: str) -> None:
+    async def _fail(self, job_id: bytes, state: str, why: str, *, reason: str = "other") -> None:
         """Give up a job this node cannot run: record why, and give the assignment back to the submitter
         (a `decline` naming the job after its assignment) so it is offered elsewhere at once."""
         log.warning("job %s failed here: %s", job_id.hex()[:12], why)
@@ -449,7 +561,7 @@ class Executor:
             offer.message_id,
             self.ctx.node,
             self.ctx.clock() + self.ctx.settings.bid_ttl_ms,
-            "other",
+            reason,
             _clip(why),
         )
         await self.ctx.send_to(offer.message.manifest.submitter.raw, sign_message(decline, self.ctx.identity))
@@ -479,15 +591,16 @@ class Executor:
                 results = await self.ctx.store.run(Store.envelopes_for_job, row.job_id, "result")
                 if receipt is None:
                     continue
-                result_raw = next(
-                    (
-                        r.raw
-                        for r in results
-                        if verify(r.raw, Result).message.receipt_id.raw == row.message_id
-                    ),
-                    None,
-                )
-                if result_raw is None:
+                mine = (verify(x.raw, Result) for x in results)
+                result = next((r for r in mine if r.message.receipt_id.raw == row.message_id), None)
+                if result is None:
+                    continue
+                result_raw = result.raw
+                if result.message.available_until <= self.ctx.clock():
+                    # Retention is over: the outputs may be collected, so stop offering the receipt.
+                    log.info("stopped delivering the receipt of job %s: retention ended unacknowledged",
+                             row.job_id.hex()[:12])
+                    await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, math.inf)
                     continue
                 submitter = verify(receipt.raw, UsageReceipt).message.submitter.raw
                 await self._deliver(submitter, receipt.raw, result_raw)
@@ -520,16 +633,45 @@ class Executor:
             await self.ctx.store.run(
                 Store.put_envelope, env.message_id.raw, "ack", env.raw, now, ack.job_id.raw
             )
-            first = await self.ctx.store.run(Store.put_ack, ack.receipt_id.raw, env.message_id.raw, now)
-            if first and self.on_acked is not None:
-                try:
-                    await self.on_acked(receipt, env)
-                except Exception:
-                    log.exception(
-                        "appending the receipt of job %s to the receipt log failed", ack.job_id.hex()[:12]
-                    )
-                    return
+            await self.ctx.store.run(Store.put_ack, ack.receipt_id.raw, env.message_id.raw, now)
+        # Log the receipt once, whoever stored the ack first: when this node submitted the job itself,
+        # its submitter role has already stored the same ack (and marked the receipt delivered).
+        if row.log_index is None and self.on_acked is not None:
+            try:
+                await self.on_acked(receipt, env)
+            except Exception:
+                log.exception("appending the receipt of job %s to the receipt log failed",
+                              ack.job_id.hex()[:12])
+                return
         await self._send_proof(ack.submitter.raw, ack.receipt_id.raw)
+
+    # --- cancel ---
+
+    def on_cancel(self, env: VerifiedEnvelope[Cancel]) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(self._on_cancel, env)
+
+    async def _on_cancel(self, env: VerifiedEnvelope[Cancel]) -> None:
+        """The submitter withdrew a job: stop its run if this node holds it, and end it `cancelled`."""
+        msg = env.message
+        job_id = msg.job_id.raw
+        held = self._held.get(job_id)
+        if held is not None and await self._cancellable(job_id, str(msg.submitter)):
+            held.scope.cancel()
+        for _ in range(3):  # the run may move the state on meanwhile
+            row = await self.ctx.store.run(Store.job, job_id, ROLE)
+            if row is None or row.submitter != str(msg.submitter) or row.state in FINISHED_HERE:
+                return
+            if await self.ctx.store.run(
+                Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state=row.state, state="cancelled",
+                reason="cancelled by its submitter",
+            ):
+                log.info("job %s cancelled by its submitter", job_id.hex()[:12])
+                return
+
+    async def _cancellable(self, job_id: bytes, submitter: str) -> bool:
+        row = await self.ctx.store.run(Store.job, job_id, ROLE)
+        return row is not None and row.submitter == submitter and row.state not in FINISHED_HERE
 
     def on_proof_request(self, peer: bytes, env: VerifiedEnvelope[ProofRequest]) -> None:
         msg = env.message
@@ -560,6 +702,30 @@ def _outcome(result: RunResult) -> Outcome:
 def _clip(text: str) -> str:
     """`text` cut to fit a decline's reason text (REASON_TEXT_MAX bytes of UTF-8)."""
     return text.encode("utf-8", "replace")[:REASON_TEXT_MAX].decode("utf-8", "ignore")
+
+
+def _put_checked(blobs: BlobStore, path: Path, total: int, sha: str) -> str:
+    """Store the file at `path` as a blob if it holds exactly `total` bytes hashing to `sha`."""
+    digest = hashlib.sha256()
+    size = 0
+
+    def chunks() -> Iterator[bytes]:
+        nonlocal size
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+                yield chunk
+
+    try:
+        root, _ = blobs.put_stream(chunks())
+    except FileNotFoundError:
+        raise JobFailed(f"the sandbox left no {path.name} stream") from None
+    if size != total or digest.hexdigest() != sha:
+        raise JobFailed(
+            f"the {path.name} stream holds {size} bytes that do not match the {total} bytes the run reported"
+        )
+    return root
 
 
 def _fresh_dir(path: Path) -> None:

@@ -9,6 +9,10 @@ services that act on these decisions are node/market_submitter.py and node/marke
 - The submitter ranks bids by estimated finish, adding for each executor the jobs it has itself assigned
   there and not yet seen finish (a bid made before those assignments does not count them), so a burst
   of offers spreads over the network instead of piling onto the first idle node.
+- A job with replicas ends `done` only when every replica's verified receipt claims the same outcome,
+  fuel and output hashes; otherwise `disputed`.
+- A job withdrawn by its submitter (`e31 cancel`) ends `cancelled` from any state before an end, on
+  both sides.
 - A valid outcome of an earlier attempt that arrives after its lease ran out is still accepted
   (offered -> done): the work was done and verified.
 - The bid window closes as soon as every peer expected to answer has answered (bid or decline), or when
@@ -23,21 +27,24 @@ from dataclasses import dataclass
 from enum import Enum
 
 SUBMITTER_TRANSITIONS: Mapping[str, frozenset[str]] = {
-    "queued": frozenset({"offered", "failed", "expired"}),
-    "offered": frozenset({"assigned", "done", "failed", "expired"}),
-    "assigned": frozenset({"offered", "done", "failed", "expired"}),
+    "queued": frozenset({"offered", "failed", "expired", "cancelled"}),
+    "offered": frozenset({"assigned", "done", "failed", "expired", "cancelled", "disputed"}),
+    "assigned": frozenset({"offered", "done", "failed", "expired", "cancelled", "disputed"}),
     "done": frozenset(),
     "failed": frozenset(),
     "expired": frozenset(),
+    "cancelled": frozenset(),
+    "disputed": frozenset(),
 }
 EXECUTOR_TRANSITIONS: Mapping[str, frozenset[str]] = {
-    "fetching": frozenset({"queued", "failed"}),
-    "queued": frozenset({"running", "failed"}),
-    "running": frozenset({"done", "failed"}),
+    "fetching": frozenset({"queued", "failed", "cancelled"}),
+    "queued": frozenset({"running", "failed", "cancelled"}),
+    "running": frozenset({"done", "failed", "cancelled"}),
     "done": frozenset(),
     "failed": frozenset(),
+    "cancelled": frozenset(),
 }
-TERMINAL = frozenset({"done", "failed", "expired", "cancelled"})
+TERMINAL = frozenset({"done", "failed", "expired", "cancelled", "disputed"})
 
 DEFAULT_FUEL_RATE = 1_000_000_000
 """Fuel per second one core burns before the node has measured its own rate (order of magnitude here)."""

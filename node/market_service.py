@@ -8,6 +8,8 @@ receipts are appended to the receipt log when one is given.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import Any
 
 import nacl.signing
@@ -16,6 +18,8 @@ from e31.protocol.envelope import VerifiedEnvelope
 from e31.protocol.receipts import Ack, UsageReceipt
 
 from .blobs import BlobStore
+from .capacity import CapacityPolicy, sampler_from_env
+from .capacity_service import CapacityService
 from .config import NodeConfig
 from .control import Router
 from .jobs_api import JobsApi, compile_check
@@ -43,17 +47,23 @@ async def run_jobs(
     gossip: Any = None,
     receipt_log: Any = None,
     settings: MarketSettings | None = None,
+    on_capacity: Callable[[CapacityService], object] | None = None,
+    adverts: Any = None,
     task_status: trio.TaskStatus[Market] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the job path until cancelled; `nursery.start` returns the Market once it is ready.
 
     `peering` is the PeerService (send, connected, add_listener); `gossip` a GossipService or None
-    (offers then reach only this node's own executor); `receipt_log` a ReceiptLog or None."""
+    (offers then reach only this node's own executor); `receipt_log` a ReceiptLog or None;
+    `on_capacity` is handed the node's CapacityService (for the status document); `adverts` is gossip's
+    `capacity` subscription when the caller opened it early (so no advertisement is missed at start)."""
     from e31.sandbox.limits import Limits as SandboxLimits
     from e31.sandbox.pool import WorkerPool
     from e31.sandbox.profile import PROFILE
 
     settings = settings or MarketSettings()
+    if adverts is None and gossip is not None:
+        adverts = gossip.subscribe("capacity")
     ctx = MarketContext(
         identity=identity,
         network=config.network,
@@ -106,8 +116,30 @@ async def run_jobs(
     )
     market = Market(ctx, submitter=submitter, executor=executor, transfer=transfer)
     JobsApi(submitter, blobs, PROFILE.digest, compile_check).register(router)
+    capacity = CapacityService(
+        identity=identity,
+        network=config.network,
+        policy=CapacityPolicy.from_config(config),
+        scheduler=scheduler,
+        profile=PROFILE.digest,
+        interval=config.capacity_interval,
+        # The node's own process is ours too, not the owner's: its CPU (gossip, transfers, signatures)
+        # must not count as owner load, or a busy node would talk itself out of capacity.
+        worker_pids=lambda: [os.getpid(), *scheduler.worker_pids()],
+        sampler=sampler_from_env(),
+        clock=ctx.clock,
+        publish=None if gossip is None else gossip.publish,
+    )
+    capacity.executor = executor
+    executor.capacity = lambda: capacity.for_bids
+    if on_capacity is not None:
+        on_capacity(capacity)
     offers = None if gossip is None else gossip.subscribe("offer")
     async with trio.open_nursery() as nursery:
         await nursery.start(market.run, offers)
         peering.add_listener(market)
+        await nursery.start(capacity.run)
+        peering.add_listener(capacity)
+        if adverts is not None:
+            nursery.start_soon(capacity.listen, adverts)
         task_status.started(market)

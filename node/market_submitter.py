@@ -13,6 +13,14 @@ against the manifest and the assignment it names (protocol/receipts.py), the out
 fetched from the executor (every chunk verified), and only then is the job `done` and the receipt
 countersigned with an `ack`. A repeated outcome for a finished job gets the stored ack again, so an
 executor that missed the first one stops retrying. Every step is written to the store before the next.
+
+Hand-off: the assigned executor's `accepted` (it holds every blob and has queued the job) is stored
+with the job; from then on this node may go offline. A node that comes back re-sends its assignments
+to the executors it can reach again (`pull`), so each delivers its outcome at once instead of at its
+next backed-off retry. Reassigning a job whose executor vanished needs this node online.
+
+Cancel (`e31 cancel`): a signed `cancel` goes to the assigned executor and out on gossip, the job ends
+`cancelled` and its driver stops; an outcome arriving later is stored but changes nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +38,17 @@ from e31.protocol.errors import Mismatch, ProtocolError
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest
 from e31.protocol.merkle import verify_entry_inclusion
-from e31.protocol.messages import Assign, Bid, Decline, InclusionProof, Offer, Result, TreeHead
+from e31.protocol.messages import (
+    Accepted,
+    Assign,
+    Bid,
+    Cancel,
+    Decline,
+    InclusionProof,
+    Offer,
+    Result,
+    TreeHead,
+)
 from e31.protocol.receipts import Ack, UsageReceipt, check_receipt_assignment, check_receipt_manifest
 
 from .market import MarketContext
@@ -52,11 +70,24 @@ log = logging.getLogger("e31.submitter")
 
 ROLE = "submitter"
 POLL = 0.05
-OFFER_RATE = 1.8
-OFFER_BURST = 45.0
-"""Offers gossiped per second, and at once: under what each node accepts from one signer (2 per second,
-burst 50; docs/gossip.md 1.5), so none is dropped at the first hop. A round without a token offers the
-job to this node's own executor only; later rounds try the network again."""
+OFFER_RATE = 36.0
+OFFER_BURST = 135.0
+"""Offers gossiped per second, and at once: under what each node accepts from one signer (GossipConfig:
+40 per second, burst 150), so none is dropped at the first hop. Rounds wait in line for a token, so a
+sweep of thousands of jobs is offered at this pace instead of spinning."""
+IN_FLIGHT = 128
+"""Jobs this node offers or has assigned at once; the rest of a sweep waits `queued`, its deadline
+running. Outcomes are verified here one blob fetch at a time, so a node that put thousands of jobs out
+at once would let leases run out before it got to their results, and offer them all again."""
+OUTCOMES_KEPT = 10_000
+REOFFER_MAX = 8.0
+"""Seconds between rounds at most: the delay after a round without a bid doubles up to this."""
+CANCEL_TTL_MS = 3600 * 1000
+"""How long a cancel of a job whose deadline has passed stays on gossip."""
+
+
+class UnknownJob(LookupError):
+    """No job with this id was submitted from this node."""
 
 
 @dataclass(eq=False)
@@ -80,6 +111,8 @@ class _Job:
     outcome_failed: trio.Event = field(default_factory=trio.Event)
     completing: bool = False
     rounds: int = 0
+    round_step: int = 1
+    """Rounds of one job's replica lanes interleave (lane i uses i, i + K, ...): no two offers are equal."""
     assigned_to: bytes | None = None
     assigned_offer: bytes | None = None
     """The offer (message id) whose round chose the current assignment."""
@@ -87,6 +120,16 @@ class _Job:
     """Why the last executor gave the job back or had its outcome refused."""
     settled: trio.Event = field(default_factory=trio.Event)
     """Set when the outcome being verified (while `completing`) has been accepted or refused."""
+    declined: str | None = None
+    """The last decline heard for this job's offers (it explains an expiry)."""
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    """The driver's scope: a cancel stops the driver through it."""
+    lanes: list[_Job] | None = None
+    """With replicas: one lane (a _Job of its own) per replica, each with its own executor."""
+    holder: bytes | None = None
+    """A lane's executor, from the moment its bid is chosen (other lanes avoid it)."""
+    receipt: VerifiedEnvelope[UsageReceipt] | None = None
+    """A lane's verified receipt."""
 
 
 class Submitter:
@@ -106,6 +149,10 @@ class Submitter:
         self.load: Counter[bytes] = Counter()
         self._nursery: trio.Nursery | None = None
         self._offers = TokenBucket(OFFER_RATE, OFFER_BURST)
+        self._offer_line = trio.Lock()
+        self._in_flight = trio.Semaphore(IN_FLIGHT)
+        self._outcomes: dict[bytes, None] = {}
+        """Message ids of the receipts and results received lately, oldest first."""
         self.changed = trio.Event()
         """Set (and replaced) whenever a job's state changes: `e31 wait` long-polls on it."""
 
@@ -124,27 +171,26 @@ class Submitter:
     async def submit(self, manifest: JobManifest) -> bytes:
         """Record a new job (its blobs already stored) and start offering it; returns the job id."""
         job_id = manifest.job_id.raw
-        now = self.ctx.now_s()
-        refs = [manifest.module.root, *(f.blob.root for f in manifest.inputs)]
-        if manifest.stdin is not None:
-            refs.append(manifest.stdin.root)
-        added = await self.ctx.store.run(
-            Store.add_job,
-            job_id=job_id,
-            role=ROLE,
-            manifest=pack(manifest.to_wire()),
-            state="queued",
-            submitter=str(manifest.submitter),
-            created=now,
-            deadline=manifest.deadline / 1000,
-            fuel_limit=manifest.limits.fuel,
-            blobs=[r.hex() for r in refs],
-        )
+        added = await self.ctx.store.run(Store.add_job, **new_job(manifest, self.ctx.now_s()))
         if added:
             row = await self.ctx.store.run(Store.job, job_id, ROLE)
             assert row is not None
             self._start(row)
         return job_id
+
+    async def submit_batch(self, manifests: list[JobManifest]) -> str:
+        """Record many new jobs and their batch in one transaction, then start offering them; returns
+        the batch id."""
+        from . import batch
+
+        now = self.ctx.now_s()
+        jobs = [new_job(m, now) for m in manifests]
+        bid = await self.ctx.store.run(batch.store_batch, jobs, now)
+        wanted = {m.job_id.raw for m in manifests}
+        for row in await self.ctx.store.run(Store.jobs, role=ROLE, states=("queued",)):
+            if row.job_id in wanted and row.job_id not in self.jobs:
+                self._start(row)
+        return bid
 
     def _start(self, row: JobRow) -> None:
         try:
@@ -173,57 +219,229 @@ class Submitter:
 
     async def _drive(self, job_id: bytes, job: _Job) -> None:
         try:
-            await self._rounds(job_id, job)
+            with job.scope:
+                await self._rounds(job_id, job)
         finally:
             self.jobs.pop(job_id, None)
+
+    # --- cancel ---
+
+    async def cancel(self, job_id: bytes, text: str = "") -> tuple[str, bool]:
+        """Withdraw a job: sign a `cancel`, end the job `cancelled`, tell its executor and the network.
+        Returns the job's state afterwards and whether this call withdrew it (a job that had already
+        ended keeps its state)."""
+        while True:
+            row = await self.ctx.store.run(Store.job, job_id, ROLE)
+            if row is None:
+                raise UnknownJob(job_id.hex())
+            if row.state in TERMINAL:
+                return row.state, False
+            now = self.ctx.clock()
+            expires = max(int(row.deadline * 1000), now + CANCEL_TTL_MS)
+            cancel = Cancel(self.ctx.network, Digest(job_id), self.ctx.node, expires, "withdrawn", text)
+            raw = sign_message(cancel, self.ctx.identity)
+            env = verify(raw, Cancel)
+            await self.ctx.store.run(
+                Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id
+            )
+            reason = "cancelled by its submitter" + (f": {text}" if text else "")
+            if await self._set_state(job_id, row.state, "cancelled", reason=reason[:500]):
+                break
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.finished.set()
+            job.scope.cancel()
+        log.info("job %s cancelled", job_id.hex()[:12])
+        if self.publish is not None:
+            try:
+                self.publish(raw)
+            except ProtocolError as e:
+                log.warning("cannot gossip the cancel of job %s: %s", job_id.hex()[:12], e)
+        for executor in {a.message.executor.raw for a in await self._assigns(job_id)}:
+            await self.ctx.send_to(executor, raw)
+        return "cancelled", True
+
+    async def _assigns(self, job_id: bytes) -> list[VerifiedEnvelope[Assign]]:
+        rows = await self.ctx.store.run(Store.envelopes_for_job, job_id, "assign")
+        return [verify(r.raw, Assign) for r in rows]
+
+    # --- hand-off ---
+
+    def on_accepted(self, env: VerifiedEnvelope[Accepted]) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(self._on_accepted, env)
+
+    async def _on_accepted(self, env: VerifiedEnvelope[Accepted]) -> None:
+        msg = env.message
+        stored = await self.ctx.store.run(Store.envelope, msg.assignment_id.raw)
+        if stored is None or stored.kind != "assign":
+            return
+        assign = verify(stored.raw, Assign).message
+        if assign.job_id != msg.job_id or assign.executor != msg.executor:
+            log.info("ignoring an acceptance from %s that does not match its assignment", msg.executor)
+            return
+        await self.ctx.store.run(
+            Store.put_envelope, env.message_id.raw, env.kind, env.raw, self.ctx.now_s(), msg.job_id.raw
+        )
+        log.info("job %s handed off to %s", msg.job_id.hex()[:12], msg.executor)
+        self._notify()
+
+    async def handed_off(self, rows: list[JobRow]) -> set[bytes]:
+        """The ids of the jobs among `rows` that no longer need this node online until their result
+        comes back: verified, or accepted by their current executor for the current assignment."""
+        from .handoff import handed_off
+
+        if not any(r.state in ("done", "assigned") for r in rows):
+            return set()
+        return await self.ctx.store.run(handed_off, rows)
+
+    def on_link_up(self, peer: bytes) -> None:
+        """A peer is reachable (again): re-send it the assignments of jobs still waiting on it, so it
+        delivers their outcomes now (the pull of a submitter that was away)."""
+        if self._nursery is not None:
+            self._nursery.start_soon(self._pull, peer)
+
+    async def _pull(self, peer: bytes) -> None:
+        executor = str(NodeId(peer))
+        rows = await self.ctx.store.run(Store.jobs, role=ROLE, states=("assigned",))
+        for row in rows:
+            if row.executor != executor:
+                continue
+            current = [a for a in await self._assigns(row.job_id) if a.message.attempt == row.attempt]
+            for a in current:
+                if a.message.lease_expires > self.ctx.clock():
+                    await self.ctx.send_to(peer, a.raw)
 
     async def _rounds(self, job_id: bytes, job: _Job) -> None:
         deadline_ms = job.manifest.deadline
         with trio.move_on_after(max(0.0, (deadline_ms - self.ctx.clock()) / 1000)):
-            row = await self.ctx.store.run(Store.job, job_id, ROLE)
-            if row is not None and row.state == "assigned":
-                key = _key(row.executor)
-                if key is not None:
-                    self.load[key] += 1
-                try:
-                    await self._await_outcome(job_id, job, row.executor, await self._lease_left(job_id))
-                finally:
-                    if key is not None:
-                        self._unload(key)
-            while not job.finished.is_set():
-                row = await self.ctx.store.run(Store.job, job_id, ROLE)
-                if row is None or row.state in TERMINAL:
-                    return
-                if job.refusal is not None and self._candidates() <= job.rejected:
-                    await self._set_state(
-                        job_id,
-                        row.state,
-                        "failed",
-                        reason=f"every node that could run it failed: {job.refusal}"[:500],
-                    )
-                    log.info("job %s failed: %s", job_id.hex()[:12], job.refusal)
-                    return
-                if row.state != "offered":
-                    await self._set_state(job_id, row.state, "offered")
-                bid = await self._offer_round(job_id, job)
-                if bid is None:
-                    await trio.sleep(self.ctx.settings.reoffer_delay)
-                    continue
-                try:
-                    if await self._assign(job_id, job, bid, row.attempt + 1):
-                        lease_s = await self._lease_left(job_id)
-                        await self._await_outcome(job_id, job, NodeId(bid.executor), lease_s)
-                    else:
-                        job.rejected.add(bid.executor)
-                finally:
-                    self._unload(bid.executor)
+            async with self._in_flight:
+                await self._attempts(job_id, job)
             return
         row = await self.ctx.store.run(Store.job, job_id, ROLE)
         if row is not None and row.state not in TERMINAL and not job.completing:
-            await self._set_state(
-                job_id, row.state, "expired", reason="the deadline passed before a verified result arrived"
-            )
+            why = "the deadline passed before a verified result arrived"
+            if row.attempt == 0 and job.declined is not None:
+                why += f"; no node would take it ({job.declined})"
+            elif row.attempt == 0:
+                why += "; no node bid for it"
+            await self._set_state(job_id, row.state, "expired", reason=why[:500])
             log.info("job %s expired", job_id.hex()[:12])
+
+    async def _attempts(self, job_id: bytes, job: _Job) -> None:
+        """Offer and assign the job round after round until it ends (the deadline is the caller's)."""
+        if job.manifest.replicas > 1:
+            await self._replicas(job_id, job)
+            return
+        row = await self.ctx.store.run(Store.job, job_id, ROLE)
+        if row is not None and row.state == "assigned":
+            key = _key(row.executor)
+            if key is not None:
+                self.load[key] += 1
+            try:
+                await self._await_outcome(job_id, job, row.executor, await self._lease_left(job_id))
+            finally:
+                if key is not None:
+                    self._unload(key)
+        idle = 0
+        while not job.finished.is_set():
+            row = await self.ctx.store.run(Store.job, job_id, ROLE)
+            if row is None or row.state in TERMINAL:
+                return
+            if job.refusal is not None and self._candidates() <= job.rejected:
+                await self._set_state(
+                    job_id,
+                    row.state,
+                    "failed",
+                    reason=f"every node that could run it failed: {job.refusal}"[:500],
+                )
+                log.info("job %s failed: %s", job_id.hex()[:12], job.refusal)
+                return
+            if row.state != "offered":
+                await self._set_state(job_id, row.state, "offered")
+            bid = await self._offer_round(job_id, job)
+            if bid is None:
+                idle += 1
+                await trio.sleep(min(REOFFER_MAX, self.ctx.settings.reoffer_delay * 2 ** min(idle - 1, 8)))
+                continue
+            idle = 0
+            try:
+                if await self._assign(job_id, job, bid, row.attempt + 1):
+                    lease_s = await self._lease_left(job_id)
+                    await self._await_outcome(job_id, job, NodeId(bid.executor), lease_s)
+                else:
+                    job.rejected.add(bid.executor)
+            finally:
+                self._unload(bid.executor)
+
+    # --- replicas ---
+
+    async def _replicas(self, job_id: bytes, job: _Job) -> None:
+        """Run the job on `replicas` distinct nodes at once (a lane each: offer, assign, verify, as for
+        one), then compare their verified receipts: the same outcome, fuel and output hashes make it
+        `done`; anything else makes it `disputed`, every receipt kept as evidence."""
+        k = job.manifest.replicas
+        job.lanes = [_Job(job.manifest, rounds=i, round_step=k) for i in range(k)]
+        row = await self.ctx.store.run(Store.job, job_id, ROLE)
+        if row is None:
+            return
+        if row.state != "offered":
+            await self._set_state(job_id, row.state, "offered")
+        attempts = [row.attempt]
+        async with trio.open_nursery() as nursery:
+            for lane in job.lanes:
+                nursery.start_soon(self._lane, job_id, job, lane, attempts)
+        receipts = [lane.receipt for lane in job.lanes if lane.receipt is not None]
+        row = await self.ctx.store.run(Store.job, job_id, ROLE)
+        if row is None or row.state in TERMINAL or len(receipts) < k:
+            return
+        claims = {_claim(r.message) for r in receipts}
+        first = receipts[0].message
+        if len(claims) == 1:
+            await self._set_state(
+                job_id,
+                row.state,
+                "done",
+                executor=str(first.executor),
+                started=first.started_at / 1000,
+                finished=first.finished_at / 1000,
+                fuel_used=first.fuel_used,
+                reason=outcome_text(first.outcome.status, first.outcome.exit_code, first.outcome.trap),
+            )
+            log.info("job %s done: %d replicas agree", job_id.hex()[:12], k)
+        else:
+            why = "replicas disagree: " + "; ".join(_describe(r) for r in receipts)
+            await self._set_state(job_id, row.state, "disputed", reason=why[:500])
+            log.warning("job %s disputed: %s", job_id.hex()[:12], why)
+        job.finished.set()
+
+    async def _lane(self, job_id: bytes, job: _Job, lane: _Job, attempts: list[int]) -> None:
+        assert job.lanes is not None
+        others = [other for other in job.lanes if other is not lane]
+
+        def avoid() -> frozenset[bytes]:
+            held = {o.holder for o in others} | {o.receipt.signer.raw for o in others if o.receipt}
+            return frozenset(h for h in held if h is not None)
+
+        idle = 0
+        while lane.receipt is None:
+            bid = await self._offer_round(job_id, lane, avoid)
+            if bid is None:
+                lane.holder = None
+                idle += 1
+                await trio.sleep(min(REOFFER_MAX, self.ctx.settings.reoffer_delay * 2 ** min(idle - 1, 8)))
+                continue
+            idle = 0
+            attempts[0] += 1
+            try:
+                if await self._assign(job_id, lane, bid, attempts[0], lane=True):
+                    lease_s = await self._lease_left(job_id)
+                    await self._await_outcome(job_id, lane, NodeId(bid.executor), lease_s, lane=True)
+                else:
+                    lane.rejected.add(bid.executor)
+                    lane.holder = None
+            finally:
+                self._unload(bid.executor)
 
     def _candidates(self) -> set[bytes]:
         """The nodes a round would ask now: the connected peers, and this node if it runs its own jobs."""
@@ -232,10 +450,23 @@ class Submitter:
             nodes.add(self.ctx.local)
         return nodes
 
-    async def _offer_round(self, job_id: bytes, job: _Job) -> BidView | None:
+    async def _gossip_token(self) -> bool:
+        """Wait in line for a token to gossip an offer; False when there is no one to gossip to."""
+        if self.publish is None or not self.ctx.connected():
+            return False
+        async with self._offer_line:
+            while True:
+                if self._offers.allow(trio.current_time()):
+                    return True
+                await trio.sleep(max(0.0, 1 - self._offers.tokens) / OFFER_RATE)
+
+    async def _offer_round(
+        self, job_id: bytes, job: _Job, avoid: Callable[[], frozenset[bytes]] = frozenset
+    ) -> BidView | None:
+        gossip = await self._gossip_token()
         now = self.ctx.clock()
         expires = offer_expiry(now, job.manifest.deadline, self.ctx.settings.offer_ttl_ms, job.rounds)
-        job.rounds += 1
+        job.rounds += job.round_step
         offer = Offer(self.ctx.network, expires, job.manifest)
         raw = sign_message(offer, self.ctx.identity)
         env = verify(raw, Offer)
@@ -246,7 +477,7 @@ class Submitter:
         job.round = rnd
         job.assigned_offer = env.message_id.raw
         expected: set[bytes] = set()
-        if self.publish is not None and self._offers.allow(trio.current_time()):
+        if gossip and self.publish is not None:
             try:
                 self.publish(raw)
                 expected.update(self.ctx.connected())
@@ -255,7 +486,7 @@ class Submitter:
         if self.local_offer is not None and self.ctx.settings.execute_own_jobs:
             expected.add(self.ctx.local)
             self.local_offer(env)
-        expected -= job.rejected
+        expected -= job.rejected | avoid()
         try:
             while not job.finished.is_set():
                 state = window_state(
@@ -272,10 +503,11 @@ class Submitter:
                         self.load,
                         now=self.ctx.clock(),
                         deadline=job.manifest.deadline,
-                        exclude=frozenset(job.rejected),
+                        exclude=frozenset(job.rejected) | avoid(),
                     )
                     if bid is not None:
                         self.load[bid.executor] += 1  # at once: rounds choosing at the same time see it
+                        job.holder = bid.executor
                         try:
                             await self.ctx.store.run(
                                 Store.put_envelope,
@@ -298,7 +530,9 @@ class Submitter:
         finally:
             job.round = None
 
-    async def _assign(self, job_id: bytes, job: _Job, bid: BidView, attempt: int) -> bool:
+    async def _assign(
+        self, job_id: bytes, job: _Job, bid: BidView, attempt: int, *, lane: bool = False
+    ) -> bool:
         now = self.ctx.clock()
         lease = lease_expiry(now, bid, job.manifest.deadline, slack_ms=self.ctx.settings.lease_slack_ms)
         assign = Assign(
@@ -315,12 +549,18 @@ class Submitter:
         await self.ctx.store.run(
             Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id
         )
-        await self._set_state(
-            job_id, "offered", "assigned", executor=str(NodeId(bid.executor)), attempt=attempt
-        )
+        changes = {"executor": str(NodeId(bid.executor)), "attempt": attempt}
+        if lane:  # the first replica assigned makes the job `assigned`; the others only record theirs
+            if not await self._set_state(job_id, "offered", "assigned", **changes):
+                await self.ctx.store.run(
+                    Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state="assigned", **changes
+                )
+        else:
+            await self._set_state(job_id, "offered", "assigned", **changes)
         if not await self.ctx.send_to(bid.executor, raw):
             log.info("job %s: no link to %s to assign it", job_id.hex()[:12], NodeId(bid.executor))
-            await self._set_state(job_id, "assigned", "offered")
+            if not lane:
+                await self._set_state(job_id, "assigned", "offered")
             return False
         log.info("job %s attempt %d assigned to %s", job_id.hex()[:12], attempt, NodeId(bid.executor))
         return True
@@ -338,7 +578,7 @@ class Submitter:
             del self.load[executor]
 
     async def _await_outcome(
-        self, job_id: bytes, job: _Job, executor: NodeId | str | None, lease_s: float
+        self, job_id: bytes, job: _Job, executor: NodeId | str | None, lease_s: float, *, lane: bool = False
     ) -> None:
         key = _key(executor)
         job.assigned_to = key
@@ -363,6 +603,9 @@ class Submitter:
             return
         if key is not None:
             job.rejected.add(key)
+        if lane:
+            job.holder = None
+            return
         row = await self.ctx.store.run(Store.job, job_id, ROLE)
         if row is not None and row.state == "assigned":
             log.info(
@@ -375,6 +618,12 @@ class Submitter:
     def on_answer(self, env: VerifiedEnvelope[Any]) -> None:
         msg: Bid | Decline = env.message
         job = self.jobs.get(msg.job_id.raw)
+        if job is not None and job.lanes is not None:
+            lanes = job.lanes
+            job = next(
+                (x for x in lanes if x.round is not None and x.round.offer_id == msg.offer_id.raw), None
+            )
+            job = job or next((x for x in lanes if x.assigned_to == msg.executor.raw), None)
         if job is None:
             return
         if (
@@ -405,6 +654,7 @@ class Submitter:
                 )
                 rnd.raw[env.message_id.raw] = env.raw
         else:
+            job.declined = f"{msg.reason}: {msg.text}" if msg.text else msg.reason
             log.debug(
                 "job %s: %s declined (%s: %s)", msg.job_id.hex()[:12], msg.executor, msg.reason, msg.text
             )
@@ -413,8 +663,17 @@ class Submitter:
     # --- outcomes ---
 
     def on_outcome(self, env: VerifiedEnvelope[Any]) -> None:
-        if self._nursery is not None:
-            self._nursery.start_soon(self._on_outcome, env)
+        """A receipt or result. A copy of one already stored for a job still under way is dropped at
+        once: executors re-send until acknowledged, and each copy would otherwise cost store work
+        while the first is being verified. Copies for ended jobs go through (they get the ack again)."""
+        if self._nursery is None:
+            return
+        if env.message_id.raw in self._outcomes and env.message.job_id.raw in self.jobs:
+            return
+        self._outcomes[env.message_id.raw] = None
+        if len(self._outcomes) > OUTCOMES_KEPT:
+            del self._outcomes[next(iter(self._outcomes))]
+        self._nursery.start_soon(self._on_outcome, env)
 
     async def _on_outcome(self, env: VerifiedEnvelope[Any]) -> None:
         msg: UsageReceipt | Result = env.message
@@ -432,7 +691,15 @@ class Submitter:
             await self._resend_ack(receipt_env)
             return
         job = self.jobs.get(job_id)
-        if job is None or job.completing or row.state in TERMINAL:
+        if job is not None and job.lanes is not None:
+            signer = receipt_env.signer.raw
+            job = next((lane for lane in job.lanes if lane.holder == signer and lane.receipt is None), None)
+        if job is not None and job.completing:
+            self._outcomes.pop(
+                env.message_id.raw, None
+            )  # another outcome is being verified: take a copy later
+            return
+        if job is None or row.state in TERMINAL:
             return
         job.completing, job.settled = True, trio.Event()
         try:
@@ -511,6 +778,11 @@ class Submitter:
         ack_env = verify(raw, Ack)
         await self.ctx.store.run(Store.put_envelope, ack_env.message_id.raw, "ack", raw, now, job_id)
         await self.ctx.store.run(Store.put_ack, receipt_env.message_id.raw, ack_env.message_id.raw, now)
+        if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)
+            job.receipt = receipt_env
+            job.finished.set()
+            await self.ctx.send_to(executor, raw)
+            return
         outcome = receipt.outcome
         await self._set_state(
             job_id,
@@ -571,6 +843,35 @@ class Submitter:
         await self.ctx.store.run(
             Store.put_envelope, env.message_id.raw, "proof", env.raw, self.ctx.now_s(), row.job_id
         )
+
+
+def new_job(manifest: JobManifest, now: float) -> dict[str, Any]:
+    """The fields of Store.add_job for a job this node submits."""
+    refs = [manifest.module.root, *(f.blob.root for f in manifest.inputs)]
+    if manifest.stdin is not None:
+        refs.append(manifest.stdin.root)
+    return {
+        "job_id": manifest.job_id.raw,
+        "role": ROLE,
+        "manifest": pack(manifest.to_wire()),
+        "state": "queued",
+        "submitter": str(manifest.submitter),
+        "created": now,
+        "deadline": manifest.deadline / 1000,
+        "fuel_limit": manifest.limits.fuel,
+        "blobs": [r.hex() for r in refs],
+    }
+
+
+def _claim(r: UsageReceipt) -> tuple[Any, ...]:
+    """What replicas must agree on: the outcome, the fuel, and every output by hash."""
+    return (r.outcome, r.fuel_used, r.stdout, r.stderr, r.outputs)
+
+
+def _describe(env: VerifiedEnvelope[UsageReceipt]) -> str:
+    r = env.message
+    text = outcome_text(r.outcome.status, r.outcome.exit_code, r.outcome.trap)
+    return f"{str(r.executor)[:16]} says {text}, {r.fuel_used} fuel, stdout {r.stdout.root.hex()[:12]}"
 
 
 def outcome_text(status: str, exit_code: int | None, trap: str | None) -> str:

@@ -32,8 +32,7 @@ from typing import Any, Protocol
 
 import nacl.signing
 import trio
-from e31.protocol.codec import unpack
-from e31.protocol.envelope import VerifiedEnvelope, check_fresh, sign_message, verify
+from e31.protocol.envelope import VerifiedEnvelope, check_fresh, claimed_kind, sign_message, verify
 from e31.protocol.errors import Expired, ProtocolError
 from e31.protocol.ids import NodeId
 from e31.protocol.messages import MAX_ADDRESSES, MAX_CONTACTS, Contact, Peers, Ping, Pong
@@ -100,18 +99,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
-
-
-def _peek_kind(raw: bytes) -> str | None:
-    """The kind an envelope claims (nothing checked but the outer shape), or None if it is no envelope."""
-    try:
-        outer = unpack(raw)
-    except ProtocolError:
-        return None
-    if type(outer) is not tuple or len(outer) != 5 or type(outer[1]) is not str:
-        return None
-    kind: str = outer[1]
-    return kind
 
 
 def _local_host(conn: Connection) -> str | None:
@@ -413,7 +400,7 @@ class PeerService:
 
     async def _read(self, link: Link) -> None:
         async for raw in link.conn:
-            kind = _peek_kind(raw)
+            kind = claimed_kind(raw)
             if kind is None:
                 self._fault(link, "sent something that is not a signed envelope")
                 return

@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -43,7 +44,12 @@ class Handle(Protocol):
 
 class Pool(Protocol):
     def start_job(
-        self, spec: JobSpec, output_dir: Path | None = None, *, timeout: float | None = None
+        self,
+        spec: JobSpec,
+        output_dir: Path | None = None,
+        *,
+        timeout: float | None = None,
+        streams_dir: Path | None = None,
     ) -> Handle: ...
     def close(self, timeout: float = 10.0) -> None: ...
 
@@ -105,6 +111,11 @@ class Scheduler:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(pool.close)
 
+    def worker_pids(self) -> list[int]:
+        """The pids of the pool's worker processes (none before the pool has started)."""
+        pids = getattr(self._pool, "pids", None)
+        return list(pids()) if callable(pids) else []
+
     @property
     def queue_length(self) -> int:
         return len(self._entries)
@@ -138,6 +149,7 @@ class Scheduler:
         *,
         estimate_ms: int,
         on_start: Callable[[int], object] | None = None,
+        streams_dir: Path | None = None,
     ) -> RunRecord:
         """Queue the job, run it when a worker is free, return what it did and when."""
         entry = _Entry(estimate_ms)
@@ -153,7 +165,9 @@ class Scheduler:
                 started_at = max(self.clock(), queued_at)
                 if on_start is not None:
                     on_start(started_at)
-                entry.handle = await trio.to_thread.run_sync(pool.start_job, spec, output_dir)
+                entry.handle = await trio.to_thread.run_sync(
+                    partial(pool.start_job, spec, output_dir, streams_dir=streams_dir)
+                )
                 entry.running = True
                 if self.suspended:
                     entry.handle.suspend()

@@ -54,10 +54,27 @@ def format_status(doc: Mapping[str, Any]) -> str:
                   + "".join(f", {counts[k]} {k}" for k in ("suspect", "dialing", "known", "backoff")
                             if counts.get(k))),
     ]
+    offered = doc.get("offered") or {}
     if "cores" in capacity:
-        rows.append(("cores offered", str(capacity["cores"])))
+        now = f" (now {offered['cores']})" if "cores" in offered else ""
+        rows.append(("cores offered", f"{capacity['cores']}{now}"))
     if "memory_bytes" in capacity:
-        rows.append(("memory offered", format_bytes(int(capacity["memory_bytes"]))))
+        now = f" (now {format_bytes(int(offered['memory_bytes']))})" if "memory_bytes" in offered else ""
+        rows.append(("memory offered", f"{format_bytes(int(capacity['memory_bytes']))}{now}"))
+    if "state" in offered:
+        state = str(offered["state"])
+        if offered.get("only_when_idle"):
+            state += ", only when idle"
+        if offered.get("suspended"):
+            state += ", jobs suspended"
+        rows.append(("capacity", state))
+        owner = offered.get("owner_cpu_cores")
+        rows.append(("owner cpu", "not measured yet" if owner is None else f"{float(owner):.2f} cores"))
+    peer_capacity = doc.get("peer_capacity")
+    if isinstance(peer_capacity, Mapping):
+        offering = [p for p in peer_capacity.values() if isinstance(p, Mapping) and p.get("cores")]
+        cores = sum(int(p.get("cores", 0)) for p in offering)
+        rows.append(("peers offer", f"{cores} cores on {len(offering)} of {len(peer_capacity)} advertising"))
     rows.append(("data dir", str(doc.get("data_dir", "?"))))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in rows)

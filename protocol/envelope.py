@@ -21,13 +21,14 @@ import nacl.exceptions
 import nacl.signing
 from nacl.bindings import crypto_sign_open
 
-from .codec import MAX_FRAME, pack, unpack_canonical
+from .codec import MAX_FRAME, pack, unpack, unpack_canonical
 from .errors import (
     BadSignature,
     DecodeError,
     Expired,
     InvalidMessage,
     LocalProtocolError,
+    ProtocolError,
     UnknownKind,
     WrongNetwork,
 )
@@ -249,3 +250,19 @@ def check_fresh(env: VerifiedEnvelope[Any], now: int, *, network: str | None = N
 def is_expired(env: VerifiedEnvelope[Any], now: int) -> bool:
     expires: int | None = env.message.expires
     return expires is not None and expires <= now
+
+
+def claimed_kind(raw: bytes) -> str | None:
+    """The kind an envelope claims, read without checking anything else; None if it is no envelope.
+    Reads the canonical layout straight from the bytes and decodes only other layouts."""
+    if len(raw) > 3 and raw[0] == 0x95 and raw[1] == ENVELOPE_VERSION and 0xA1 <= raw[2] <= 0xBF:
+        kind = raw[3:3 + raw[2] - 0xA0]
+        return kind.decode("ascii") if kind.isascii() else None
+    try:
+        outer = unpack(raw)
+    except ProtocolError:
+        return None
+    if type(outer) is not tuple or len(outer) != 5 or type(outer[1]) is not str:
+        return None
+    kind_text: str = outer[1]
+    return kind_text

@@ -155,9 +155,10 @@ class GossipConfig:
     peer_burst: float = 200.0
     duplicate_cost: float = 0.1
     """Tokens a duplicate costs, as a fraction of a new message."""
-    sender_rate: float = 2.0
-    """Sustained new messages per second accepted from one signer."""
-    sender_burst: float = 50.0
+    sender_rate: float = 40.0
+    """Sustained new messages per second accepted from one signer: a submitter's sweep offers its jobs
+    at up to this rate (node/market_submitter.py paces under it), below `peer_rate`."""
+    sender_burst: float = 150.0
     max_senders: int = 4096
     """Signers whose buckets are tracked, and departed peers whose negative scores are kept
     (least recently used forgotten first)."""

@@ -235,6 +235,18 @@ class Result(Message):
     available_until: int = field(metadata=w(TIME))
 
 
+@message("accepted", issuer="executor")
+@dataclass(frozen=True, slots=True)
+class Accepted(Message):
+    """The executor holds every blob of an assigned job and has queued it: the hand-off. From here the
+    job needs its submitter online only to collect the result."""
+
+    network: str = field(metadata=w(NETWORK))
+    job_id: Digest = field(metadata=w(Hash()))
+    assignment_id: Digest = field(metadata=w(Hash()))
+    executor: NodeId = field(metadata=w(Key()))
+
+
 @message("cancel", issuer="submitter", expiry="expires")
 @dataclass(frozen=True, slots=True)
 class Cancel(Message):
@@ -290,7 +302,8 @@ class InclusionProof(Message):
 
 
 AnyMessage = (Ping | Pong | Contact | Peers | Capacity | Offer | Bid | Decline | Assign | BlobRequest
-              | BlobChunk | Result | UsageReceipt | Ack | Cancel | TreeHead | ProofRequest | InclusionProof)
+              | BlobChunk | Result | UsageReceipt | Ack | Accepted | Cancel | TreeHead | ProofRequest
+              | InclusionProof)
 """The closed union of every message kind."""
 
 KINDS: tuple[str, ...] = tuple(REGISTRY)
@@ -299,6 +312,7 @@ __all__ = [
     "CANCEL_REASONS",
     "DECLINE_REASONS",
     "REGISTRY",
+    "Accepted",
     "Ack",
     "AnyMessage",
     "Assign",

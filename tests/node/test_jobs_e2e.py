@@ -4,7 +4,9 @@ the node must refuse.
 
 Three `e31 node run` processes (port 0, no mDNS, one worker each, short heartbeats) bootstrap from the
 first; jobs go in through the first node's local API and the CLI. Figures (jobs/s, submit-to-done
-latency) are printed, never asserted.
+latency) are printed, never asserted. Nodes see no owner load unless a test sets E31_TEST_OWNER_LOAD_FILE
+itself: on a 2-core machine, sibling nodes and tests would otherwise count as the owner working and the
+nodes would offer no cores.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ DEADLINE = 30.0
 SWEEP = 30
 
 
-def e31(*args: str, data_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
+def e31(*args: str, data_dir: Path | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     if data_dir is not None:
         env["E31_DATA_DIR"] = str(data_dir)
@@ -42,7 +44,7 @@ def e31(*args: str, data_dir: Path | None = None) -> subprocess.CompletedProcess
         [sys.executable, "-m", "e31.node.cli", *args],
         capture_output=True,
         text=True,
-        timeout=120.0,
+        timeout=timeout,
         stdin=subprocess.DEVNULL,
         env=env,
     )
@@ -63,6 +65,11 @@ class Node:
     def __init__(self, data_dir: Path, *args: str) -> None:
         self.data_dir = data_dir
         self.log = data_dir.with_suffix(".log")
+        env = dict(os.environ)
+        if "E31_TEST_OWNER_LOAD_FILE" not in env:
+            quiet = data_dir.with_suffix(".owner-load")
+            quiet.write_text("")
+            env["E31_TEST_OWNER_LOAD_FILE"] = str(quiet)
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [
@@ -85,6 +92,7 @@ class Node:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=out,
+                env=env,
             )
         self.node_id, _, self.address = wait_for(f"{data_dir.name} to start", self._ready)
         self.api = ApiClient(data_dir, timeout=60.0)

@@ -21,7 +21,7 @@ from e31.node.blobs import BlobStore
 from e31.node.market import Market, MarketContext, MarketSettings
 from e31.node.market_executor import Executor
 from e31.node.market_rules import WindowSettings
-from e31.node.market_submitter import Submitter
+from e31.node.market_submitter import Submitter, UnknownJob
 from e31.node.scheduler import Scheduler
 from e31.node.store import AsyncStore, Store
 from e31.node.transfer import BlobTransfer, TransferSettings
@@ -29,7 +29,7 @@ from e31.protocol.blobs import BlobRef, blob_ref
 from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest, Limits
-from e31.protocol.messages import Assign, Bid, Offer, Result
+from e31.protocol.messages import Accepted, Assign, Bid, Cancel, Offer, Result
 from e31.protocol.receipts import Outcome, UsageReceipt
 from e31.sandbox.pool import WorkerPool
 from e31.sandbox.profile import PROFILE
@@ -152,7 +152,8 @@ class RealNode:
 
 
 class Liar:
-    """Bids on every offer; on an assignment, stays silent or answers with a receipt for another module."""
+    """Bids on every offer; on an assignment, stays silent, answers with a receipt for another module, or
+    (mode "accepts") says it holds the job and then stays silent."""
 
     def __init__(self, net: Net, mode: str) -> None:
         self.key = nacl.signing.SigningKey(b"\x63" * 32)
@@ -178,6 +179,12 @@ class Liar:
             return
         self.assigned += 1
         if self.mode == "silent":
+            return
+        if self.mode == "accepts":
+            a = env.message
+            await self.send(
+                peer, sign_message(Accepted(NETWORK, a.job_id, env.message_id, NodeId(self.id)), self.key)
+            )
             return
         a: Assign = env.message
         empty = blob_ref(b"")
@@ -305,3 +312,94 @@ async def test_a_job_no_node_can_run_is_given_back_and_fails_with_the_reason(
     assert "memory_bytes" in (row.reason or "")
     executed = await b.store.run(Store.job, job_id, "executor")
     assert executed is not None and executed.state == "failed"
+
+
+async def test_an_acceptance_hands_the_job_off_and_a_returning_link_pulls_the_outcome(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a = RealNode(net, tmp_path, "a", 1)
+    liar = Liar(net, "accepts")
+    await start(nursery, a)
+    job_id = await a.submitter.submit(a.manifest(("10", "1000")))
+    row = await wait_state(a, job_id, "assigned")
+    for _ in range(100):
+        if await a.submitter.handed_off([await a.job(job_id)]):
+            break
+        await trio.sleep(0.05)
+    assert await a.submitter.handed_off([await a.job(job_id)]) == {job_id}
+    # An acceptance naming an assignment the submitter never made hands nothing off.
+    forged = Accepted(NETWORK, Digest(job_id), Digest(b"\x05" * 32), NodeId(liar.id))
+    a.submitter.on_accepted(verify(sign_message(forged, liar.key), Accepted))
+    assert len(await a.store.run(Store.envelopes_for_job, job_id, "accepted")) == 1
+    # The executor's link comes back: the submitter re-sends the assignment so the outcome comes now.
+    assigned = liar.assigned
+    a.market.link_up(liar.id, _unused_send)
+    for _ in range(100):
+        if liar.assigned > assigned:
+            break
+        await trio.sleep(0.05)
+    assert liar.assigned == assigned + 1 and row.attempt == 1
+
+
+async def _unused_send(raw: bytes) -> None:
+    raise AssertionError("the market sends through the context, not the link's sender")
+
+
+async def test_cancel_ends_the_job_cancelled_with_a_signed_cancel_once(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a = RealNode(net, tmp_path, "a", 1)
+    await start(nursery, a)
+    job_id = await a.submitter.submit(a.manifest(("11", "1000")))  # nobody can run it: it stays offered
+    await wait_state(a, job_id, "offered")
+    assert await a.submitter.cancel(job_id, "changed my mind") == ("cancelled", True)
+    row = await a.job(job_id)
+    assert row.state == "cancelled" and row.reason == "cancelled by its submitter: changed my mind"
+    (stored,) = await a.store.run(Store.envelopes_for_job, job_id, "cancel")
+    cancel = verify(stored.raw, Cancel)
+    assert cancel.signer == NodeId(a.id) and cancel.message.job_id == Digest(job_id)
+    assert cancel.message.reason == "withdrawn" and cancel.message.text == "changed my mind"
+    await trio.sleep(0.3)
+    assert job_id not in a.submitter.jobs  # the driver stopped
+    assert (await a.job(job_id)).state == "cancelled"
+    assert await a.submitter.cancel(job_id) == ("cancelled", False)  # ended: nothing new is signed
+    assert len(await a.store.run(Store.envelopes_for_job, job_id, "cancel")) == 1
+    with pytest.raises(UnknownJob):
+        await a.submitter.cancel(b"\x00" * 32)
+
+
+async def test_replicas_run_on_distinct_nodes_and_agree(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a = RealNode(net, tmp_path, "a", 1)
+    b, c = RealNode(net, tmp_path, "b", 2), RealNode(net, tmp_path, "c", 3)
+    await start(nursery, a, b, c)
+    job_id = await a.submitter.submit(replace(a.manifest(("12", "1000")), replicas=2))
+    row = await wait_state(a, job_id, "done")
+    assert row.reason == "exited 0"
+    receipts = await a.store.run(Store.receipts_for_job, job_id)
+    assert sorted(r.executor for r in receipts) == sorted(str(NodeId(n.id)) for n in (b, c))
+    assert all(r.delivered is not None for r in receipts)  # both verified and acknowledged
+    claims = {
+        (m.outcome, m.fuel_used, m.stdout)
+        for m in [
+            verify((await a.store.run(Store.envelope, r.message_id)).raw, UsageReceipt).message
+            for r in receipts
+        ]
+    }
+    assert len(claims) == 1
+    for node in (b, c):
+        executed = await node.store.run(Store.job, job_id, "executor")
+        assert executed is not None and executed.state == "done"
+
+
+async def test_replicas_need_as_many_distinct_nodes(net: Net, nursery: trio.Nursery, tmp_path: Path) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    manifest = a.manifest(("13", "1000"), deadline_s=4.0)
+    small = Limits(10**8, 64 << 20, 30_000, 1 << 20)  # so that b's estimate fits the deadline
+    job_id = await a.submitter.submit(replace(manifest, replicas=2, limits=small))
+    row = await wait_state(a, job_id, "expired", seconds=15)
+    receipts = await a.store.run(Store.receipts_for_job, job_id)
+    assert [r.executor for r in receipts] == [str(NodeId(b.id))]  # b ran it once, never twice
+    assert "deadline" in (row.reason or "")

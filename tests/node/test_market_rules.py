@@ -47,10 +47,12 @@ def test_states_follow_the_documented_paths() -> None:
     check_transition("submitter", "offered", "assigned")
     check_transition("submitter", "assigned", "offered")  # the lease ran out: offered again
     check_transition("submitter", "offered", "done")  # a late but valid outcome is accepted
+    for state in ("queued", "offered", "assigned"):
+        check_transition("submitter", state, "cancelled")
     check_transition("executor", "fetching", "queued")
     check_transition("executor", "running", "done")
     for role, table in (("submitter", SUBMITTER_TRANSITIONS), ("executor", EXECUTOR_TRANSITIONS)):
-        for terminal in ("done", "failed"):
+        for terminal in ("done", "failed", *(("expired", "cancelled") if role == "submitter" else ())):
             assert not table[terminal]
             with pytest.raises(IllegalTransition):
                 check_transition(role, terminal, "queued")

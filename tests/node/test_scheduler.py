@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from e31.node.scheduler import Scheduler
+from e31.node.scheduler import RunRecord, Scheduler
 from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import Limits, Status
 from e31.sandbox.pool import WorkerPool
@@ -88,3 +88,35 @@ async def test_cancelling_a_run_stops_the_guest(scheduler: Scheduler, tmp_path: 
     with trio.fail_after(30):
         record = await scheduler.execute(montecarlo(2, 1000), tmp_path / "out2", estimate_ms=1)
     assert record.result.status is Status.EXITED
+
+
+async def test_whole_streams_and_worker_pids_come_from_the_pool(scheduler: Scheduler, tmp_path: Path) -> None:
+    assert len(scheduler.worker_pids()) == 1
+    record = await scheduler.execute(montecarlo(3, 1000), tmp_path / "out", estimate_ms=1,
+                                     streams_dir=tmp_path / "streams")
+    stdout = (tmp_path / "streams" / "stdout").read_bytes()
+    assert stdout == record.result.stdout and len(stdout) == record.result.stdout_bytes > 0
+    assert (tmp_path / "streams" / "stderr").read_bytes() == b""
+
+
+async def test_suspending_a_running_job_changes_nothing_in_its_result(scheduler: Scheduler,
+                                                                      tmp_path: Path) -> None:
+    baseline = await scheduler.execute(montecarlo(4, 20_000_000), tmp_path / "a", estimate_ms=1)
+    result: list[RunRecord] = []
+    started = trio.Event()
+
+    async def one() -> None:
+        result.append(await scheduler.execute(montecarlo(4, 20_000_000), tmp_path / "b", estimate_ms=1,
+                                              on_start=lambda at: started.set()))
+
+    async with trio.open_nursery() as n:
+        n.start_soon(one)
+        with trio.fail_after(30):
+            await started.wait()
+        await trio.sleep(0.05)
+        scheduler.suspend()
+        await trio.sleep(0.5)
+        scheduler.resume()
+    (record,) = result
+    assert (record.result.status, record.result.fuel_used, record.result.stdout) == (
+        baseline.result.status, baseline.result.fuel_used, baseline.result.stdout)

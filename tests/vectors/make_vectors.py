@@ -25,6 +25,7 @@ from e31.protocol.ids import Digest, NodeId, sha256
 from e31.protocol.jobs import EnvVar, FileRef, JobManifest, Limits
 from e31.protocol.merkle import MerkleLog
 from e31.protocol.messages import (
+    Accepted,
     Ack,
     Assign,
     Bid,
@@ -146,6 +147,7 @@ def samples() -> list[tuple[str, str, Message]]:
             receipt, outcome=Outcome("trap", None, "unreachable"), outputs=(), fuel_used=77)),
         ("receipt-timeout", "executor", dataclasses.replace(
             receipt, outcome=Outcome("timeout", None, None), fuel_used=LIMITS.fuel)),
+        ("accepted", "executor", Accepted(NET, man.job_id, assignment_id, nid("executor"))),
         ("ack", "submitter",
          Ack(NET, man.job_id, receipt_id, nid("submitter"), nid("executor"), T0 + 80_000)),
         ("cancel", "submitter", Cancel(NET, man.job_id, nid("submitter"), T0 + 60_000, "withdrawn", "")),

@@ -1,0 +1,131 @@
+"""Batches: many jobs submitted in one command (`e31 submit MODULE --batch FILE.jsonl`), named by one id.
+
+A batch is only a name for a list of this node's submitted jobs, kept in its own table beside the
+store's (created on first use inside a store transaction). The id is `batch-` and 16 hex digits of
+the SHA-256 of its job ids, so it never looks like a job id or a prefix of one. Each line of a batch
+file describes one job with the fields of POST /v1/jobs that vary between jobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .store import Store
+
+PREFIX = "batch-"
+ID_HEX = 16
+MAX_JOBS = 100_000
+LINE_FIELDS = frozenset({"args", "env", "inputs", "stdin"})
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS batch_jobs (
+    batch_id TEXT NOT NULL,
+    seq      INTEGER NOT NULL,
+    job_id   BLOB NOT NULL,
+    created  REAL NOT NULL,
+    PRIMARY KEY (batch_id, seq)
+) WITHOUT ROWID
+"""
+
+
+class BatchError(ValueError):
+    """A batch file or batch id that cannot be used; the message says where and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRow:
+    batch_id: str
+    created: float
+    job_ids: tuple[bytes, ...]
+
+
+def batch_id(job_ids: Sequence[bytes]) -> str:
+    return PREFIX + hashlib.sha256(b"".join(job_ids)).hexdigest()[:ID_HEX]
+
+
+def is_batch_id(text: str) -> bool:
+    rest = text[len(PREFIX) :]
+    return text.startswith(PREFIX) and len(rest) == ID_HEX and all(c in "0123456789abcdef" for c in rest)
+
+
+def store_batch(store: Store, jobs: Sequence[Mapping[str, Any]], now: float) -> str:
+    """Insert submitted jobs (the fields of Store.add_job) and their batch in one transaction: a sweep
+    of thousands of jobs is one commit, and a crash leaves all of it or none. Returns the batch id."""
+    job_ids = [j["job_id"] for j in jobs]
+    bid = batch_id(job_ids)
+    with store.transaction() as c:
+        c.execute(_SCHEMA)
+        for j in jobs:
+            cur = c.execute(
+                "INSERT INTO jobs (job_id, role, manifest, state, submitter, attempt, created, deadline, "
+                "updated, fuel_limit) VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?) "
+                "ON CONFLICT (job_id, role) DO NOTHING",
+                (
+                    j["job_id"],
+                    j["role"],
+                    j["manifest"],
+                    j["state"],
+                    j["submitter"],
+                    j["created"],
+                    j["deadline"],
+                    j["created"],
+                    j["fuel_limit"],
+                ),
+            )
+            if cur.rowcount > 0:
+                owner = f"job:{j['job_id'].hex()}"
+                c.executemany(
+                    "INSERT INTO blob_refs (blob_hash, owner, retain_until) VALUES (?, ?, NULL) "
+                    "ON CONFLICT DO NOTHING",
+                    [(h, owner) for h in j["blobs"]],
+                )
+        c.executemany(
+            "INSERT OR IGNORE INTO batch_jobs (batch_id, seq, job_id, created) VALUES (?, ?, ?, ?)",
+            [(bid, i, j, now) for i, j in enumerate(job_ids)],
+        )
+    return bid
+
+
+def get_batch(store: Store, bid: str) -> BatchRow | None:
+    with store.transaction() as c:
+        c.execute(_SCHEMA)
+        rows = c.execute(
+            "SELECT job_id, created FROM batch_jobs WHERE batch_id = ? ORDER BY seq", (bid,)
+        ).fetchall()
+    if not rows:
+        return None
+    return BatchRow(bid, rows[0][1], tuple(bytes(r[0]) for r in rows))
+
+
+def parse_lines(text: str, source: str) -> list[dict[str, object]]:
+    """The jobs of a JSON Lines batch file: one object per non-blank line with `args`, `env`,
+    `inputs` and `stdin` (each optional; `env` an object or a list of pairs)."""
+    jobs: list[dict[str, object]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BatchError(f"{source}:{number}: not JSON: {e.msg}") from None
+        if not isinstance(doc, dict):
+            raise BatchError(f"{source}:{number}: each line is a JSON object")
+        unknown = set(doc) - LINE_FIELDS
+        if unknown:
+            raise BatchError(
+                f"{source}:{number}: unknown field(s) {', '.join(sorted(unknown))} "
+                f"(a line has {', '.join(sorted(LINE_FIELDS))})"
+            )
+        env = doc.get("env")
+        if isinstance(env, dict):
+            doc["env"] = [[str(k), v] for k, v in env.items()]
+        jobs.append(doc)
+        if len(jobs) > MAX_JOBS:
+            raise BatchError(f"{source}: more than {MAX_JOBS} jobs")
+    if not jobs:
+        raise BatchError(f"{source}: no jobs (one JSON object per line)")
+    return jobs

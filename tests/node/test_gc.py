@@ -1,0 +1,147 @@
+"""Garbage collection over a real store and blob store, with the clock passed in: what is collected,
+what is kept (retention, active jobs, recent writes, partial downloads), stale run dirs, and the
+periodic service."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+from e31.node.blobs import BlobStore
+from e31.node.gc import collect, keep_set, run_gc
+from e31.node.store import AsyncStore, Store
+from e31.protocol.blobs import blob_ref
+from e31.protocol.codec import pack
+from e31.protocol.ids import Digest, NodeId
+from e31.protocol.jobs import FileRef, JobManifest, Limits
+
+NOW = 1_900_000_000.0
+DAY = 86_400.0
+LIMITS = Limits(fuel=1_000_000, memory_bytes=64 << 20, wall_ms=60_000, max_output_bytes=1 << 20)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store(tmp_path / "node.sqlite")
+    yield s  # type: ignore[misc]
+    s.close()
+
+
+@pytest.fixture
+def blobs(tmp_path: Path) -> BlobStore:
+    return BlobStore(tmp_path / "blobs")
+
+
+def put(blobs: BlobStore, data: bytes, age: float) -> str:
+    digest = blobs.put(data)
+    os.utime(blobs.path(digest), (NOW - age, NOW - age))
+    return digest
+
+
+def add_job(
+    store: Store, module: bytes, inp: bytes, *, role: str, state: str, updated: float, n: int = 0
+) -> bytes:
+    manifest = JobManifest(
+        module=blob_ref(module),
+        inputs=(FileRef("in.txt", blob_ref(inp)),),
+        args=(),
+        env=(),
+        stdin=None,
+        limits=LIMITS,
+        deadline=int((NOW + DAY) * 1000),
+        retention_ms=int(DAY * 1000),
+        replicas=1,
+        profile=Digest(bytes(32)),
+        submitter=NodeId(bytes(32)),
+        nonce=n.to_bytes(16, "big"),
+        created_at=int(updated * 1000),
+    )
+    job_id = manifest.job_id.raw
+    store.add_job(
+        job_id=job_id,
+        role=role,
+        manifest=pack(manifest.to_wire()),
+        state=state,
+        submitter="s",
+        created=updated,
+        deadline=NOW + DAY,
+    )
+    return job_id
+
+
+def test_expired_and_unreferenced_blobs_go_retained_ones_stay(store: Store, blobs: BlobStore) -> None:
+    orphan = put(blobs, b"nobody needs me", age=2 * DAY)
+    served = put(blobs, b"a result still served", age=2 * DAY)
+    expired = put(blobs, b"a result past its retention", age=2 * DAY)
+    forever = put(blobs, b"a submitter's output", age=2 * DAY)
+    fresh = put(blobs, b"just written, no reference yet", age=10)
+    store.ref_blob(served, "result:1", NOW + 60)
+    store.ref_blob(expired, "result:2", NOW - 60)
+    store.ref_blob(forever, "job:3")
+    report = collect(store, blobs, now=NOW, retention_s=DAY)
+    assert {h for h in (orphan, served, expired, forever, fresh) if blobs.has(h)} == {served, forever, fresh}
+    assert (report.blobs_deleted, report.refs_expired, report.blobs_kept) == (2, 1, 3)
+    assert report.bytes_freed == len(b"nobody needs me") + len(b"a result past its retention")
+    assert report.bytes_used == blobs.total_size()
+    assert store.live_blobs(NOW) == {served, forever}
+    # The retention of `served` ends: the next collection takes it.
+    later = collect(store, blobs, now=NOW + 61, retention_s=DAY)
+    assert later.blobs_deleted == 1 and not blobs.has(served) and blobs.has(forever)
+
+
+def test_blobs_of_active_and_recently_finished_jobs_are_kept(store: Store, blobs: BlobStore) -> None:
+    running = (put(blobs, b"module A", 2 * DAY), put(blobs, b"input A", 2 * DAY))
+    recent = (put(blobs, b"module B", 2 * DAY), put(blobs, b"input B", 2 * DAY))
+    old = (put(blobs, b"module C", 3 * DAY), put(blobs, b"input C", 3 * DAY))
+    add_job(store, b"module A", b"input A", role="executor", state="running", updated=NOW - 2 * DAY)
+    add_job(store, b"module B", b"input B", role="submitter", state="done", updated=NOW - DAY / 2, n=1)
+    add_job(store, b"module C", b"input C", role="submitter", state="done", updated=NOW - 2 * DAY, n=2)
+    keep = keep_set(store, now=NOW, retention_s=DAY)
+    assert keep is not None and set(running) | set(recent) <= keep and not set(old) & keep
+    collect(store, blobs, now=NOW, retention_s=DAY)
+    assert all(blobs.has(h) for h in (*running, *recent))
+    assert not any(blobs.has(h) for h in old)
+
+
+def test_partial_downloads_are_never_touched(store: Store, blobs: BlobStore) -> None:
+    data = b"x" * 5000
+    partial = blobs.partial(blob_ref(data).root.raw, len(data))
+    collect(store, blobs, now=NOW + 10 * DAY, retention_s=DAY, grace_s=0)
+    assert blobs.partials() == [partial.hash] and (partial.dir / "size").is_file()
+
+
+def test_run_dirs_of_jobs_no_longer_running_are_removed(
+    store: Store, blobs: BlobStore, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    live = add_job(store, b"m", b"i", role="executor", state="running", updated=NOW)
+    gone = add_job(store, b"m", b"i", role="executor", state="done", updated=NOW, n=1)
+    for job in (live, gone):
+        (runs / job.hex() / "output").mkdir(parents=True)
+    report = collect(store, blobs, now=NOW, retention_s=DAY, runs_dir=runs)
+    assert report.runs_removed == 1
+    assert sorted(p.name for p in runs.iterdir()) == [live.hex()]
+
+
+async def test_the_periodic_service_collects(store: Store, blobs: BlobStore, nursery: trio.Nursery) -> None:
+    # Real time, not autojump_clock: a collection runs in a worker thread, and a mock clock would jump
+    # past many intervals while that thread is still working.
+    orphan = put(blobs, b"orphan", age=2 * DAY)
+    await nursery.start(
+        lambda task_status: run_gc(
+            AsyncStore(store),
+            blobs,
+            interval=0.05,
+            retention_s=DAY,
+            clock=lambda: NOW,
+            task_status=task_status,
+        )
+    )
+    for _ in range(400):  # up to 20 s of polling
+        if not blobs.has(orphan):
+            break
+        await trio.sleep(0.05)
+    assert not blobs.has(orphan)
