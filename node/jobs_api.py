@@ -331,8 +331,11 @@ class JobsApi:
         row = await self._row(request)
         with trio.move_on_after(timeout):
             while row.state not in TERMINAL:
-                await self.submitter.changed.wait()
+                changed = self.submitter.changed_for(row.job_id)  # taken before the re-read: no lost wake-up
                 row = await self._row(request)
+                if row.state in TERMINAL:
+                    break
+                await changed.wait()
         return await self._doc(row)
 
     async def _doc(

@@ -154,6 +154,7 @@ class Submitter:
         self._outcomes: dict[bytes, None] = {}
         """Message ids of the receipts and results received lately, oldest first."""
         self.changed = trio.Event()
+        self._job_changed: dict[bytes, trio.Event] = {}
         """Set (and replaced) whenever a job's state changes: `e31 wait` long-polls on it."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -208,12 +209,19 @@ class Submitter:
         ok = await self.ctx.store.run(
             Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state=old, state=new, **changes
         )
-        self._notify()
+        self._notify(job_id)
         return ok
 
-    def _notify(self) -> None:
+    def changed_for(self, job_id: bytes) -> trio.Event:
+        """An event set at this job's next change: a waiter on one job is not woken by every job."""
+        return self._job_changed.setdefault(job_id, trio.Event())
+
+    def _notify(self, job_id: bytes) -> None:
         self.changed.set()
         self.changed = trio.Event()
+        event = self._job_changed.pop(job_id, None)
+        if event is not None:
+            event.set()
 
     # --- the driver ---
 
@@ -284,7 +292,7 @@ class Submitter:
             Store.put_envelope, env.message_id.raw, env.kind, env.raw, self.ctx.now_s(), msg.job_id.raw
         )
         log.info("job %s handed off to %s", msg.job_id.hex()[:12], msg.executor)
-        self._notify()
+        self._notify(msg.job_id.raw)
 
     async def handed_off(self, rows: list[JobRow]) -> set[bytes]:
         """The ids of the jobs among `rows` that no longer need this node online until their result
