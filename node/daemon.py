@@ -167,6 +167,8 @@ class Node:
     started_wall: float = 0.0
     capacity: Any = None
     """The CapacityService once the job path runs (node/capacity_service.py)."""
+    gossip: Any = None
+    """The GossipService once started (node/gossip.py); its counters show in the status."""
 
     def __post_init__(self) -> None:
         self.peering = PeerService(identity=self.identity, config=self.config, store=self.store,
@@ -228,6 +230,7 @@ class Node:
         adverts = gossip.subscribe("capacity")  # before any link can bring one
         await nursery.start(gossip.run)
         self.peering.add_listener(gossip)
+        self.gossip = gossip
         receipt_log = ReceiptLog(self.store.store, self.identity, self.config.network)
         router.add("POST", "/v1/receipts/export", export_handler(self.store, self.blobs, receipt_log))
         await nursery.start(partial(run_jobs, identity=self.identity, config=self.config, store=self.store,
@@ -273,6 +276,7 @@ class Node:
             "capacity": {"cores": self.config.cores, "memory_bytes": self.config.memory},
             "offered": None if self.capacity is None else self.capacity.to_json(),
             "peer_capacity": {} if self.capacity is None else self.capacity.peer_table(),
+            "gossip": {} if self.gossip is None else self.gossip.counters,
         }
 
     async def _status(self, request: Request) -> dict[str, Any]:

@@ -377,6 +377,7 @@ class GossipEngine(Generic[P]):
         if not self._sender_take(head.signer, now):
             return self._drop(Reason.SENDER_RATE, peer)
         self.counters["delivered"] += 1
+        self.counters[f"delivered_{env.kind}"] += 1
         targets = self._choose(self.config.fanout, rng, exclude=(peer, env.signer, env.signer.raw))
         self.counters["forwarded"] += len(targets)
         return [Deliver(env), *(Forward(p, raw) for p in targets)]

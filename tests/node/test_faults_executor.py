@@ -188,6 +188,19 @@ def test_capacity_advertisements_reach_every_node(network: list[Node]) -> None:
     assert re.search(r"^peers offer: +4 cores on 4 of 4 advertising$", shown.stdout, re.MULTILINE)
 
 
+def test_an_offer_reaches_every_node_of_the_five(network: list[Node]) -> None:
+    def offers(node: Node) -> int:
+        counters: dict[str, int] = node.api.get("/v1/status")["gossip"]
+        return counters.get("delivered_offer", 0)
+
+    submitter, others = network[1], [n for n in network if n is not network[1]]
+    before = {n.node_id: offers(n) for n in others}
+    job = submitter.api.post("/v1/jobs", {"module": str(MONTECARLO), "args": ["5", "1000"]})["job_id"]
+    for node in others:
+        wait_for(f"{node.data_dir.name} to hear the offer", lambda n=node: offers(n) > before[n.node_id])
+    wait_for("the job", lambda: ended(submitter, job))
+
+
 def executor_row(node: Node, job: str) -> dict[str, Any] | None:
     rows: list[dict[str, Any]] = node.api.get("/v1/jobs?role=executor")
     return next((r for r in rows if r["job_id"] == job), None)
