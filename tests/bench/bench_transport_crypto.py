@@ -8,11 +8,10 @@ encrypted links can reach.
 from __future__ import annotations
 
 import hashlib
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
+from bench_merkle import rate  # the median-of-5 rate helper (this directory is on sys.path)
 from e31.protocol.handshake import Initiator, Responder
 from e31.protocol.session import Session
 from nacl.signing import SigningKey
@@ -22,15 +21,6 @@ FLOORS = {
     "300 B frames seal+open": 20_000,
     "64 KiB frames seal+open": 1_000,
 }
-
-
-def rate(work: Callable[[], int]) -> float:
-    rounds = []
-    for _ in range(5):
-        start = time.perf_counter()
-        n = work()
-        rounds.append(n / (time.perf_counter() - start))
-    return statistics.median(rounds)
 
 
 def main() -> int:
