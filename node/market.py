@@ -37,6 +37,7 @@ from e31.protocol.messages import (
     InclusionProof,
     Offer,
     ProofRequest,
+    Release,
     Result,
 )
 from e31.protocol.receipts import UsageReceipt
@@ -54,6 +55,7 @@ DIRECT_KINDS = frozenset(
         "decline",
         "assign",
         "accepted",
+        "release",
         "result",
         "receipt",
         "ack",
@@ -195,6 +197,8 @@ class Market:
             self.executor.on_assign(env)
         elif isinstance(msg, Accepted):
             self.submitter.on_accepted(env)
+        elif isinstance(msg, Release):
+            self.submitter.on_release(env)
         elif isinstance(msg, Cancel):
             self.executor.on_cancel(env)
         elif isinstance(msg, Ack):

@@ -53,6 +53,7 @@ from e31.protocol.messages import (
     Decline,
     Offer,
     ProofRequest,
+    Release,
     Result,
 )
 from e31.protocol.receipts import TRAP_MAX, Ack, Outcome, UsageReceipt, check_ack
@@ -279,8 +280,14 @@ class Executor:
 
     async def _redeliver(self, env: VerifiedEnvelope[Assign]) -> None:
         """An assignment this node already holds, sent again: its submitter is back and asks for the
-        outcome, so unacknowledged receipts of the job are delivered now, not at the next retry."""
+        outcome, so unacknowledged receipts of the job are delivered now, not at the next retry. One it
+        does not hold (it restarted between its bid and storing the assignment, or the bid had lapsed)
+        is released at once, so the submitter need not wait out the lease."""
         if await self.ctx.store.run(Store.envelope, env.message_id.raw) is None:
+            if env.message.lease_expires > self.ctx.clock():
+                job = env.message.job_id.hex()[:12]
+                log.info("releasing an assignment of job %s this node does not hold", job)
+                await self._release(env, "unknown", "this node holds no bid or job for that assignment")
             return
         now = self.ctx.now_s()
         for row in await self.ctx.store.run(Store.receipts_for_job, env.message.job_id.raw):
@@ -299,9 +306,8 @@ class Executor:
             return
         manifest = JobManifest.from_wire(unpack_canonical(row.manifest))
         if env.message.lease_expires <= self.ctx.clock():
-            await self._fail(
-                job_id, row.state, "the node stopped while holding the job and its lease ran out"
-            )
+            why = "the node stopped while holding the job and its lease ran out"
+            await self._fail(job_id, row.state, why, reason="lease")
             return
         if row.state != "fetching":
             await self.ctx.store.run(Store.update_job, job_id, ROLE, self.ctx.now_s(), state="fetching")
@@ -542,29 +548,25 @@ class Executor:
         )
         await self._deliver(manifest.submitter.raw, receipt.raw, result_raw)
 
-    async def _fail(self, job_id: bytes, state: str, why: str, *, reason: str = "other") -> None:
+    async def _fail(self, job_id: bytes, state: str, why: str, *, reason: str = "failed") -> None:
         """Give up a job this node cannot run: record why, and give the assignment back to the submitter
-        (a `decline` naming the job after its assignment) so it is offered elsewhere at once."""
+        (a `release` naming it) so it is offered elsewhere at once."""
         log.warning("job %s failed here: %s", job_id.hex()[:12], why)
         if state in ("done", "failed"):
             return
         await self.ctx.store.run(
             Store.update_job, job_id, ROLE, self.ctx.now_s(), state="failed", reason=why[:500]
         )
-        offers = await self.ctx.store.run(Store.envelopes_for_job, job_id, "offer")
-        if not offers:
-            return
-        offer = verify(offers[-1].raw, Offer)
-        decline = Decline(
-            self.ctx.network,
-            offer.message.job_id,
-            offer.message_id,
-            self.ctx.node,
-            self.ctx.clock() + self.ctx.settings.bid_ttl_ms,
-            reason,
-            _clip(why),
+        assigns = await self.ctx.store.run(Store.envelopes_for_job, job_id, "assign")
+        if assigns:
+            assign = max((verify(a.raw, Assign) for a in assigns), key=lambda e: e.message.attempt)
+            await self._release(assign, reason, why)
+
+    async def _release(self, assign: VerifiedEnvelope[Assign], reason: str, why: str) -> None:
+        msg = Release(
+            self.ctx.network, assign.message.job_id, assign.message_id, self.ctx.node, reason, _clip(why)
         )
-        await self.ctx.send_to(offer.message.manifest.submitter.raw, sign_message(decline, self.ctx.identity))
+        await self.ctx.send_to(assign.message.submitter.raw, sign_message(msg, self.ctx.identity))
 
     async def _set_state(self, job_id: bytes, old: str, new: str, **changes: Any) -> None:
         check_transition(ROLE, old, new)

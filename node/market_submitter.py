@@ -46,6 +46,7 @@ from e31.protocol.messages import (
     Decline,
     InclusionProof,
     Offer,
+    Release,
     Result,
     TreeHead,
 )
@@ -83,6 +84,8 @@ OUTCOMES_KEPT = 10_000
 REOFFER_MAX = 8.0
 """Seconds between rounds at most: the delay after a round without a bid doubles up to this."""
 CANCEL_TTL_MS = 3600 * 1000
+RETRYABLE_RELEASES = frozenset({"unknown", "lease"})
+"""Release reasons that say nothing against the executor: it may bid for the job again."""
 """How long a cancel of a job whose deadline has passed stays on gossip."""
 
 
@@ -114,8 +117,10 @@ class _Job:
     round_step: int = 1
     """Rounds of one job's replica lanes interleave (lane i uses i, i + K, ...): no two offers are equal."""
     assigned_to: bytes | None = None
-    assigned_offer: bytes | None = None
-    """The offer (message id) whose round chose the current assignment."""
+    assignment: bytes | None = None
+    """The current assignment's `assign` message id."""
+    released: dict[bytes, str] = field(default_factory=dict)
+    """Assignments (message ids) their executor gave back with a `release`, and its reason."""
     refusal: str | None = None
     """Why the last executor gave the job back or had its outcome refused."""
     settled: trio.Event = field(default_factory=trio.Event)
@@ -346,6 +351,8 @@ class Submitter:
             key = _key(row.executor)
             if key is not None:
                 self.load[key] += 1
+            current = [a for a in await self._assigns(job_id) if a.message.attempt == row.attempt]
+            job.assignment = current[-1].message_id.raw if current else None
             try:
                 await self._await_outcome(job_id, job, row.executor, await self._lease_left(job_id))
             finally:
@@ -483,7 +490,6 @@ class Submitter:
         )
         rnd = _Round(env.message_id.raw, trio.current_time())
         job.round = rnd
-        job.assigned_offer = env.message_id.raw
         expected: set[bytes] = set()
         if gossip and self.publish is not None:
             try:
@@ -557,6 +563,7 @@ class Submitter:
         await self.ctx.store.run(
             Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id
         )
+        job.assignment = env.message_id.raw
         changes = {"executor": str(NodeId(bid.executor)), "attempt": attempt}
         if lane:  # the first replica assigned makes the job `assigned`; the others only record theirs
             if not await self._set_state(job_id, "offered", "assigned", **changes):
@@ -592,6 +599,8 @@ class Submitter:
         job.assigned_to = key
         try:
             job.outcome_failed = trio.Event()
+            if job.assignment in job.released:  # given back before this wait began (just restarted)
+                lease_s = 0.0
             with trio.move_on_after(lease_s):
                 async with trio.open_nursery() as nursery:
 
@@ -609,7 +618,7 @@ class Submitter:
             await job.settled.wait()
         if job.finished.is_set():
             return
-        if key is not None:
+        if key is not None and job.released.get(job.assignment or b"") not in RETRYABLE_RELEASES:
             job.rejected.add(key)
         if lane:
             job.holder = None
@@ -621,6 +630,44 @@ class Submitter:
             )
             await self._set_state(job_id, "assigned", "offered")
 
+    # --- assignments given back ---
+
+    def on_release(self, env: VerifiedEnvelope[Release]) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(self._on_release, env)
+
+    async def _on_release(self, env: VerifiedEnvelope[Release]) -> None:
+        """An executor gives an assignment back: if it is one of ours, to that executor, and still the
+        job's current one, the job is offered again now (without that executor, unless the reason
+        says nothing against it)."""
+        msg = env.message
+        stored = await self.ctx.store.run(Store.envelope, msg.assignment_id.raw)
+        if stored is None or stored.kind != "assign":
+            return
+        assign = verify(stored.raw, Assign).message
+        if assign.job_id != msg.job_id or assign.executor != msg.executor:
+            log.info("ignoring a release from %s that does not match its assignment", msg.executor)
+            return
+        job = self.jobs.get(msg.job_id.raw)
+        if job is None:
+            return
+        if job.lanes is not None:
+            job = next((x for x in job.lanes if x.assignment == msg.assignment_id.raw), None)
+            if job is None:
+                return
+        job.released[msg.assignment_id.raw] = msg.reason
+        log.info(
+            "job %s: %s gave its assignment back (%s%s)",
+            msg.job_id.hex()[:12],
+            msg.executor,
+            msg.reason,
+            f": {msg.text}" if msg.text else "",
+        )
+        if msg.reason not in RETRYABLE_RELEASES:
+            job.refusal = msg.text or msg.reason
+        if job.assignment == msg.assignment_id.raw and job.assigned_to == msg.executor.raw:
+            job.outcome_failed.set()
+
     # --- answers to offers ---
 
     def on_answer(self, env: VerifiedEnvelope[Any]) -> None:
@@ -631,24 +678,7 @@ class Submitter:
             job = next(
                 (x for x in lanes if x.round is not None and x.round.offer_id == msg.offer_id.raw), None
             )
-            job = job or next((x for x in lanes if x.assigned_to == msg.executor.raw), None)
         if job is None:
-            return
-        if (
-            isinstance(msg, Decline)
-            and job.assigned_to == msg.executor.raw
-            and job.assigned_offer in (None, msg.offer_id.raw)
-        ):
-            log.info(
-                "job %s: %s gave the assignment back (%s: %s)",
-                msg.job_id.hex()[:12],
-                msg.executor,
-                msg.reason,
-                msg.text,
-            )
-            job.rejected.add(msg.executor.raw)
-            job.refusal = msg.text or msg.reason
-            job.outcome_failed.set()
             return
         if job.round is None or msg.offer_id.raw != job.round.offer_id:
             return

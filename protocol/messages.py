@@ -44,6 +44,7 @@ MAX_PROFILES = 16
 REASON_TEXT_MAX = 256
 DECLINE_REASONS = ("busy", "no_profile", "limits", "deadline", "expired", "policy", "other")
 CANCEL_REASONS = ("withdrawn", "done", "deadline", "other")
+RELEASE_REASONS = ("unknown", "failed", "deadline", "lease", "other")
 MAX_PROOF_HASHES = 64
 TREEHEAD_MAX = 512
 
@@ -247,6 +248,23 @@ class Accepted(Message):
     executor: NodeId = field(metadata=w(Key()))
 
 
+@message("release", issuer="executor")
+@dataclass(frozen=True, slots=True)
+class Release(Message):
+    """The executor gives an assignment back unfinished, so its submitter offers the job again at once
+    instead of waiting out the lease: `unknown`, it holds no bid or job for that assignment (it
+    restarted before storing it); `failed`, it cannot run it (its blobs cannot be fetched, its sandbox
+    refuses it); `deadline`, it could no longer finish in time; `lease`, the lease ran out while the
+    node was stopped."""
+
+    network: str = field(metadata=w(NETWORK))
+    job_id: Digest = field(metadata=w(Hash()))
+    assignment_id: Digest = field(metadata=w(Hash()))
+    executor: NodeId = field(metadata=w(Key()))
+    reason: str = field(metadata=w(OneOf(*RELEASE_REASONS)))
+    text: str = field(metadata=w(Text(REASON_TEXT_MAX)))
+
+
 @message("cancel", issuer="submitter", expiry="expires")
 @dataclass(frozen=True, slots=True)
 class Cancel(Message):
@@ -302,7 +320,7 @@ class InclusionProof(Message):
 
 
 AnyMessage = (Ping | Pong | Contact | Peers | Capacity | Offer | Bid | Decline | Assign | BlobRequest
-              | BlobChunk | Result | UsageReceipt | Ack | Accepted | Cancel | TreeHead | ProofRequest
+              | BlobChunk | Result | UsageReceipt | Ack | Accepted | Release | Cancel | TreeHead | ProofRequest
               | InclusionProof)
 """The closed union of every message kind."""
 
@@ -312,6 +330,7 @@ __all__ = [
     "CANCEL_REASONS",
     "DECLINE_REASONS",
     "REGISTRY",
+    "RELEASE_REASONS",
     "Accepted",
     "Ack",
     "AnyMessage",
@@ -329,6 +348,7 @@ __all__ = [
     "Peers",
     "Ping",
     "Pong",
+    "Release",
     "ProofRequest",
     "Result",
     "TreeHead",

@@ -29,7 +29,7 @@ from e31.protocol.blobs import BlobRef, blob_ref
 from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest, Limits
-from e31.protocol.messages import Accepted, Assign, Bid, Cancel, Offer, Result
+from e31.protocol.messages import Accepted, Assign, Bid, Cancel, Offer, Release, Result
 from e31.protocol.receipts import Outcome, UsageReceipt
 from e31.sandbox.pool import WorkerPool
 from e31.sandbox.profile import PROFILE
@@ -403,3 +403,62 @@ async def test_replicas_need_as_many_distinct_nodes(net: Net, nursery: trio.Nurs
     receipts = await a.store.run(Store.receipts_for_job, job_id)
     assert [r.executor for r in receipts] == [str(NodeId(b.id))]  # b ran it once, never twice
     assert "deadline" in (row.reason or "")
+
+
+async def test_an_assignment_the_executor_lost_in_a_restart_is_released_and_offered_again(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    lost: list[bytes] = []
+    deliver = net.handlers[b.id]
+
+    async def dies_on_first_assign(peer: bytes, raw: bytes) -> None:
+        if not lost and isinstance(verify(raw).message, Assign):
+            lost.append(raw)  # B stops here: it bid, but never stored the assignment
+            return
+        await deliver(peer, raw)
+
+    net.handlers[b.id] = dies_on_first_assign
+    job_id = await a.submitter.submit(a.manifest(("11", "1000"), deadline_s=600))
+    await wait_state(a, job_id, "assigned")
+    lease_end = verify(lost[0], Assign).message.lease_expires
+    # B comes back with the same key and none of its bids; the link coming up makes A re-send its
+    # assignment, which B does not hold: B releases it, and A offers the job again at once.
+    b2 = RealNode(net, tmp_path, "b2", 2)
+    await start(nursery, b2)
+    a.market.link_up(b2.id, _unused_send)
+    row = await wait_state(a, job_id, "done")
+    # An `unknown` release says nothing against B: it bid again and ran attempt 2, which it was
+    # assigned before attempt 1's lease ran out.
+    assert row.attempt == 2 and row.executor == str(NodeId(b.id))
+    executed = await b2.store.run(Store.job, job_id, "executor")
+    assert executed is not None and executed.attempt == 2 and executed.created * 1000 < lease_end
+
+
+async def test_a_release_that_does_not_match_its_assignment_changes_nothing(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a = RealNode(net, tmp_path, "a", 1)
+    liar = Liar(net, "accepts")
+    await start(nursery, a)
+    job_id = await a.submitter.submit(a.manifest(("12", "1000"), deadline_s=600))
+    await wait_state(a, job_id, "assigned")
+    (stored,) = await a.store.run(Store.envelopes_for_job, job_id, "assign")
+    stranger = nacl.signing.SigningKey(b"\x64" * 32)
+    assignment, liar_id = Digest(stored.message_id), NodeId(liar.id)
+    forged = [
+        # a stranger releasing the liar's assignment; the liar releasing one that was never made
+        Release(NETWORK, Digest(job_id), assignment, NodeId(bytes(stranger.verify_key)), "failed", ""),
+        Release(NETWORK, Digest(job_id), Digest(b"\x05" * 32), liar_id, "failed", ""),
+    ]
+    for msg, key in zip(forged, (stranger, liar.key), strict=True):
+        a.submitter.on_release(verify(sign_message(msg, key), Release))
+    await trio.sleep(0.5)
+    row = await a.job(job_id)
+    assert row.state == "assigned" and row.attempt == 1
+    # The liar's own release of its assignment: no other node can run the job, so it fails now.
+    genuine = Release(NETWORK, Digest(job_id), assignment, liar_id, "failed", "cannot fetch the module")
+    a.submitter.on_release(verify(sign_message(genuine, liar.key), Release))
+    row = await wait_state(a, job_id, "failed", seconds=10)
+    assert "cannot fetch the module" in (row.reason or "") and liar.assigned == 1

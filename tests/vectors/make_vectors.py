@@ -41,6 +41,7 @@ from e31.protocol.messages import (
     Ping,
     Pong,
     ProofRequest,
+    Release,
     Result,
     TreeHead,
     UsageReceipt,
@@ -148,6 +149,8 @@ def samples() -> list[tuple[str, str, Message]]:
         ("receipt-timeout", "executor", dataclasses.replace(
             receipt, outcome=Outcome("timeout", None, None), fuel_used=LIMITS.fuel)),
         ("accepted", "executor", Accepted(NET, man.job_id, assignment_id, nid("executor"))),
+        ("release", "executor", Release(NET, man.job_id, assignment_id, nid("executor"), "unknown",
+                                        "no bid or job here for that assignment")),
         ("ack", "submitter",
          Ack(NET, man.job_id, receipt_id, nid("submitter"), nid("executor"), T0 + 80_000)),
         ("cancel", "submitter", Cancel(NET, man.job_id, nid("submitter"), T0 + 60_000, "withdrawn", "")),
