@@ -289,6 +289,9 @@ class Executor:
                 log.info("releasing an assignment of job %s this node does not hold", job)
                 await self._release(env, "unknown", "this node holds no bid or job for that assignment")
             return
+        job = await self.ctx.store.run(Store.job, env.message.job_id.raw, ROLE)
+        if job is not None and job.state in ("queued", "running"):
+            await self._accepted(env)  # its submitter may have missed the first
         now = self.ctx.now_s()
         for row in await self.ctx.store.run(Store.receipts_for_job, env.message.job_id.raw):
             if row.delivered is None:
@@ -368,7 +371,7 @@ class Executor:
         try:
             await self._fetch_inputs(manifest)
             await self._set_state(job_id, "fetching", "queued")
-            await self._accepted(manifest, assign)
+            await self._accepted(assign)
             spec = await trio.to_thread.run_sync(self._spec, manifest)
             await trio.to_thread.run_sync(_fresh_dir, work)
             estimate = held.estimate_ms
@@ -401,10 +404,10 @@ class Executor:
             return
         await self._finish(job_id, manifest, assign, receipt)
 
-    async def _accepted(self, manifest: JobManifest, assign: VerifiedEnvelope[Assign]) -> None:
+    async def _accepted(self, assign: VerifiedEnvelope[Assign]) -> None:
         """Tell the submitter this node holds the job's data and has queued it: the hand-off."""
-        msg = Accepted(self.ctx.network, manifest.job_id, assign.message_id, self.ctx.node)
-        await self.ctx.send_to(manifest.submitter.raw, sign_message(msg, self.ctx.identity))
+        msg = Accepted(self.ctx.network, assign.message.job_id, assign.message_id, self.ctx.node)
+        await self.ctx.send_to(assign.message.submitter.raw, sign_message(msg, self.ctx.identity))
 
     async def _fetch_inputs(self, manifest: JobManifest) -> None:
         peer = manifest.submitter.raw

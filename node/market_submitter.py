@@ -119,6 +119,10 @@ class _Job:
     assigned_to: bytes | None = None
     assignment: bytes | None = None
     """The current assignment's `assign` message id."""
+    assignment_raw: bytes | None = None
+    """The current assignment's envelope, re-sent until its executor accepts it."""
+    accepted: bytes | None = None
+    """The assignment (message id) its executor has accepted."""
     released: dict[bytes, str] = field(default_factory=dict)
     """Assignments (message ids) their executor gave back with a `release`, and its reason."""
     refusal: str | None = None
@@ -297,6 +301,10 @@ class Submitter:
             Store.put_envelope, env.message_id.raw, env.kind, env.raw, self.ctx.now_s(), msg.job_id.raw
         )
         log.info("job %s handed off to %s", msg.job_id.hex()[:12], msg.executor)
+        job = self.jobs.get(msg.job_id.raw)
+        for holder in ([job] if job is None or job.lanes is None else job.lanes):
+            if holder is not None and holder.assignment == msg.assignment_id.raw:
+                holder.accepted = holder.assignment
         self._notify(msg.job_id.raw)
 
     async def handed_off(self, rows: list[JobRow]) -> set[bytes]:
@@ -352,7 +360,10 @@ class Submitter:
             if key is not None:
                 self.load[key] += 1
             current = [a for a in await self._assigns(job_id) if a.message.attempt == row.attempt]
-            job.assignment = current[-1].message_id.raw if current else None
+            if current:
+                job.assignment, job.assignment_raw = current[-1].message_id.raw, current[-1].raw
+                if job_id in await self.handed_off([row]):
+                    job.accepted = job.assignment
             try:
                 await self._await_outcome(job_id, job, row.executor, await self._lease_left(job_id))
             finally:
@@ -563,7 +574,7 @@ class Submitter:
         await self.ctx.store.run(
             Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id
         )
-        job.assignment = env.message_id.raw
+        job.assignment, job.assignment_raw = env.message_id.raw, raw
         changes = {"executor": str(NodeId(bid.executor)), "attempt": attempt}
         if lane:  # the first replica assigned makes the job `assigned`; the others only record theirs
             if not await self._set_state(job_id, "offered", "assigned", **changes):
@@ -610,6 +621,8 @@ class Submitter:
 
                     nursery.start_soon(stop_on, job.finished)
                     nursery.start_soon(stop_on, job.outcome_failed)
+                    if key is not None:
+                        nursery.start_soon(self._resend_until_accepted, job, key)
         finally:
             job.assigned_to = None
         if job.finished.is_set():
@@ -667,6 +680,19 @@ class Submitter:
             job.refusal = msg.text or msg.reason
         if job.assignment == msg.assignment_id.raw and job.assigned_to == msg.executor.raw:
             job.outcome_failed.set()
+
+    async def _resend_until_accepted(self, job: _Job, executor: bytes) -> None:
+        """Send the current assignment again, backing off, until its executor accepts it: a copy
+        that arrived while the executor was starting (or was lost with it) would otherwise leave the
+        job waiting out its lease. Executors treat copies of an assignment they hold as one."""
+        settings = self.ctx.settings
+        assignment, delay = job.assignment, settings.delivery_interval
+        while True:
+            await trio.sleep(delay)
+            if job.assignment != assignment or job.accepted == assignment or job.assignment_raw is None:
+                return
+            await self.ctx.send_to(executor, job.assignment_raw)
+            delay = min(settings.delivery_backoff_max, delay * 2)
 
     # --- answers to offers ---
 

@@ -160,6 +160,8 @@ class Liar:
         self.id = bytes(self.key.verify_key)
         self.mode = mode
         self.assigned = 0
+        """Assignment messages received, copies included."""
+        self.assignments: set[bytes] = set()
         self.net = net
         self.send = net.sender(self.id)
         net.handlers[self.id] = self.message
@@ -178,6 +180,7 @@ class Liar:
         if not isinstance(env.message, Assign):
             return
         self.assigned += 1
+        self.assignments.add(env.message_id.raw)  # an assignment not accepted is sent again
         if self.mode == "silent":
             return
         if self.mode == "accepts":
@@ -272,7 +275,7 @@ async def test_a_silent_executor_loses_the_job_when_its_lease_runs_out(
     await start(nursery, a, b)
     job_id = await a.submitter.submit(a.manifest(("6", "1000")))
     row = await wait_state(a, job_id, "done")
-    assert liar.assigned == 1  # its bid (finish at once) won the first round, then its lease ran out
+    assert len(liar.assignments) == 1  # its bid (finish at once) won the first round, then its lease ran out
     assert row.executor == str(NodeId(b.id)) and row.attempt == 2
 
 
@@ -284,7 +287,7 @@ async def test_a_receipt_that_does_not_match_the_job_is_refused(
     await start(nursery, a, b)
     job_id = await a.submitter.submit(a.manifest(("7", "1000")))
     row = await wait_state(a, job_id, "done")
-    assert liar.assigned == 1
+    assert len(liar.assignments) == 1
     assert row.executor == str(NodeId(b.id))
     acks = await a.store.run(Store.envelopes_for_job, job_id, "ack")
     assert len(acks) == 1 and verify(acks[0].raw).message.executor == NodeId(b.id)
@@ -461,4 +464,28 @@ async def test_a_release_that_does_not_match_its_assignment_changes_nothing(
     genuine = Release(NETWORK, Digest(job_id), assignment, liar_id, "failed", "cannot fetch the module")
     a.submitter.on_release(verify(sign_message(genuine, liar.key), Release))
     row = await wait_state(a, job_id, "failed", seconds=10)
-    assert "cannot fetch the module" in (row.reason or "") and liar.assigned == 1
+    assert "cannot fetch the module" in (row.reason or "") and len(liar.assignments) == 1
+
+
+async def test_an_assignment_lost_on_the_way_is_sent_again_until_accepted(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    dropped: list[bytes] = []
+    deliver = net.handlers[b.id]
+
+    async def loses_first_assign(peer: bytes, raw: bytes) -> None:
+        if not dropped and isinstance(verify(raw).message, Assign):
+            dropped.append(raw)  # e.g. it came in while B's job path was still starting
+            return
+        await deliver(peer, raw)
+
+    net.handlers[b.id] = loses_first_assign
+    job_id = await a.submitter.submit(a.manifest(("13", "1000"), deadline_s=600))
+    row = await wait_state(a, job_id, "done")
+    # The same assignment, sent again, reached B: attempt 1 ran, no lease ran out.
+    assert dropped and row.attempt == 1 and row.executor == str(NodeId(b.id))
+    executed = await b.store.run(Store.job, job_id, "executor")
+    assert executed is not None and executed.attempt == 1
+    assert len(await a.store.run(Store.envelopes_for_job, job_id, "accepted")) == 1
