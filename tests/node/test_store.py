@@ -11,6 +11,7 @@ import textwrap
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -394,3 +395,106 @@ async def test_async_store(tmp_path: Path) -> None:
         await db.aclose()
     with pytest.raises(StoreError):
         await AsyncStore.open(tmp_path)
+
+
+async def test_a_short_call_runs_on_the_event_loop_and_a_durable_one_in_the_worker_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    db = await AsyncStore.open(tmp_path / STORE_FILE)
+    seen: list[tuple[str, bool]] = []
+
+    def recording(method: Any) -> Any:
+        def wrapper(self: Store, *args: Any, **kwargs: Any) -> Any:
+            on_loop = threading.current_thread() is threading.main_thread()
+            seen.append((kwargs.get("state", method.__name__), on_loop))
+            return method(self, *args, **kwargs)
+
+        wrapper.__name__ = method.__name__
+        return wrapper
+
+    for name in ("update_job", "put_envelope", "job"):
+        monkeypatch.setattr(Store, name, recording(getattr(Store, name)))
+    job_id = b"j" * 32
+    job = {"job_id": job_id, "role": "submitter", "manifest": b"m", "state": "queued",
+           "submitter": ALICE, "created": 1.0, "deadline": 2.0, "fuel_limit": 10}
+    try:
+        assert await db.run(Store.add_job, **job)
+        assert await db.run(Store.update_job, job_id, "submitter", 1.5, state="offered")
+        assert await db.run(Store.update_job, job_id, "submitter", 1.6, state="assigned")
+        await db.run(Store.put_envelope, b"e" * 32, "ping", b"raw", 1.0)
+        assert (await db.run(Store.job, job_id, "submitter")).state == "assigned"  # type: ignore[union-attr]
+        # on the loop: the read, the envelope and the `offered` update; a durable state: in the thread
+        assert seen == [("offered", True), ("assigned", False), ("put_envelope", True), ("job", True)]
+        # a function that is not the Store's own method never runs inline, whatever its name
+        seen.clear()
+        impostor = recording(lambda self, *a, **k: None)
+        impostor.__name__ = "job"
+        await db.run(impostor)
+        assert seen == [("<lambda>", False)]
+    finally:
+        await db.aclose()
+
+
+async def test_an_inline_call_never_waits_on_a_store_busy_in_another_thread(tmp_path: Path) -> None:
+    """While another thread holds the store (as during a durable commit's fsync), an inline-eligible call
+    goes to the worker thread and waits there; the event loop keeps running meanwhile."""
+    import threading
+
+    db = await AsyncStore.open(tmp_path / STORE_FILE)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with db.store._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        ticks = 0
+        done = trio.Event()
+
+        async def read() -> None:
+            assert await db.run(Store.kv_get, "k") is None
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            for _ in range(5):
+                await trio.sleep(0.01)
+                ticks += 1
+            assert not done.is_set() and ticks == 5  # the loop ran while the read waited
+            release.set()
+        assert done.is_set()
+    finally:
+        release.set()
+        holder.join()
+        await db.aclose()
+
+
+async def test_the_wal_is_checkpointed_off_the_event_loop(tmp_path: Path) -> None:
+    from e31.node.store import CHECKPOINT_EVERY
+
+    db = await AsyncStore.open(tmp_path / STORE_FILE)
+    wal = tmp_path / (STORE_FILE + "-wal")
+    try:
+        checkpoints = 0
+        checkpoint = db.store.checkpoint
+
+        def counting() -> None:
+            nonlocal checkpoints
+            checkpoints += 1
+            checkpoint()
+
+        db.store.checkpoint = counting  # type: ignore[method-assign]
+        for i in range(CHECKPOINT_EVERY + 1):
+            await db.run(Store.kv_set, f"k{i % 7}", b"v" * 2000)
+        assert checkpoints == 1 and wal.exists()
+        with sqlite3.connect(tmp_path / STORE_FILE) as other:
+            assert other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[0] == 0
+        assert await db.run(Store.kv_get, "k3") == b"v" * 2000
+    finally:
+        await db.aclose()
