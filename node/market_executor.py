@@ -112,6 +112,8 @@ class _Held:
     handed_back: bool = False
 
 
+ANSWERED_PRUNE_MIN = 1024
+"""Answered offers held before the expired ones are first forgotten (an expired offer is refused anyway)."""
 GIVE_BACK_TEXT = "the machine's owner needs it back and the job would miss its deadline here"
 
 
@@ -137,7 +139,9 @@ class Executor:
         self.memory_bytes = memory_bytes
         self.on_acked = on_acked
         self._promises: dict[bytes, _Promise] = {}
-        self._answered: set[bytes] = set()
+        self._answered: dict[bytes, int] = {}
+        """Offers (message id) answered, with their expiry: an offer heard again is not answered twice."""
+        self._answered_prune_at = ANSWERED_PRUNE_MIN
         self._active: set[bytes] = set()
         self._held: dict[bytes, _Held] = {}
         self.capacity: Callable[[], tuple[int, int]] | None = None
@@ -164,7 +168,11 @@ class Executor:
     def on_offer(self, env: VerifiedEnvelope[Offer]) -> None:
         if env.message_id.raw in self._answered or self._nursery is None:
             return
-        self._answered.add(env.message_id.raw)
+        self._answered[env.message_id.raw] = env.message.expires
+        if len(self._answered) >= self._answered_prune_at:  # amortized: the live set at least doubles
+            now = self.ctx.clock()
+            self._answered = {o: exp for o, exp in self._answered.items() if exp > now}
+            self._answered_prune_at = max(ANSWERED_PRUNE_MIN, 2 * len(self._answered))
         self._nursery.start_soon(self._answer, env)
 
     async def _answer(self, env: VerifiedEnvelope[Offer]) -> None:
@@ -230,8 +238,7 @@ class Executor:
     def _forget_old_promises(self, now: int) -> None:
         for bid_id in [b for b, p in self._promises.items() if p.bid_expires <= now]:
             del self._promises[bid_id]
-        if len(self._answered) > 100_000:
-            self._answered.clear()
+
 
     # --- assignments ---
 

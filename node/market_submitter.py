@@ -80,7 +80,6 @@ IN_FLIGHT = 128
 """Jobs this node offers or has assigned at once; the rest of a sweep waits `queued`, its deadline
 running. Outcomes are verified here one blob fetch at a time, so a node that put thousands of jobs out
 at once would let leases run out before it got to their results, and offer them all again."""
-OUTCOMES_KEPT = 10_000
 REOFFER_MAX = 8.0
 """Seconds between rounds at most: the delay after a round without a bid doubles up to this."""
 CANCEL_TTL_MS = 3600 * 1000
@@ -139,6 +138,8 @@ class _Job:
     """A lane's executor, from the moment its bid is chosen (other lanes avoid it)."""
     receipt: VerifiedEnvelope[UsageReceipt] | None = None
     """A lane's verified receipt."""
+    outcomes: set[bytes] = field(default_factory=set)
+    """Message ids of the receipts and results taken in for this job (copies of them are dropped)."""
 
 
 class Submitter:
@@ -160,8 +161,6 @@ class Submitter:
         self._offers = TokenBucket(OFFER_RATE, OFFER_BURST)
         self._offer_line = trio.Lock()
         self._in_flight = trio.Semaphore(IN_FLIGHT)
-        self._outcomes: dict[bytes, None] = {}
-        """Message ids of the receipts and results received lately, oldest first."""
         self.changed = trio.Event()
         self._job_changed: dict[bytes, trio.Event] = {}
         """Set (and replaced) whenever a job's state changes: `e31 wait` long-polls on it."""
@@ -732,11 +731,11 @@ class Submitter:
         while the first is being verified. Copies for ended jobs go through (they get the ack again)."""
         if self._nursery is None:
             return
-        if env.message_id.raw in self._outcomes and env.message.job_id.raw in self.jobs:
-            return
-        self._outcomes[env.message_id.raw] = None
-        if len(self._outcomes) > OUTCOMES_KEPT:
-            del self._outcomes[next(iter(self._outcomes))]
+        job = self.jobs.get(env.message.job_id.raw)
+        if job is not None:
+            if env.message_id.raw in job.outcomes:
+                return
+            job.outcomes.add(env.message_id.raw)
         self._nursery.start_soon(self._on_outcome, env)
 
     async def _on_outcome(self, env: VerifiedEnvelope[Any]) -> None:
@@ -759,9 +758,9 @@ class Submitter:
             signer = receipt_env.signer.raw
             job = next((lane for lane in job.lanes if lane.holder == signer and lane.receipt is None), None)
         if job is not None and job.completing:
-            self._outcomes.pop(
-                env.message_id.raw, None
-            )  # another outcome is being verified: take a copy later
+            top = self.jobs.get(job_id)  # another outcome is being verified: take a copy later
+            if top is not None:
+                top.outcomes.discard(env.message_id.raw)
             return
         if job is None or row.state in TERMINAL:
             return

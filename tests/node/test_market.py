@@ -489,3 +489,20 @@ async def test_an_assignment_lost_on_the_way_is_sent_again_until_accepted(
     executed = await b.store.run(Store.job, job_id, "executor")
     assert executed is not None and executed.attempt == 1
     assert len(await a.store.run(Store.envelopes_for_job, job_id, "accepted")) == 1
+
+
+async def test_answered_offers_are_forgotten_once_expired(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    from e31.node.market_executor import ANSWERED_PRUNE_MIN
+
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, b)
+    manifest = a.manifest(("14", "1000"))
+    past = wall_ms() - 1
+    for i in range(ANSWERED_PRUNE_MIN - 1):
+        b.executor.on_offer(verify(sign_message(Offer(NETWORK, past - i, manifest), a.key), Offer))
+    assert len(b.executor._answered) == ANSWERED_PRUNE_MIN - 1
+    live = verify(sign_message(Offer(NETWORK, wall_ms() + 60_000, manifest), a.key), Offer)
+    b.executor.on_offer(live)  # the one that fills the table: every expired offer is forgotten
+    assert list(b.executor._answered) == [live.message_id.raw]
