@@ -754,7 +754,7 @@ class AsyncStore:
         return cls(await trio.to_thread.run_sync(Store, path))
 
     async def run(self, method: Callable[Concatenate[Store, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
-        name = method.__name__
+        name = getattr(method, "__name__", "")  # a functools.partial has none: it runs in the thread
         read = name in INLINE_READS
         if not read:
             self._writes += 1

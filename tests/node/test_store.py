@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import signal
 import sqlite3
@@ -433,6 +434,9 @@ async def test_a_short_call_runs_on_the_event_loop_and_a_durable_one_in_the_work
         impostor.__name__ = "job"
         await db.run(impostor)
         assert seen == [("<lambda>", False)]
+        # nor does a partial (it has no name)
+        await db.run(functools.partial(Store.kv_set, key="k", value=b"v"))
+        assert await db.run(Store.kv_get, "k") == b"v"
     finally:
         await db.aclose()
 
