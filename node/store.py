@@ -21,13 +21,14 @@ Settings and why:
   with a StoreError, and never writes to such a file. Older schemas are migrated forward in order, each
   step in one transaction.
 
-Threads: one connection (check_same_thread=False) guarded by a lock; `AsyncStore` runs a short call
-(INLINE: a point read or a write that is not durable, microseconds of work) on the event loop when the
-store is idle, and anything else in a worker thread under a CapacityLimiter(1), so trio tasks queue
-instead of blocking the event loop on an fsync; a thread hop costs ten times what such a call does. The
-event loop's connection does not checkpoint the WAL on its own: AsyncStore checkpoints in the worker
-thread every CHECKPOINT_EVERY writes, so a checkpoint's copying and syncing never runs inline. All SQL
-lives in this module. Times are Unix seconds (float) passed in by the caller, so tests control the clock.
+Threads: one connection (check_same_thread=False) guarded by a lock; `AsyncStore` runs point reads on
+the event loop on a second, read-only connection, a short write that is not durable (microseconds of
+work) on the event loop when the store is idle, and anything else in a worker thread under a
+CapacityLimiter(1), so trio tasks queue instead of blocking the event loop on an fsync; a thread hop
+costs ten times what such a call does. The event loop's connection does not checkpoint the WAL on its
+own: AsyncStore checkpoints in the worker thread every CHECKPOINT_EVERY writes, so a checkpoint's
+copying and syncing never runs inline. All SQL lives in this module. Times are Unix seconds (float)
+passed in by the caller, so tests control the clock.
 """
 
 from __future__ import annotations
@@ -276,6 +277,17 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+    def reader(self) -> Store:
+        """A second, read-only view of this store on its own connection (for one thread): in WAL mode
+        its reads never wait for a write on this one, and see every commit made before they start."""
+        with _translate(self.path):
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA query_only = ON")
+        view = object.__new__(Store)
+        view.path, view._lock, view._conn, view._durable = self.path, threading.RLock(), conn, True
+        return view
 
     def set_autocheckpoint(self, pages: int) -> None:
         """Checkpoint the WAL on commit once it holds `pages` pages (SQLite's default 1000); 0: never."""
@@ -726,7 +738,7 @@ T = TypeVar("T")
 
 
 INLINE_READS = frozenset({"job", "envelope", "envelopes_for_job", "receipts_for_job", "kv_get"})
-"""Point reads by key: run on the event loop when the store is idle."""
+"""Point reads by key: run on the event loop, on a read-only connection of their own."""
 INLINE_WRITES = frozenset({
     "put_envelope", "ref_blob", "kv_set", "mark_seen", "receipt_delivery_failed", "update_job",
 })
@@ -738,15 +750,17 @@ CHECKPOINT_EVERY = 500
 class AsyncStore:
     """The store for trio code: `await db.run(Store.peers, network="main")`.
 
-    A call that cannot block on the disk (INLINE_READS, INLINE_WRITES) runs at once on the event loop
-    when no other call holds the store; any other call runs in a worker thread (CapacityLimiter(1)), so
-    the event loop never waits on an fsync. Each call is a trio checkpoint either way.
+    A point read (INLINE_READS) runs at once on the event loop, on a read-only connection of its own
+    that never waits for the writer (WAL); a write that cannot block on the disk (INLINE_WRITES) runs on
+    the event loop when no other call holds the store; any other call runs in a worker thread
+    (CapacityLimiter(1)), so the event loop never waits on an fsync. Each call is a trio checkpoint.
     """
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._limiter = trio.CapacityLimiter(1)
         self._writes = 0
+        self._reader = store.reader()
         store.set_autocheckpoint(0)
 
     @classmethod
@@ -761,9 +775,11 @@ class AsyncStore:
             if self._writes >= CHECKPOINT_EVERY:
                 self._writes = 0
                 await trio.to_thread.run_sync(self.store.checkpoint, limiter=self._limiter)
-        inline = read or (
-            name in INLINE_WRITES and (name != "update_job" or kwargs.get("state") not in DURABLE_STATES)
-        )
+        if read and getattr(Store, name, None) is method:
+            result = method(self._reader, *args, **kwargs)
+            await trio.lowlevel.checkpoint()
+            return result
+        inline = name in INLINE_WRITES and (name != "update_job" or kwargs.get("state") not in DURABLE_STATES)
         if inline and self._limiter.borrowed_tokens == 0 and getattr(Store, name, None) is method:
             lock = self.store._lock
             if lock.acquire(blocking=False):
@@ -780,4 +796,5 @@ class AsyncStore:
         return await trio.to_thread.run_sync(call, limiter=self._limiter)
 
     async def aclose(self) -> None:
+        self._reader.close()
         await trio.to_thread.run_sync(self.store.close, limiter=self._limiter)

@@ -442,11 +442,13 @@ async def test_a_short_call_runs_on_the_event_loop_and_a_durable_one_in_the_work
 
 
 async def test_an_inline_call_never_waits_on_a_store_busy_in_another_thread(tmp_path: Path) -> None:
-    """While another thread holds the store (as during a durable commit's fsync), an inline-eligible call
-    goes to the worker thread and waits there; the event loop keeps running meanwhile."""
+    """While another thread holds the store (as during a durable commit's fsync), a point read runs at
+    once on its own connection and sees every earlier commit; a short write goes to the worker thread
+    and waits there, and the event loop keeps running meanwhile."""
     import threading
 
     db = await AsyncStore.open(tmp_path / STORE_FILE)
+    await db.run(Store.kv_set, "before", b"1")
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -458,21 +460,22 @@ async def test_an_inline_call_never_waits_on_a_store_busy_in_another_thread(tmp_
     holder.start()
     try:
         assert held.wait(10)
+        assert await db.run(Store.kv_get, "before") == b"1"
         ticks = 0
         done = trio.Event()
 
-        async def read() -> None:
-            assert await db.run(Store.kv_get, "k") is None
+        async def write() -> None:
+            await db.run(Store.kv_set, "k", b"v")
             done.set()
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(read)
+            nursery.start_soon(write)
             for _ in range(5):
                 await trio.sleep(0.01)
                 ticks += 1
-            assert not done.is_set() and ticks == 5  # the loop ran while the read waited
+            assert not done.is_set() and ticks == 5  # the loop ran while the write waited
             release.set()
-        assert done.is_set()
+        assert done.is_set() and await db.run(Store.kv_get, "k") == b"v"
     finally:
         release.set()
         holder.join()
