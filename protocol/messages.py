@@ -320,8 +320,8 @@ class InclusionProof(Message):
 
 
 AnyMessage = (Ping | Pong | Contact | Peers | Capacity | Offer | Bid | Decline | Assign | BlobRequest
-              | BlobChunk | Result | UsageReceipt | Ack | Accepted | Release | Cancel | TreeHead | ProofRequest
-              | InclusionProof)
+              | BlobChunk | Result | UsageReceipt | Ack | Accepted | Release | Cancel | TreeHead
+              | ProofRequest | InclusionProof)
 """The closed union of every message kind."""
 
 KINDS: tuple[str, ...] = tuple(REGISTRY)
@@ -348,8 +348,8 @@ __all__ = [
     "Peers",
     "Ping",
     "Pong",
-    "Release",
     "ProofRequest",
+    "Release",
     "Result",
     "TreeHead",
     "UsageReceipt",
