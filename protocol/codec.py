@@ -8,6 +8,10 @@ against the decoder's limit as soon as the 4 prefix bytes are there, before any 
 strict_map_key=True, use_list=False, refuses trailing bytes, and turns every msgpack failure into
 DecodeError. `pack` is the one encoder; msgpack's packer always chooses the minimal form, so
 `pack(unpack(b)) == b` exactly when b is minimally encoded (see `unpack_canonical`).
+
+`unpack_canonical` re-encodes with one shared Packer instead of a new one per call: what it packs
+comes from unpackb, so holds only exact built-in types, for which the packer runs no Python code
+and a pack() call completes under the GIL without interleaving.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ MAX_FRAME = 1 << 20
 """Largest frame payload in bytes (1 MiB). Larger blobs travel as chunks."""
 
 _LEN = struct.Struct(">I")
+_REPACK = msgpack.Packer(use_bin_type=True).pack
 
 
 def pack(obj: Any) -> bytes:
@@ -39,6 +44,26 @@ def unpack(data: bytes, *, max_len: int = MAX_FRAME) -> Any:
     """Decode exactly one msgpack value filling all of `data`; raise DecodeError otherwise."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise DecodeError(f"expected bytes, got {type(data).__name__}")
+    return _unpack(data, max_len)
+
+
+def unpack_canonical(data: bytes, *, max_len: int = MAX_FRAME) -> Any:
+    """Decode like `unpack`, and also refuse any encoding but the minimal one."""
+    if type(data) is not bytes:
+        if not isinstance(data, (bytearray, memoryview)):
+            raise DecodeError(f"expected bytes, got {type(data).__name__}")
+        data = bytes(data)
+    value = _unpack(data, max_len)
+    try:
+        again = _REPACK(value)
+    except (TypeError, ValueError, OverflowError) as e:  # cannot happen for decoded values
+        raise DecodeError(f"cannot re-encode the decoded value: {e}") from e
+    if again != data:
+        raise NonCanonical("msgpack value is not minimally encoded")
+    return value
+
+
+def _unpack(data: bytes | bytearray | memoryview, max_len: int) -> Any:
     try:
         return msgpack.unpackb(
             data,
@@ -55,18 +80,6 @@ def unpack(data: bytes, *, max_len: int = MAX_FRAME) -> Any:
         raise DecodeError("trailing bytes after the msgpack value") from e
     except Exception as e:  # msgpack raises many types (ValueError, UnpackValueError, ...)
         raise DecodeError(f"invalid msgpack: {type(e).__name__}: {e}") from e
-
-
-def unpack_canonical(data: bytes, *, max_len: int = MAX_FRAME) -> Any:
-    """Decode like `unpack`, and also refuse any encoding but the minimal one."""
-    value = unpack(data, max_len=max_len)
-    try:
-        again = pack(value)
-    except LocalProtocolError as e:  # cannot happen for decoded values; keep the promise anyway
-        raise DecodeError(str(e)) from e
-    if again != bytes(data):
-        raise NonCanonical("msgpack value is not minimally encoded")
-    return value
 
 
 def encode_frame(payload: bytes, *, max_frame: int = MAX_FRAME) -> bytes:

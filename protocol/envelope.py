@@ -9,6 +9,11 @@ message's issuer. Only `verify` builds a VerifiedEnvelope.
 
 The message id is SHA-256(signed bytes || signer key): it covers exactly what was signed, so
 nobody can mint a second id for one message by re-encoding it.
+
+`verify` is the hot path of every node, so it reads a canonical envelope straight from its bytes,
+assembles signature || signed bytes || signer once (libsodium checks the first two, the id hashes
+the last two), calls libsodium's crypto_sign_open itself with no output buffer (PyNaCl's wrapper
+allocates and copies the message out), and builds the result without its checking __init__.
 """
 
 from __future__ import annotations
@@ -17,9 +22,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
-import nacl.exceptions
 import nacl.signing
-from nacl.bindings import crypto_sign_open
 
 from .codec import MAX_FRAME, pack, unpack, unpack_canonical
 from .errors import (
@@ -32,9 +35,10 @@ from .errors import (
     UnknownKind,
     WrongNetwork,
 )
-from .ids import ENVELOPE_VERSION, KEY_SIZE, SIGNATURE_SIZE, SIGNING_PREFIX, Digest, NodeId, _digest
+from .ids import ENVELOPE_VERSION, KEY_SIZE, SIGNATURE_SIZE, SIGNING_PREFIX, Digest, NodeId
 from .messages import REGISTRY, AnyMessage
-from .schema import Message
+from .schema import Message, _mutable_twin, _slot_setter
+from .sodium import signature_ok_trusted
 
 M = TypeVar("M", bound=Message)
 
@@ -72,10 +76,44 @@ class VerifiedEnvelope(Generic[M]):
 
 
 _new = object.__new__
-_set_raw, _set_kind, _set_signer, _set_message_id, _set_message, _set_seal = (
-    VerifiedEnvelope.__dict__[name].__set__
-    for name in ("raw", "kind", "signer", "message_id", "message", "_seal")
-)
+_set_digest_raw = _slot_setter(Digest, "raw")
+_Builder = _mutable_twin(VerifiedEnvelope)
+"""Filled with plain slot stores, then re-labelled a VerifiedEnvelope (see schema._mutable_twin)."""
+
+
+class _Kind:
+    """What verify needs to know about one registered kind, looked up once per envelope."""
+
+    __slots__ = ("cls", "issuer", "name", "signing_prefix")
+
+    def __init__(self, name: str, cls: type[Message]) -> None:
+        self.name, self.cls = name, cls
+        self.issuer = cls._GET_ISSUER
+        self.signing_prefix = SIGNING_PREFIX + name.encode("ascii") + b"\x00"
+
+
+_KINDS: dict[str, _Kind] = {}
+_KINDS_BY_HEAD: dict[bytes, _Kind] = {}
+"""Registered kinds by name, and by how a canonical envelope of the kind starts: fixarray(5), the
+version and the kind's fixstr."""
+
+
+def _kind(name: str) -> _Kind | None:
+    entry = _KINDS.get(name)
+    if entry is None and _refresh_kinds():
+        entry = _KINDS.get(name)
+    return entry
+
+
+def _refresh_kinds() -> bool:
+    """Take in kinds registered since the last look; False if there were none."""
+    if len(_KINDS) == len(REGISTRY):
+        return False
+    for name, cls in REGISTRY.items():
+        if name not in _KINDS:
+            head = pack((ENVELOPE_VERSION, name, b"", b"", b""))[:-6]  # less the three empty bins
+            _KINDS[name] = _KINDS_BY_HEAD[head] = _Kind(name, cls)
+    return True
 
 
 def node_id_of(signing_key: nacl.signing.SigningKey) -> NodeId:
@@ -136,40 +174,39 @@ def verify(
         data = bytes(data)
     if len(data) > max_len:
         raise DecodeError(f"envelope of {len(data)} bytes exceeds the limit of {max_len}")
-    parts = _split_canonical(data)
+    parts = _read_canonical(data)
     if parts is None:
-        parts = _split_generic(data, max_len)
-    kind, body, signer, signature = parts
-    cls = REGISTRY.get(kind)
-    if cls is None:
-        raise UnknownKind(f"unknown message kind {kind[:32]!r}")
+        name, body, signer, signature = _split_generic(data, max_len)
+        entry = _kind(name)
+        if entry is None:
+            raise UnknownKind(f"unknown message kind {name[:32]!r}")
+    else:
+        entry, body, signer, signature = parts
+    kind, cls = entry.name, entry.cls
     if expect is not None and cls is not expect:
         raise UnknownKind(f"expected a {expect.KIND!r} envelope, got {kind!r}")
-    # libsodium's combined form (signature || signed bytes), assembled once: the signed bytes are
-    # then a view into it, also hashed for the message id
-    sealed = b"".join((signature, SIGNING_PREFIX, kind.encode("ascii"), b"\x00", body))
-    try:
-        crypto_sign_open(sealed, signer)
-    except nacl.exceptions.CryptoError as e:  # BadSignatureError and malformed keys alike
-        raise BadSignature(f"bad {kind} signature: {e}") from None
-    except (ValueError, TypeError) as e:
-        raise BadSignature(f"bad {kind} signer key: {e}") from None
+    sealed = b"".join((signature, entry.signing_prefix, body, signer))
+    # the signer is 32 bytes (checked by the split), so the signed part is all but the last 32
+    if not signature_ok_trusted(sealed, len(sealed) - KEY_SIZE, signer):
+        raise BadSignature(f"bad {kind} signature")
     try:
         message = cls.from_wire(unpack_canonical(body, max_len=max_len))
     except InvalidMessage as e:
         raise InvalidMessage(f"{kind}: {e}") from None
-    if message.issuer.raw != signer:
-        raise BadSignature(f"the {kind} was signed by {NodeId(signer)}, not by its issuer {message.issuer}")
-    env: VerifiedEnvelope[Any] = _new(VerifiedEnvelope)
-    _set_raw(env, data)
-    _set_kind(env, kind)
-    _set_signer(env, message.issuer)
-    digest = hashlib.sha256(memoryview(sealed)[SIGNATURE_SIZE:])
-    digest.update(signer)
-    _set_message_id(env, _digest(digest.digest()))
-    _set_message(env, message)
-    _set_seal(env, _SEAL)
-    return env
+    issuer = entry.issuer(message)
+    if issuer.raw != signer:
+        raise BadSignature(f"the {kind} was signed by {NodeId(signer)}, not by its issuer {issuer}")
+    message_id: Digest = _new(Digest)
+    _set_digest_raw(message_id, hashlib.sha256(sealed[SIGNATURE_SIZE:]).digest())
+    env = _Builder()
+    env.raw = data
+    env.kind = kind
+    env.signer = issuer
+    env.message_id = message_id
+    env.message = message
+    env._seal = _SEAL
+    env.__class__ = VerifiedEnvelope
+    return env  # type: ignore[no-any-return]
 
 
 def _split_generic(data: bytes, max_len: int) -> tuple[str, bytes, bytes, bytes]:
@@ -182,7 +219,7 @@ def _split_generic(data: bytes, max_len: int) -> tuple[str, bytes, bytes, bytes]
         raise DecodeError(f"unsupported envelope version {version!r}")
     if type(kind) is not str:
         raise DecodeError("envelope kind is not a string")
-    if not kind.isascii() or kind not in REGISTRY:
+    if not kind.isascii() or _kind(kind) is None:
         raise UnknownKind(f"unknown message kind {kind[:32]!r}")
     if type(body) is not bytes:
         raise DecodeError("envelope body is not bin")
@@ -196,38 +233,54 @@ def _split_generic(data: bytes, max_len: int) -> tuple[str, bytes, bytes, bytes]
 _TAIL = 2 + KEY_SIZE + 2 + SIGNATURE_SIZE
 
 
-def _split_canonical(data: bytes) -> tuple[str, bytes, bytes, bytes] | None:
-    """The parts of an envelope already in its one canonical form, read straight from the bytes:
-    fixarray(5), fixint 1, fixstr kind, bin body (minimal header), bin8 signer, bin8 signature.
-    Anything else returns None and goes through `_split_generic`, which names the error."""
-    n = len(data)
-    if n < 5 + _TAIL or data[0] != 0x95 or data[1] != ENVELOPE_VERSION:
+def _read_canonical(data: bytes) -> tuple[_Kind, bytes, bytes, bytes] | None:
+    """The parts of an envelope of a registered kind already in its one canonical form, read straight
+    from the bytes: fixarray(5), fixint 1, fixstr kind, bin body (minimal header), bin8 signer,
+    bin8 signature. Anything else returns None and goes through `_split_generic`, which names the
+    error."""
+    end = len(data) - _TAIL  # where the body ends, if this is canonical
+    if end < 5:
         return None
-    k = data[2] - 0xA0
-    if not 0 < k < 32:
-        return None
-    pos = 3 + k
+    pos = data[2] - 0x9D  # past the kind, if data[2] is its fixstr header
+    entry = _KINDS_BY_HEAD.get(data[:pos])
+    if entry is None:
+        if not _refresh_kinds():
+            return None
+        entry = _KINDS_BY_HEAD.get(data[:pos])
+        if entry is None:
+            return None
     tag = data[pos]
     if tag == 0xC4:
-        size, pos = data[pos + 1], pos + 2
+        start = pos + 2
+        size = data[pos + 1]
     elif tag == 0xC5:
-        size, pos = (data[pos + 1] << 8) | data[pos + 2], pos + 3
+        start = pos + 3
+        size = data[pos + 1] << 8 | data[pos + 2]
         if size < 0x100:
             return None
     elif tag == 0xC6:
-        size, pos = int.from_bytes(data[pos + 1:pos + 5], "big"), pos + 5
+        start = pos + 5
+        size = int.from_bytes(data[pos + 1:start], "big")
         if size < 0x10000:
             return None
     else:
         return None
-    end = pos + size
-    if (n != end + _TAIL or data[end] != 0xC4 or data[end + 1] != KEY_SIZE or data[end + 34] != 0xC4
-            or data[end + 35] != SIGNATURE_SIZE):
+    if end - start != size or data[end:end + 2] != _SIGNER_HEADER or data[end + 34:end + 36] != _SIG_HEADER:
         return None
-    kind = data[3:3 + k]
-    if not kind.isascii():
+    return entry, data[start:end], data[end + 2:end + 34], data[end + 36:]
+
+
+_SIGNER_HEADER = bytes((0xC4, KEY_SIZE))
+_SIG_HEADER = bytes((0xC4, SIGNATURE_SIZE))
+
+
+def _split_canonical(data: bytes) -> tuple[str, bytes, bytes, bytes] | None:
+    """`_read_canonical` with the kind by name, as `_split_generic` returns it (for tests)."""
+    parts = _read_canonical(data)
+    if parts is None:
         return None
-    return kind.decode("ascii"), data[pos:end], data[end + 2:end + 34], data[end + 36:]
+    entry, body, signer, signature = parts
+    return entry.name, body, signer, signature
 
 
 def check_fresh(env: VerifiedEnvelope[Any], now: int, *, network: str | None = None,

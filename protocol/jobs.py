@@ -60,7 +60,12 @@ def _env_name_rule(name: str) -> str | None:
     return None
 
 
-FILE_NAME = Text(NAME_MAX, min_len=1, rule=check_file_name, label="relative file name (section 8)")
+# ASCII file names (at least one character) that need no regex: printable (no control character),
+# no backslash, no empty part, no part starting with "." (so none is "." or "..")
+_QUICK_FILE_NAME = ('{x}.isprintable() and "\\\\" not in {x} and "//" not in {x} and "/." not in {x} '
+                    'and {x}[0] not in "/." and {x}[-1] != "/"')
+FILE_NAME = Text(NAME_MAX, min_len=1, rule=check_file_name, label="relative file name (section 8)",
+                 quick=_QUICK_FILE_NAME)
 
 
 @record
@@ -86,7 +91,8 @@ class FileRef(Record):
 @record
 @dataclass(frozen=True, slots=True)
 class EnvVar(Record):
-    name: str = field(metadata=w(Text(NAME_MAX, min_len=1, rule=_env_name_rule, label="no `=`")))
+    name: str = field(metadata=w(Text(NAME_MAX, min_len=1, rule=_env_name_rule, label="no `=`",
+                                      quick='"=" not in {x}')))
     value: str = field(metadata=w(Text(ARG_MAX)))
 
 
@@ -114,16 +120,16 @@ class JobManifest(Record):
     def _validate(self) -> None:
         if self.deadline <= self.created_at:
             raise InvalidMessage("JobManifest: the deadline is not after the creation time")
-        nested = [f.name for f in self.inputs if "/" in f.name]
-        if not nested:
-            return
-        names = {f.name for f in self.inputs}
-        for name in nested:
-            parts = name.split("/")
-            for i in range(1, len(parts)):
-                if "/".join(parts[:i]) in names:
-                    raise InvalidMessage(f"JobManifest.inputs: {name!r} lies under the file "
-                                         f"{'/'.join(parts[:i])!r}")
+        inputs = self.inputs
+        if len(inputs) > 1:  # a file can only lie under another file
+            names = set(map(BY_NAME, inputs))
+            for name in map(BY_NAME, inputs):
+                cut = name.rfind("/")
+                while cut > 0:
+                    if name[:cut] in names:
+                        raise InvalidMessage(f"JobManifest.inputs: {name!r} lies under the file "
+                                             f"{name[:cut]!r}")
+                    cut = name.rfind("/", 0, cut)
 
     @property
     def job_id(self) -> Digest:

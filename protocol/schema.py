@@ -6,9 +6,12 @@ msgpack array, in field order) and read back, and how it looks in JSON (inspect,
 
 Construction validates every field (`check`), then the rules between fields (`_validate`).
 Decoding must accept exactly what construction accepts, and it is the hot path of verification,
-so each record class gets a generated decoder (`_compile_from_wire`) with every codec's checks
-inlined; `from_wire_reference` is the plain equivalent (convert each field with `dec`, then
-construct) that the tests hold the generated one to. Every failure is InvalidMessage.
+so each record class gets a generated decoder (`_compile_from_wire`): one straight-line function
+in which every codec's checks, every nested record and every array of records are written out
+(`Codec.inline`), and objects are built without their checking __init__. `from_wire_reference`
+is the plain equivalent (convert each field with `dec`, then construct) that the tests hold the
+generated one to; any wire value the generated decoder refuses is re-decoded by the reference,
+so both raise the same error. Every failure is InvalidMessage.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import operator
 import re
-from collections.abc import Callable, Mapping
+import types
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, ClassVar, Generic, TypeVar
 
 from .errors import InvalidMessage
@@ -49,10 +54,14 @@ class Codec(Generic[T]):
         self.check(v)
         return v
 
-    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
-        """Source lines (for Record's compiled decoder) turning wire value `x` into checked `v`;
-        `c` is an expression naming this codec, `bind(obj)` names any other object the lines need."""
-        return [f"v = {c}.decode(x)"]
+    def inline(self, x: str, src: Source) -> str:
+        """Write into `src` the lines of a generated decoder that check the wire value held in
+        variable `x`, and return an expression for the checked Python value.
+
+        A generated check must accept exactly what `decode` accepts. A cheap test that may refuse a
+        valid value (non-ASCII text, say) must fall back to `check`, which raises or lets it pass;
+        a refusal is re-explained by the reference decoder, so the error text need not be precise."""
+        return src.let(f"{src.bind(self)}.decode({x})")
 
     def to_json(self, v: T) -> Any:
         return v
@@ -79,8 +88,10 @@ class UInt(Codec[int]):
             self.check(w)
         return w
 
-    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
-        return [f"if type(x) is not int or not {self.min} <= x <= {self.max}: {c}.check(x)", "v = x"]
+    def inline(self, x: str, src: Source) -> str:
+        c = src.bind(self)
+        src.emit(f"if type({x}) is not int or not {self.min} <= {x} <= {self.max}: {c}.check({x})")
+        return x
 
     def describe(self) -> str:
         if self.label:
@@ -96,16 +107,26 @@ class Bool(Codec[bool]):
         if type(v) is not bool:
             raise InvalidMessage(f"expected a boolean, got {type(v).__name__}")
 
+    def inline(self, x: str, src: Source) -> str:
+        src.emit(f"if type({x}) is not bool: {src.bind(self)}.check({x})")
+        return x
+
     def describe(self) -> str:
         return "bool"
 
 
 class Text(Codec[str]):
-    """UTF-8 text, at most `max_bytes` encoded bytes, never NUL; optionally a validator."""
+    """UTF-8 text, at most `max_bytes` encoded bytes, never NUL; optionally a validator.
+
+    `rule(text)` says why a text breaks the field's own rule, or None. `quick`, for the generated
+    decoder, is Python source over `{x}` that is true only for ASCII text keeping the rule (it may
+    be false for some that keep it: the rule then decides); it spares a call on the hot path."""
 
     def __init__(self, max_bytes: int, min_len: int = 0,
-                 rule: Callable[[str], str | None] | None = None, label: str = "") -> None:
+                 rule: Callable[[str], str | None] | None = None, label: str = "",
+                 quick: str | None = None) -> None:
         self.max, self.min, self.rule, self.label = max_bytes, min_len, rule, label
+        self.quick = quick if rule is not None else None
 
     def check(self, v: object) -> None:
         if type(v) is not str:
@@ -122,16 +143,26 @@ class Text(Codec[str]):
             raise InvalidMessage(why)
 
     def decode(self, w: object) -> Any:
-        if type(w) is not str or len(w) * 4 > self.max or len(w) < self.min or "\x00" in w or self.rule:
+        if (type(w) is not str or not w.isascii() or not self.min <= len(w) <= self.max or "\x00" in w
+                or self.rule is not None):
             self.check(w)
         return w
 
-    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
-        lines = [f"if type(x) is not str or len(x) * 4 > {self.max} or len(x) < {self.min} or NUL in x: "
-                 f"{c}.check(x)"]
-        if self.rule is not None:
-            lines.append(f"if {c}.rule(x) is not None: {c}.check(x)")
-        return [*lines, "v = x"]
+    def quick_test(self, x: str) -> str:
+        """A source expression true when text `x` is certainly valid but for the rule: ASCII text is
+        one byte per character and cannot hold a lone surrogate. Other text goes to `check`."""
+        size = _size_test(x, self.min, self.max)
+        return f"type({x}) is str and {x}.isascii() and {size} and NUL not in {x}"
+
+    def inline(self, x: str, src: Source) -> str:
+        c = src.bind(self)
+        test = self.quick_test(x)
+        if self.quick is not None:
+            test += " and " + self.quick.format(x=x)
+        elif self.rule is not None:
+            test += f" and {src.bind(self.rule)}({x}) is None"
+        src.emit(f"if not ({test}): {c}.check({x})")
+        return x
 
     def describe(self) -> str:
         text = f"str (UTF-8, {self.min}..{self.max} bytes, no NUL)"
@@ -154,8 +185,10 @@ class OneOf(Codec[str]):
             self.check(w)
         return w
 
-    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
-        return [f"if type(x) is not str or x not in {c}.choices: {c}.check(x)", "v = x"]
+    def inline(self, x: str, src: Source) -> str:
+        c = src.bind(self)
+        src.emit(f"if type({x}) is not str or {x} not in {src.bind(self.choices)}: {c}.check({x})")
+        return x
 
     def describe(self) -> str:
         return "str, one of " + ", ".join(f"`{c}`" for c in self.order)
@@ -176,8 +209,10 @@ class Bin(Codec[bytes]):
             self.check(w)
         return w
 
-    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
-        return [f"if type(x) is not bytes or not {self.min} <= len(x) <= {self.max}: {c}.check(x)", "v = x"]
+    def inline(self, x: str, src: Source) -> str:
+        c = src.bind(self)
+        src.emit(f"if not (type({x}) is bytes and {_size_test(x, self.min, self.max)}): {c}.check({x})")
+        return x
 
     def to_json(self, v: bytes) -> Any:
         return v.hex()
@@ -209,9 +244,11 @@ class Key(Codec[NodeId]):
 
     decode = dec
 
-    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
-        return [f"if type(x) is not bytes or len(x) != {KEY_SIZE}: {c}.dec(x)",
-                "v = new(NodeId)", "set_node_raw(v, x)"]
+    def inline(self, x: str, src: Source) -> str:
+        src.emit(f"if type({x}) is not bytes or len({x}) != {KEY_SIZE}: {src.bind(self)}.dec({x})")
+        v = src.let("new(NodeId)")
+        src.emit(f"set_node_raw({v}, {x})")
+        return v
 
     def to_json(self, v: NodeId) -> Any:
         return str(v)
@@ -246,9 +283,11 @@ class Hash(Codec[Digest]):
 
     decode = dec
 
-    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
-        return [f"if type(x) is not bytes or len(x) != {DIGEST_SIZE}: {c}.dec(x)",
-                "v = new(Digest)", "set_digest_raw(v, x)"]
+    def inline(self, x: str, src: Source) -> str:
+        src.emit(f"if type({x}) is not bytes or len({x}) != {DIGEST_SIZE}: {src.bind(self)}.dec({x})")
+        v = src.let("new(Digest)")
+        src.emit(f"set_digest_raw({v}, {x})")
+        return v
 
     def to_json(self, v: Digest) -> Any:
         return v.hex()
@@ -284,9 +323,13 @@ class Opt(Codec[Any]):
     def decode(self, w: object) -> Any:
         return None if w is None else self.inner.decode(w)
 
-    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
-        inner = ["    " + line for line in self.inner.inline(f"{c}.inner", bind)]
-        return ["if x is None:", "    v = None", "else:", *inner]
+    def inline(self, x: str, src: Source) -> str:
+        v = src.fresh("v")
+        with src.block(f"if {x} is None:"):
+            src.emit(f"{v} = None")
+        with src.block("else:"):
+            src.emit(f"{v} = {self.inner.inline(x, src)}")
+        return v
 
     def to_json(self, v: Any) -> Any:
         return None if v is None else self.inner.to_json(v)
@@ -363,28 +406,29 @@ class Seq(Codec[tuple[Any, ...]]):
                     raise InvalidMessage(f"[{i}]: items must be sorted and unique")
         return out
 
-    def element_decoder(self) -> Callable[[object], Any]:
-        inner = self.inner
-        return inner.cls.from_wire if isinstance(inner, Sub) else inner.decode
-
-    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
-        lines = [f"if type(x) is not tuple or not {self.min} <= len(x) <= {self.max}: {c}.decode(x)"]
-        inner = self.inner
-        if type(inner) is Text and inner.rule is None:
-            # the wire array is already a tuple of the values: check them in place, keep it as is
-            lines += ["for y in x:",
-                      f"    if type(y) is not str or len(y) * 4 > {inner.max} or len(y) < {inner.min} "
-                      f"or NUL in y: {c}.inner.check(y)",
-                      "v = x"]
-        else:
-            decode = _compiled(inner.cls) if isinstance(inner, Sub) else inner.decode
-            lines.append(f"v = tuple([{bind(decode)}(y) for y in x])")
-        if self.order_key is not None:
-            # strictly increasing exactly when the keys equal their sorted set
-            lines += ["if len(v) > 1:",
-                      f"    k = list(map({bind(self.order_key)}, v))",
-                      f"    if k != sorted(set(k)): {c}.check(v)"]
-        return lines
+    def inline(self, x: str, src: Source) -> str:
+        c = src.bind(self)
+        src.emit(f"if not (type({x}) is tuple and {_size_test(x, self.min, self.max)}): {c}.decode({x})")
+        inner, order = self.inner, self.order_key
+        y = src.fresh("y")
+        if type(inner) in (Text, Bin) and order is None:
+            # the wire array already is the tuple of values: check its items in place and keep it
+            with src.block(f"for {y} in {x}:"):
+                inner.inline(y, src)
+            return x
+        items, last = src.fresh("items"), src.fresh("last")
+        src.emit(f"{items} = []")
+        if order is not None:
+            src.emit(f"{last} = MISSING")
+        with src.block(f"for {y} in {x}:"):
+            item = inner.inline(y, src)
+            src.emit(f"{items}.append({item})")
+            if order is not None:
+                # strictly increasing: each key above the one before
+                key = _key_source(order, item, src)
+                src.emit(f"if {last} is not MISSING and not {last} < {key}: {c}.check(tuple({items}))")
+                src.emit(f"{last} = {key}")
+        return src.let(f"tuple({items})")
 
     def to_json(self, v: tuple[Any, ...]) -> Any:
         return [self.inner.to_json(x) for x in v]
@@ -417,8 +461,10 @@ class Sub(Codec[Any]):
 
     decode = dec
 
-    def inline(self, c: str, bind: Callable[[object], str]) -> list[str]:
-        return [f"v = {c}.from_wire(x)"]
+    def inline(self, x: str, src: Source) -> str:
+        if src.depth >= MAX_INLINE_DEPTH:
+            return src.let(f"{src.bind(_compiled(self.cls))}({x})")
+        return _record_source(self.cls, x, src)
 
     @property
     def from_wire(self) -> Callable[[object], Any]:
@@ -437,6 +483,24 @@ class Sub(Codec[Any]):
 BY_NAME = operator.attrgetter("name")
 """Order of named items: by name, which for str is Unicode code point order (= UTF-8 byte order)."""
 BY_RAW = operator.attrgetter("raw")
+
+
+def _size_test(x: str, low: int, high: int) -> str:
+    """Source testing that low <= len(x) <= high."""
+    if low == high:
+        return f"len({x}) == {low}"
+    return f"len({x}) <= {high}" if low == 0 else f"{low} <= len({x}) <= {high}"
+
+
+def _key_source(key: Callable[[Any], Any], item: str, src: Source) -> str:
+    """A local holding `key(item)`: the local the decoder already holds when the key reads one field of
+    a record it has just built, else a call."""
+    if type(key) is operator.attrgetter:
+        names = key.__reduce__()[1]
+        known = src.fields.get(item, {})
+        if len(names) == 1 and names[0] in known:
+            return known[names[0]]
+    return src.let(f"{src.bind(key)}({item})")
 
 
 def w(codec: Codec[Any]) -> Mapping[str, Any]:
@@ -551,83 +615,121 @@ def _explain(cls: type[Record], wire: object, error: InvalidMessage) -> InvalidM
 
 
 MAX_INLINE_DEPTH = 4
-"""Nested records (Sub fields) up to this depth are decoded inline, without a call of their own."""
+"""Nested records (Sub fields) up to this depth are written out inline, deeper ones are called."""
+
+MISSING = object()
+
+
+class Source:
+    """The source text of one generated decoder, and the objects it refers to by name (it sees them as
+    closure variables, which are cheaper to read than globals and builtins)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.ns: dict[str, Any] = {
+            "type": type, "len": len, "int": int, "str": str, "bytes": bytes, "bool": bool, "tuple": tuple,
+            "InvalidMessage": InvalidMessage, "new": object.__new__, "NUL": "\x00", "MISSING": MISSING,
+            "NodeId": NodeId, "Digest": Digest, "check_shape": _check_shape, "explain": _explain,
+            "set_node_raw": _slot_setter(NodeId, "raw"), "set_digest_raw": _slot_setter(Digest, "raw"),
+        }
+        self.depth = 0
+        self.fields: dict[str, dict[str, str]] = {}
+        """For each local holding a record the decoder built, the locals holding its fields' values."""
+        self._indent = 0
+        self._names: dict[int, str] = {}
+        self._count = 0
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self._indent + line)
+
+    @contextmanager
+    def block(self, header: str) -> Iterator[None]:
+        self.emit(header)
+        self._indent += 1
+        yield
+        self._indent -= 1
+
+    def bind(self, obj: object) -> str:
+        """The name under which the generated code sees `obj`."""
+        name = self._names.get(id(obj))
+        if name is None:
+            name = self._names[id(obj)] = f"k{len(self._names)}"
+            self.ns[name] = obj
+        return name
+
+    def fresh(self, prefix: str) -> str:
+        self._count += 1
+        return f"{prefix}{self._count}"
+
+    def let(self, expr: str) -> str:
+        """Assign `expr` to a new local and return its name."""
+        v = self.fresh("v")
+        self.emit(f"{v} = {expr}")
+        return v
 
 
 def _compile_from_wire(cls: type[R]) -> Callable[[object], R]:
-    """Generate the decoder of one record class: the checks of every field's codec inlined, nested
-    records inlined too, each record's values stored into a mutable twin that then becomes the frozen
-    class (a frozen dataclass's __init__ would redo every check at several times the cost). Decoding
-    is the hot path of verification, right after the signature check. Any refusal is re-explained by
-    the reference decoder (`_explain`), so both raise the same error."""
-    ns: dict[str, Any] = {
-        "InvalidMessage": InvalidMessage, "cls": cls, "new": object.__new__, "NUL": "\x00",
-        "NodeId": NodeId, "Digest": Digest, "check_shape": _check_shape, "explain": _explain,
-        "set_node_raw": _slot_setter(NodeId, "raw"), "set_digest_raw": _slot_setter(Digest, "raw"),
-    }
-    names: dict[int, str] = {}
-
-    def bind(obj: object) -> str:
-        name = names.get(id(obj))
-        if name is None:
-            name = names[id(obj)] = f"k{len(names)}"
-            ns[name] = obj
-        return name
-
-    lines = ["def from_wire(wire):", "    try:"]
-    lines += ["        " + line for line in _record_lines(cls, "wire", "obj", bind, 0)]
-    lines += [
-        "    except InvalidMessage as e:",
-        "        raise explain(cls, wire, e) from None",
-        "    return obj",
-    ]
-    exec(compile("\n".join(lines), f"<{cls.__name__}.from_wire>", "exec"), ns)
-    fn: Callable[[object], R] = ns["from_wire"]
+    """Generate the decoder of one record class (see the module comment). Decoding is the hot path of
+    verification, right after the signature check."""
+    src = Source()
+    with src.block("def from_wire(wire):"):
+        with src.block("try:"):
+            obj = _record_source(cls, "wire", src)
+        with src.block("except InvalidMessage as e:"):
+            src.emit(f"raise explain({src.bind(cls)}, wire, e) from None")
+        src.emit(f"return {obj}")
+    names = ", ".join(src.ns)
+    code = "\n".join([f"def make({names}):", *("    " + line for line in src.lines), "    return from_wire"])
+    scope: dict[str, Any] = {}
+    exec(compile(code, f"<{cls.__name__}.from_wire>", "exec"), scope)
+    fn: Callable[[object], R] = scope["make"](**src.ns)
     fn.__qualname__ = f"{cls.__name__}.from_wire"
     fn.__doc__ = Record.from_wire.__doc__
     return fn
 
 
-SMALL_RECORD = 5
-"""Records with at most this many fields are filled through their frozen slots' setters; larger ones
-through a mutable twin whose class is then switched (one costly step, then cheap stores)."""
-
-
-def _record_lines(cls: type[Record], src: str, dst: str, bind: Callable[[object], str],
-                  depth: int) -> list[str]:
-    """Lines that decode the wire array in variable `src` into a `cls` in variable `dst`."""
-    c = bind(cls)
-    small = len(cls._FIELDS) <= SMALL_RECORD
-    lines = [f"if type({src}) is not tuple or len({src}) != {len(cls._FIELDS)}: check_shape({c}, {src})",
-             f"{dst} = new({c if small else bind(_mutable_twin(cls))})"]
-
-    def store(name: str, value: str) -> str:
-        if small:
-            return f"{bind(_slot_setter(cls, name))}({dst}, {value})"
-        return f"{dst}.{name} = {value}"
-
-    for i, (name, codec) in enumerate(cls._FIELDS):
-        if isinstance(codec, Sub) and depth < MAX_INLINE_DEPTH:
-            inner_src, inner_dst = f"w{depth + 1}", f"o{depth + 1}"
-            lines.append(f"{inner_src} = {src}[{i}]")
-            lines += _record_lines(codec.cls, inner_src, inner_dst, bind, depth + 1)
-            lines.append(store(name, inner_dst))
-        else:
-            lines.append(f"x = {src}[{i}]")
-            lines += codec.inline(bind(codec), bind)
-            lines.append(store(name, "v"))
-    if not small:
-        lines.append(f"{dst}.__class__ = {c}")
+def _record_source(cls: type[Record], wire: str, src: Source) -> str:
+    """Write the lines that decode the wire array in variable `wire` into a new `cls`; return the
+    variable holding it. The fields are unpacked into locals and checked; then, skipping the frozen
+    __setattr__ and the checking __init__ (several times the cost), they are stored into a mutable
+    twin of the frozen class which is re-labelled as `cls` (one costly step, then plain slot stores),
+    or, for a single field, through the slot's setter."""
+    c = src.bind(cls)
+    n = len(cls._FIELDS)
+    src.emit(f"if type({wire}) is not tuple or len({wire}) != {n}: check_shape({c}, {wire})")
+    wires = [src.fresh("x") for _ in range(n)]
+    src.emit(f"{', '.join(wires)}, = {wire}")
+    src.depth += 1
+    values = [codec.inline(x, src) for (_, codec), x in zip(cls._FIELDS, wires, strict=True)]
+    src.depth -= 1
+    if n == 1:
+        obj = src.let(f"new({c})")
+        src.emit(f"{src.bind(_slot_setter(cls, cls._FIELDS[0][0]))}({obj}, {values[0]})")
+    else:
+        obj = src.let(f"{src.bind(_mutable_twin(cls))}()")
+        for (name, _), value in zip(cls._FIELDS, values, strict=True):
+            src.emit(f"{obj}.{name} = {value}")
+        src.emit(f"{obj}.__class__ = {c}")
     if cls._validate is not Record._validate:
-        lines.append(f"{dst}._validate()")
-    return lines
+        src.emit(f"{obj}._validate()")
+    src.fields[obj] = {name: value for (name, _), value in zip(cls._FIELDS, values, strict=True)}
+    return obj
+
+
+_TWINS: dict[type, type] = {}
 
 
 def _mutable_twin(cls: type) -> type:
     """A class with the same slots and bases as the frozen `cls` but no __setattr__ guard: the
     decoder fills one with plain (fast) attribute stores, then re-labels it as `cls`, which the
-    identical layout allows. Setting frozen slots one by one costs several times more."""
-    return type(f"{cls.__name__}Builder", cls.__bases__, {"__slots__": cls.__dict__["__slots__"]})
+    identical layout allows."""
+    twin = _TWINS.get(cls)
+    if twin is None:
+        slots = cls.__dict__["__slots__"]
+        bases = cls.__dict__.get("__orig_bases__", cls.__bases__)  # as written (Generic[M], say)
+        twin = _TWINS[cls] = types.new_class(f"{cls.__name__}Builder", bases,
+                                             exec_body=lambda ns: ns.update(__slots__=slots))
+    return twin
 
 
 def _slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
@@ -660,6 +762,7 @@ KIND_MAX = 16
 NETWORK_MAX = 32
 
 
+_NETWORK_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789._-"
 _NETWORK_NAME = re.compile(r"[a-z0-9._-]+")
 
 
@@ -669,7 +772,9 @@ def _network_rule(s: str) -> str | None:
     return None
 
 
-NETWORK = Text(NETWORK_MAX, min_len=1, rule=_network_rule, label="network name (section 3)")
+# quick: stripping the allowed characters from both ends leaves nothing exactly when all are allowed
+NETWORK = Text(NETWORK_MAX, min_len=1, rule=_network_rule, label="network name (section 3)",
+               quick=f"not {{x}}.strip({_NETWORK_CHARS!r})")
 TIME = UInt(label="timestamp (uint64, ms since the Unix epoch)")
 """A timestamp: milliseconds since the Unix epoch (UTC), an unsigned 64-bit integer."""
 
