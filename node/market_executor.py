@@ -40,7 +40,7 @@ from typing import Any
 import trio
 from e31.protocol.blobs import BlobRef
 from e31.protocol.codec import pack, unpack_canonical
-from e31.protocol.envelope import VerifiedEnvelope, check_fresh, sign_message, verify
+from e31.protocol.envelope import VerifiedEnvelope, check_fresh, sign_message, sign_verified, verify
 from e31.protocol.errors import InvalidMessage, Mismatch, ProtocolError
 from e31.protocol.ids import Digest
 from e31.protocol.jobs import FileRef, JobManifest
@@ -228,9 +228,10 @@ class Executor:
                 plan.expected_start,
                 plan.expected_finish,
             )
-        raw = sign_message(answer, self.ctx.identity)
+        signed = sign_verified(answer, self.ctx.identity)
+        raw = signed.raw
         if isinstance(answer, Bid):
-            bid_id = verify(raw, Bid).message_id.raw
+            bid_id = signed.message_id.raw
             self._promises[bid_id] = _Promise(env, answer.expires)
             self._forget_old_promises(now)
         await self.ctx.send_to(manifest.submitter.raw, raw)
@@ -494,7 +495,7 @@ class Executor:
             started_at=started_at,
             finished_at=finished_at,
         )
-        return verify(sign_message(receipt, self.ctx.identity), UsageReceipt)
+        return sign_verified(receipt, self.ctx.identity)
 
     async def _stream(self, path: Path, total: int, sha: str) -> BlobRef:
         """Store one whole stream the sandbox wrote to `path` as a blob, checked against the run's hash."""
@@ -515,8 +516,8 @@ class Executor:
         result = Result(
             self.ctx.network, manifest.job_id, assign.message_id, self.ctx.node, receipt.message_id, available
         )
-        result_raw = sign_message(result, self.ctx.identity)
-        result_id = verify(result_raw, Result).message_id.raw
+        signed_result = sign_verified(result, self.ctx.identity)
+        result_raw, result_id = signed_result.raw, signed_result.message_id.raw
         store = self.ctx.store
         await store.run(Store.put_envelope, receipt.message_id.raw, "receipt", receipt.raw, now, job_id)
         await store.run(Store.put_envelope, result_id, "result", result_raw, now, job_id)

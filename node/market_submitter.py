@@ -33,7 +33,7 @@ from typing import Any
 
 import trio
 from e31.protocol.codec import pack
-from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
+from e31.protocol.envelope import VerifiedEnvelope, sign_verified, verify
 from e31.protocol.errors import Mismatch, ProtocolError
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest
@@ -255,8 +255,8 @@ class Submitter:
             now = self.ctx.clock()
             expires = max(int(row.deadline * 1000), now + CANCEL_TTL_MS)
             cancel = Cancel(self.ctx.network, Digest(job_id), self.ctx.node, expires, "withdrawn", text)
-            raw = sign_message(cancel, self.ctx.identity)
-            env = verify(raw, Cancel)
+            env = sign_verified(cancel, self.ctx.identity)
+            raw = env.raw
             await self.ctx.store.run(
                 Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id
             )
@@ -493,8 +493,8 @@ class Submitter:
         expires = offer_expiry(now, job.manifest.deadline, self.ctx.settings.offer_ttl_ms, job.rounds)
         job.rounds += job.round_step
         offer = Offer(self.ctx.network, expires, job.manifest)
-        raw = sign_message(offer, self.ctx.identity)
-        env = verify(raw, Offer)
+        env = sign_verified(offer, self.ctx.identity)
+        raw = env.raw
         await self.ctx.store.run(
             Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id
         )
@@ -568,8 +568,8 @@ class Submitter:
             attempt,
             lease,
         )
-        raw = sign_message(assign, self.ctx.identity)
-        env = verify(raw, Assign)
+        env = sign_verified(assign, self.ctx.identity)
+        raw = env.raw
         await self.ctx.store.run(
             Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id
         )
@@ -837,8 +837,8 @@ class Submitter:
             receipt.executor,
             self.ctx.clock(),
         )
-        raw = sign_message(ack, self.ctx.identity)
-        ack_env = verify(raw, Ack)
+        ack_env = sign_verified(ack, self.ctx.identity)
+        raw = ack_env.raw
         await self.ctx.store.run(Store.put_envelope, ack_env.message_id.raw, "ack", raw, now, job_id)
         await self.ctx.store.run(Store.put_ack, receipt_env.message_id.raw, ack_env.message_id.raw, now)
         if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)

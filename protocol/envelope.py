@@ -139,6 +139,10 @@ def sign(kind: str, message_or_body: Message | bytes, signing_key: nacl.signing.
         body = message_or_body
     else:
         raise LocalProtocolError(f"cannot sign a {type(message_or_body).__name__}")
+    return _seal(kind, body, signing_key, signer)
+
+
+def _seal(kind: str, body: bytes, signing_key: nacl.signing.SigningKey, signer: NodeId) -> bytes:
     if not kind.isascii():
         raise LocalProtocolError(f"kind {kind!r} is not ASCII")
     signature = signing_key.sign(signed_bytes(kind, body)).signature
@@ -152,6 +156,27 @@ def sign(kind: str, message_or_body: Message | bytes, signing_key: nacl.signing.
 def sign_message(message: Message, signing_key: nacl.signing.SigningKey) -> bytes:
     """`sign(message.KIND, message, signing_key)`."""
     return sign(message.KIND, message, signing_key)
+
+
+def sign_verified(message: M, signing_key: nacl.signing.SigningKey) -> VerifiedEnvelope[M]:
+    """Sign a message and return it as the VerifiedEnvelope `verify` would make of the bytes, without
+    checking the signature just made: the message was checked when it was built, its issuer is the
+    signing key (`sign` refuses anything else), and the body is its own canonical encoding."""
+    signer = node_id_of(signing_key)
+    if message.issuer != signer:
+        raise LocalProtocolError(f"the {message.KIND} names issuer {message.issuer}, "
+                                 f"but the signing key is {signer}")
+    body = pack(message.to_wire())
+    data = _seal(message.KIND, body, signing_key, signer)
+    env = _Builder()
+    env.raw = data
+    env.kind = message.KIND
+    env.signer = signer
+    env.message_id = message_id(message.KIND, body, signer)
+    env.message = message
+    env._seal = _SEAL
+    env.__class__ = VerifiedEnvelope
+    return env  # type: ignore[no-any-return]
 
 
 @overload

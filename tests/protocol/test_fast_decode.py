@@ -184,3 +184,31 @@ def test_small_order_and_malformed_keys_are_refused() -> None:
         forged = data[:-98] + key + data[-66:]
         with pytest.raises(errors.BadSignature):
             verify(forged)
+
+
+def test_sign_verified_is_what_verify_makes_of_the_signed_bytes() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    from e31.protocol.envelope import sign_verified, verify
+    from e31.protocol.errors import LocalProtocolError
+    from e31.protocol.schema import Message
+
+    spec = importlib.util.spec_from_file_location(
+        "e31_vectors_gen", Path(__file__).resolve().parents[1] / "vectors" / "make_vectors.py"
+    )
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    for _name, key_name, msg in gen.samples():
+        if not isinstance(msg, Message):
+            continue
+        made = sign_verified(msg, gen.key(key_name))
+        checked = verify(made.raw)
+        assert (made.kind, made.signer, made.message_id, made.message) == (
+            checked.kind, checked.signer, checked.message_id, checked.message)
+        assert made.raw == checked.raw
+    _name, key_name, msg = gen.samples()[0]
+    other = "executor" if key_name != "executor" else "submitter"
+    with pytest.raises(LocalProtocolError):
+        sign_verified(msg, gen.key(other))
