@@ -395,4 +395,6 @@ async def test_a_receipt_signed_just_before_a_stop_is_not_run_again(
     await b.executor._resume(job_id)
     row = await b.store.run(Store.job, job_id, "executor")
     assert row is not None and row.state == "done" and row.fuel_used
-    assert await b.store.run(Store.receipts_for_job, job_id) == [before]
+    # the same one receipt (its delivery and log fields may have moved on as the ack came in)
+    after = await b.store.run(Store.receipts_for_job, job_id)
+    assert [(r.digest, r.attempt) for r in after] == [(before.digest, before.attempt)]
