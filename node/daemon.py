@@ -7,7 +7,7 @@ one DaemonError with a one-line message. Then one root nursery holds every servi
 with `nursery.start`, so the node is announced only once all of them are ready:
 
     peering (transport listener, dialer, links)  ->  mDNS discovery (unless --no-mdns)
-        ->  gossip, job path (market, scheduler, capacity)  ->  garbage collection
+        ->  gossip, job path (market, scheduler, capacity)  ->  garbage collection, heap trimming
         ->  local control API  ->  "node ... listening on ..."
 
 SIGINT or SIGTERM cancels the root nursery: links close, the control API removes api.json, the
@@ -35,6 +35,7 @@ from .config import NodeConfig
 from .control import Request, Router, serve_control
 from .identity import IdentityError, load_or_create_identity, node_id
 from .logs import setup_logging
+from .memtrim import run_trimmer
 from .peering import PeerService, join_address, split_address
 from .peers import PeerSettings
 from .store import AsyncStore, Store, StoreError
@@ -185,6 +186,7 @@ class Node:
                 router = self.router()
                 await self._start_jobs(nursery, router)
                 await self._start_gc(nursery)
+                await nursery.start(run_trimmer)
                 await nursery.start(serve_control, router, self.config)
                 log.info("node %s on network %s listening on %s", self.peering.node_id, self.config.network,
                          listen)

@@ -334,6 +334,7 @@ class JobsApi:
                 changed = self.submitter.changed_for(row.job_id)  # taken before the re-read: no lost wake-up
                 row = await self._row(request)
                 if row.state in TERMINAL:
+                    self.submitter.ended_for(row.job_id, changed)
                     break
                 await changed.wait()
         return await self._doc(row)

@@ -224,6 +224,13 @@ class Submitter:
         """An event set at this job's next change: a waiter on one job is not woken by every job."""
         return self._job_changed.setdefault(job_id, trio.Event())
 
+    def ended_for(self, job_id: bytes, event: trio.Event) -> None:
+        """A waiter took `event` from changed_for and then found the job ended: forget the event (no
+        change will ever pop it) and set it, so any other waiter holding it re-reads and sees the end."""
+        if self._job_changed.get(job_id) is event:
+            del self._job_changed[job_id]
+        event.set()
+
     def _notify(self, job_id: bytes) -> None:
         self.changed.set()
         self.changed = trio.Event()

@@ -1,38 +1,45 @@
 """The executor's receipt log: an append-only RFC 9162 Merkle log of its acknowledged receipts.
 
 An entry is the complete receipt envelope, byte for byte (docs/protocol.md section 9); the log keeps
-only leaf hashes. Durable state lives in the node's SQLite store, in two tables this module creates
-on first use (CREATE TABLE IF NOT EXISTS, inside one `Store.transaction()`):
+only leaf hashes. Durable state lives in the node's SQLite store, in tables this module creates on
+first use (CREATE TABLE IF NOT EXISTS, inside one `Store.transaction()`):
 
     receipt_log        idx (0, 1, 2, ...), receipt_id (message id, unique), leaf_hash
+    receipt_log_nodes  every complete subtree hash above the leaves (node/receipt_tree.py)
     receipt_log_heads  size (primary key), the signed `treehead` envelope of that size
 
-`append` commits the new row (synchronous=FULL: it is on disk when the call returns) before the
-in-memory tree grows, so an ack answered after `append` never names a receipt a crash can lose, and
-a failed write leaves memory and disk as they were. At start the tree is rebuilt from the stored
-leaf hashes (O(n)) and checked against the newest stored head. Appending the same receipt again
-returns its existing index. One lock serialises appends and head signing; the methods are
-synchronous (the node calls them through trio.to_thread).
+Memory holds no per-receipt state, so a node's memory stays flat however long its log grows: the size,
+the O(log n) right-edge subtree hashes and the latest signed head. Lookups by receipt id and proofs read
+the store. `append` commits the leaf and the subtree hashes it completes (synchronous=FULL: on disk
+when the call returns) before the in-memory tree moves on, so an ack answered after `append` never
+names a receipt a crash can lose, and a failed write leaves memory and disk as they were. At start
+the tree is recomputed from the stored leaves (O(n) time, O(log n) memory) and checked against the
+newest stored head; the stored subtree rows are checked by count and along the right edge, and
+rewritten from the leaves when they are missing (a store from before they existed) or do not add up.
+Appending the same receipt again returns its existing index. One lock serialises appends and head
+signing; the methods are synchronous (the node calls them through trio.to_thread).
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import nacl.signing
 from e31.protocol.envelope import node_id_of, sign_message, verify
 from e31.protocol.errors import ProtocolError
 from e31.protocol.ids import Digest
-from e31.protocol.merkle import MerkleLog, leaf_hash
+from e31.protocol.merkle import leaf_hash
 from e31.protocol.messages import InclusionProof, TreeHead, UsageReceipt
 
+from . import receipt_tree as tree
 from .store import Store
 
 _SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS receipt_log ("
-    " idx INTEGER PRIMARY KEY, receipt_id BLOB NOT NULL UNIQUE, leaf_hash BLOB NOT NULL)",
+    *tree.SCHEMA,
     "CREATE TABLE IF NOT EXISTS receipt_log_heads (size INTEGER PRIMARY KEY, raw BLOB NOT NULL)",
 )
 
@@ -61,16 +68,7 @@ class ReceiptLog:
         with store.transaction() as c:
             for statement in _SCHEMA:
                 c.execute(statement)
-            rows = c.execute("SELECT idx, receipt_id, leaf_hash FROM receipt_log ORDER BY idx").fetchall()
-        self._index: dict[bytes, int] = {}
-        leaves: list[bytes] = []
-        for expected, (idx, receipt_id, leaf) in enumerate(rows):
-            if idx != expected or len(leaf) != 32:
-                raise ReceiptLogError(f"{store.path}: the receipt log has a gap or a bad leaf at {expected}")
-            self._index[bytes(receipt_id)] = idx
-            leaves.append(bytes(leaf))
-        self._tree = MerkleLog(leaves)
-        self._latest = self._load_latest_head()
+            self._tree, self._latest = self._open(c)
 
     @property
     def size(self) -> int:
@@ -81,10 +79,19 @@ class ReceiptLog:
         return str(self._node)
 
     def index_of(self, receipt_id: bytes) -> int | None:
-        return self._index.get(bytes(receipt_id))
+        with self._reading() as c:
+            return _index_of(c, bytes(receipt_id))
 
     def root(self, size: int | None = None) -> bytes:
-        return self._tree.root(size)
+        """The tree hash of the first `size` receipts (default: all of them)."""
+        with self._lock:
+            current = self._tree
+            if size is None or size == current.size:
+                return current.root()
+            if not _is_size(size) or size > current.size:
+                raise ReceiptLogError(f"size {size!r} is not in 0..{current.size}")
+            with self._reading() as c:
+                return tree.root_at(c, size)
 
     def append(self, receipt_envelope: bytes) -> int:
         """Append one of this node's receipts (its exact envelope bytes); return its leaf index.
@@ -103,16 +110,17 @@ class ReceiptLog:
         receipt_id = env.message_id.raw
         leaf = leaf_hash(env.raw)
         with self._lock:
-            known = self._index.get(receipt_id)
-            if known is not None:
-                return known
             idx = self._tree.size
+            grown, rows = self._tree.extended(leaf)
             with self._store.transaction() as c:
+                known = _index_of(c, receipt_id)
+                if known is not None:
+                    return known
                 c.execute("INSERT INTO receipt_log (idx, receipt_id, leaf_hash) VALUES (?, ?, ?)",
                           (idx, receipt_id, leaf))
+                tree.insert_rows(c, rows)
                 _mark_receipt(c, receipt_id, idx)
-            self._tree.append_leaf_hash(leaf)
-            self._index[receipt_id] = idx
+            self._tree = grown
             return idx
 
     def signed_tree_head(self, now: int) -> bytes:
@@ -133,12 +141,14 @@ class ReceiptLog:
         """A signed `proof` message placing the receipt in the log, against the latest signed head
         (signing a new head first if the log grew since)."""
         with self._lock:
-            idx = self._index.get(bytes(receipt_id))
+            with self._reading() as c:
+                idx = _index_of(c, bytes(receipt_id))
             if idx is None:
                 raise ReceiptLogError(f"receipt {bytes(receipt_id).hex()} is not in this node's log")
             head = self._head_locked(now)
             size = head.head.size
-            path = tuple(Digest(h) for h in self._tree.inclusion_proof(idx, size))
+            with self._reading() as c:
+                path = tuple(Digest(h) for h in tree.inclusion_proof(c, idx, size))
             proof = InclusionProof(self._network, self._node, Digest(bytes(receipt_id)), idx, size, path,
                                    head.raw)
             return sign_message(proof, self._key)
@@ -146,11 +156,13 @@ class ReceiptLog:
     def consistency(self, old_size: int, new_size: int | None = None) -> tuple[bytes, ...]:
         """The RFC 9162 consistency proof from `old_size` to `new_size` (default: the current size)."""
         with self._lock:
-            if new_size is not None and not 0 <= new_size <= self._tree.size:
+            if new_size is not None and (not _is_size(new_size) or not 0 <= new_size <= self._tree.size):
                 raise ReceiptLogError(f"size {new_size} is not in 0..{self._tree.size}")
-            if not 0 <= old_size <= (self._tree.size if new_size is None else new_size):
+            new = self._tree.size if new_size is None else new_size
+            if not _is_size(old_size) or not 0 <= old_size <= new:
                 raise ReceiptLogError(f"old size {old_size} is larger than the new size")
-            return self._tree.consistency_proof(old_size, new_size)
+            with self._reading() as c:
+                return tree.consistency_proof(c, old_size, new)
 
     def _head_locked(self, now: int) -> SignedHead:
         size = self._tree.size
@@ -167,9 +179,35 @@ class ReceiptLog:
         self._latest = SignedHead(bytes(stored[0]), verify(bytes(stored[0]), TreeHead).message)
         return self._latest
 
-    def _load_latest_head(self) -> SignedHead | None:
-        with self._store.transaction() as c:
-            row = c.execute("SELECT size, raw FROM receipt_log_heads ORDER BY size DESC LIMIT 1").fetchone()
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """A store transaction in which a stored hash found missing is a ReceiptLogError."""
+        try:
+            with self._store.transaction() as c:
+                yield c
+        except tree.TreeStateError as e:
+            raise ReceiptLogError(f"{self._store.path}: {e}") from None
+
+    def _open(self, c: sqlite3.Connection) -> tuple[tree.StoredTree, SignedHead | None]:
+        """The stored tree, recomputed from its leaves and checked, and the newest signed head."""
+        latest = self._load_latest_head(c)
+        head_size = 0 if latest is None else latest.head.size
+        size = c.execute("SELECT count(*) FROM receipt_log").fetchone()[0]
+        nodes = c.execute("SELECT count(*) FROM receipt_log_nodes").fetchone()[0]
+        try:
+            rewrite = nodes != tree.expected_node_rows(size)
+            current, head_root = tree.scan(c, head_size, rewrite)
+            if not rewrite and _stored_frontier(c, current.size) != current:
+                current, head_root = tree.scan(c, head_size, rewrite=True)
+        except tree.TreeStateError as e:
+            raise ReceiptLogError(f"{self._store.path}: {e}") from None
+        if latest is not None and (head_size > current.size or latest.head.root.raw != head_root):
+            raise ReceiptLogError(f"{self._store.path}: the stored log does not match its signed head of "
+                                  f"size {head_size}")
+        return current, latest
+
+    def _load_latest_head(self, c: sqlite3.Connection) -> SignedHead | None:
+        row = c.execute("SELECT size, raw FROM receipt_log_heads ORDER BY size DESC LIMIT 1").fetchone()
         if row is None:
             return None
         try:
@@ -179,10 +217,23 @@ class ReceiptLog:
         if head.executor != self._node:
             raise ReceiptLogError(f"{self._store.path}: the stored tree heads belong to {head.executor}, "
                                   f"not to this node ({self._node}); was the key file replaced?")
-        if head.size > self._tree.size or head.root.raw != self._tree.root(head.size):
-            raise ReceiptLogError(f"{self._store.path}: the stored log does not match its signed head of "
-                                  f"size {head.size}")
         return SignedHead(bytes(row[1]), head)
+
+
+def _stored_frontier(c: sqlite3.Connection, size: int) -> tree.StoredTree | None:
+    try:
+        return tree.StoredTree.load(c, size)
+    except tree.TreeStateError:
+        return None
+
+
+def _index_of(c: sqlite3.Connection, receipt_id: bytes) -> int | None:
+    row = c.execute("SELECT idx FROM receipt_log WHERE receipt_id = ?", (receipt_id,)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _is_size(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def _mark_receipt(c: sqlite3.Connection, receipt_id: bytes, idx: int) -> None:

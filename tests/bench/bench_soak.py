@@ -80,15 +80,17 @@ def main() -> int:
         return 1
     first, last = samples[0], samples[-1]
     per_node = [slope([(done, rss[i]) for done, rss in samples]) for i in range(3)]
+    half = [(done, rss) for done, rss in samples if done >= jobs // 2]
+    per_node_half = [slope([(done, rss[i]) for done, rss in half]) for i in range(3)]
     whole = slope([(done, sum(rss)) for done, rss in samples])
     # a cache filling up (SQLite's pages, allocator pools) flattens out; a leak keeps its slope
-    total = slope([(done, sum(rss)) for done, rss in samples if done >= jobs // 2])
+    total = slope([(done, sum(rss)) for done, rss in half])
     peak = max(sum(rss) for _, rss in samples)
     print(f"e31 soak: {jobs} tiny jobs over 3 local nodes after {args.warmup} warm-up jobs, "
           f"{rates['overall']:.1f} jobs/s, {len(samples)} memory samples every {args.interval:g} s")
     for i in range(3):
         print(f"  node{i + 1}: RSS {first[1][i] / MIB:6.1f} MiB -> {last[1][i] / MIB:6.1f} MiB, "
-              f"slope {per_node[i]:8.1f} bytes/job")
+              f"slope {per_node[i]:8.1f} bytes/job, {per_node_half[i]:8.1f} over the second half")
     print(f"  all nodes: RSS {sum(first[1]) / MIB:.1f} MiB -> {sum(last[1]) / MIB:.1f} MiB (peak "
           f"{peak / MIB:.1f} MiB), slope {whole:.1f} bytes/job over the run, {total:.1f} bytes/job "
           "over its second half (judged)")

@@ -506,3 +506,26 @@ async def test_answered_offers_are_forgotten_once_expired(
     live = verify(sign_message(Offer(NETWORK, wall_ms() + 60_000, manifest), a.key), Offer)
     b.executor.on_offer(live)  # the one that fills the table: every expired offer is forgotten
     assert list(b.executor._answered) == [live.message_id.raw]
+
+
+async def test_waiting_on_jobs_leaves_no_event_behind(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    from e31.node.control import Request
+    from e31.node.jobs_api import JobsApi
+
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    api = JobsApi(a.submitter, a.blobs, PROFILE.digest, lambda module: None)
+    jobs = [await a.submitter.submit(a.manifest((str(seed), "1000"))) for seed in (15, 16, 17)]
+
+    async def wait(job_id: bytes) -> dict[str, Any]:
+        path = f"/v1/jobs/{job_id.hex()}/wait"
+        request = Request("GET", path, {"id": job_id.hex()}, {"timeout": "30"}, None)
+        doc: dict[str, Any] = await api.wait(request)
+        return doc
+
+    docs = [await wait(j) for j in jobs]  # the first waits for its job; the later ones may find it ended
+    docs += [await wait(j) for j in jobs]  # every one ended: a waiter takes an event and finds the end
+    assert [d["state"] for d in docs] == ["done"] * 6
+    assert not a.submitter._job_changed

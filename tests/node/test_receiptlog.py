@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import subprocess
 import sys
 import textwrap
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -204,3 +206,56 @@ def test_an_append_is_durable_when_it_returns(tmp_path: Path) -> None:
     with Store(tmp_path / "node.sqlite") as store:
         log = ReceiptLog(store, key("executor"), NET)
         assert log.size == 1 and log.index_of(verify(entry).message_id.raw) == 0
+
+
+def test_a_store_without_subtree_rows_gets_them_rebuilt_at_start(tmp_path: Path) -> None:
+    """A log written before the subtree rows existed (or whose rows do not add up) is repaired from its
+    leaves, and its proofs verify."""
+    entries = receipts(6)
+    with Store(tmp_path / "node.sqlite") as store:
+        log = ReceiptLog(store, key("executor"), NET)
+        for r in entries:
+            log.append(r)
+        root = log.root()
+        with store.transaction() as c:
+            c.execute("DROP TABLE receipt_log_nodes")
+    with Store(tmp_path / "node.sqlite") as store:
+        again = ReceiptLog(store, key("executor"), NET)
+        assert again.size == 6 and again.root() == root
+        proof = verify(again.inclusion(verify(entries[4]).message_id.raw, T0), InclusionProof)
+        assert check_inclusion(proof, verify(entries[4], UsageReceipt)).root.raw == root
+        with store.transaction() as c:
+            c.execute("UPDATE receipt_log_nodes SET hash = ? WHERE level = 2 AND idx = 0", (b"\x01" * 32,))
+    reference = MerkleLog()
+    for r in entries:
+        reference.append(r)
+    with Store(tmp_path / "node.sqlite") as store:
+        repaired = ReceiptLog(store, key("executor"), NET)
+        assert [repaired.root(n) for n in range(7)] == [reference.root(n) for n in range(7)]
+
+
+def test_the_log_keeps_no_per_receipt_state_in_memory(store: Store) -> None:
+    """Memory allocated by the log's own code stays the same whether it holds 50 receipts or 550:
+    lookups and proofs come from the store (issue 8: memory flat over a long run of jobs)."""
+    log = ReceiptLog(store, key("executor"), NET)
+    entries = receipts(550)
+    mine = [tracemalloc.Filter(True, "*/receiptlog.py"), tracemalloc.Filter(True, "*/receipt_tree.py")]
+
+    def held() -> int:
+        gc.collect()
+        return sum(s.size for s in tracemalloc.take_snapshot().filter_traces(mine).statistics("filename"))
+
+    tracemalloc.start()
+    try:
+        for r in entries[:50]:
+            log.append(r)
+        log.signed_tree_head(T0)
+        before = held()
+        for r in entries[50:]:
+            log.append(r)
+        log.signed_tree_head(T0 + 1)
+        after = held()
+    finally:
+        tracemalloc.stop()
+    assert after - before < 2_000, f"the log's memory grew by {after - before} bytes over 500 receipts"
+    assert log.index_of(verify(entries[300]).message_id.raw) == 300
