@@ -114,6 +114,7 @@ class _Held:
 
 ANSWERED_PRUNE_MIN = 1024
 """Answered offers held before the expired ones are first forgotten (an expired offer is refused anyway)."""
+LEASE_LOST_TEXT = "the node stopped while holding the job and its lease ran out"
 GIVE_BACK_TEXT = "the machine's owner needs it back and the job would miss its deadline here"
 
 
@@ -283,25 +284,31 @@ class Executor:
         if not added:
             self._deliver_now.set()  # a repeated assignment: make sure the outcome goes out again
             return
-        del self._promises[assign.bid_id.raw]
+        self._promises.pop(assign.bid_id.raw, None)  # its bid may have lapsed meanwhile
         await self._execute(job_id, manifest, env)
 
     async def _redeliver(self, env: VerifiedEnvelope[Assign]) -> None:
-        """An assignment this node already holds, sent again: its submitter is back and asks for the
-        outcome, so unacknowledged receipts of the job are delivered now, not at the next retry. One it
-        does not hold (it restarted between its bid and storing the assignment, or the bid had lapsed)
-        is released at once, so the submitter need not wait out the lease."""
-        if await self.ctx.store.run(Store.envelope, env.message_id.raw) is None:
-            if env.message.lease_expires > self.ctx.clock():
-                job = env.message.job_id.hex()[:12]
-                log.info("releasing an assignment of job %s this node does not hold", job)
-                await self._release(env, "unknown", "this node holds no bid or job for that assignment")
+        """An assignment sent again, with no live bid of ours behind it. Held here: its submitter is
+        back and asks for the outcome, so `accepted` goes again for a job queued or running, unacknowledged
+        receipts are delivered now (not at the next retry), and a job that failed here is released
+        again (the first release may not have reached it). Not held (this node restarted between its bid
+        and storing the assignment, or the bid had lapsed): released at once, so the submitter need not
+        wait out the lease."""
+        assign = env.message
+        if assign.lease_expires <= self.ctx.clock():
             return
-        job = await self.ctx.store.run(Store.job, env.message.job_id.raw, ROLE)
-        if job is not None and job.state in ("queued", "running"):
+        job = await self.ctx.store.run(Store.job, assign.job_id.raw, ROLE)
+        if job is None or job.attempt != assign.attempt:
+            log.info("releasing an assignment of job %s this node does not hold", assign.job_id.hex()[:12])
+            await self._release(env, "unknown", "this node holds no bid or job for that assignment")
+            return
+        if job.state == "failed":
+            await self._release(env, _release_reason(job.reason), job.reason or "it failed here")
+            return
+        if job.state in ("queued", "running"):
             await self._accepted(env)  # its submitter may have missed the first
         now = self.ctx.now_s()
-        for row in await self.ctx.store.run(Store.receipts_for_job, env.message.job_id.raw):
+        for row in await self.ctx.store.run(Store.receipts_for_job, assign.job_id.raw):
             if row.delivered is None:
                 await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, now)
         self._deliver_now.set()
@@ -309,16 +316,14 @@ class Executor:
     async def _resume(self, job_id: bytes) -> None:
         """Finish a job that was interrupted by a restart, if its lease still holds."""
         row = await self.ctx.store.run(Store.job, job_id, ROLE)
-        assigns = await self.ctx.store.run(Store.envelopes_for_job, job_id, "assign")
-        if row is None or not assigns:
+        env = await self._own_assign(job_id)
+        if row is None or env is None:
             return
-        env = max((verify(a.raw, Assign) for a in assigns), key=lambda e: e.message.attempt)
         if await self._signed_before_stop(job_id, env.message.attempt):
             return
         manifest = JobManifest.from_wire(unpack_canonical(row.manifest))
         if env.message.lease_expires <= self.ctx.clock():
-            why = "the node stopped while holding the job and its lease ran out"
-            await self._fail(job_id, row.state, why, reason="lease")
+            await self._fail(job_id, row.state, LEASE_LOST_TEXT, reason="lease")
             return
         if row.state != "fetching":
             await self.ctx.store.run(Store.update_job, job_id, ROLE, self.ctx.now_s(), state="fetching")
@@ -568,10 +573,16 @@ class Executor:
         await self.ctx.store.run(
             Store.update_job, job_id, ROLE, self.ctx.now_s(), state="failed", reason=why[:500]
         )
-        assigns = await self.ctx.store.run(Store.envelopes_for_job, job_id, "assign")
-        if assigns:
-            assign = max((verify(a.raw, Assign) for a in assigns), key=lambda e: e.message.attempt)
-            await self._release(assign, reason, why)
+        mine = await self._own_assign(job_id)
+        if mine is not None:
+            await self._release(mine, reason, why)
+
+    async def _own_assign(self, job_id: bytes) -> VerifiedEnvelope[Assign] | None:
+        """This node's latest assignment of the job (a node that is also the submitter stores every
+        assignment of its own jobs, those of other executors included)."""
+        rows = await self.ctx.store.run(Store.envelopes_for_job, job_id, "assign")
+        mine = [e for e in (verify(r.raw, Assign) for r in rows) if e.message.executor == self.ctx.node]
+        return max(mine, key=lambda e: e.message.attempt) if mine else None
 
     async def _release(self, assign: VerifiedEnvelope[Assign], reason: str, why: str) -> None:
         msg = Release(
@@ -744,3 +755,8 @@ def _put_checked(blobs: BlobStore, path: Path, total: int, sha: str) -> str:
 def _fresh_dir(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True, mode=0o700)
+
+
+def _release_reason(why: str | None) -> str:
+    """The release reason of a job that failed here, from the reason recorded when it did."""
+    return {GIVE_BACK_TEXT: "deadline", LEASE_LOST_TEXT: "lease"}.get(why or "", "failed")

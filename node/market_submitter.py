@@ -83,9 +83,9 @@ at once would let leases run out before it got to their results, and offer them 
 REOFFER_MAX = 8.0
 """Seconds between rounds at most: the delay after a round without a bid doubles up to this."""
 CANCEL_TTL_MS = 3600 * 1000
-RETRYABLE_RELEASES = frozenset({"unknown", "lease"})
-"""Release reasons that say nothing against the executor: it may bid for the job again."""
 """How long a cancel of a job whose deadline has passed stays on gossip."""
+RETRYABLE_RELEASES = frozenset({"unknown", "lease"})
+"""Release reasons that say nothing against the executor: it may bid for the job again (once)."""
 
 
 class UnknownJob(LookupError):
@@ -124,6 +124,8 @@ class _Job:
     """The assignment (message id) its executor has accepted."""
     released: dict[bytes, str] = field(default_factory=dict)
     """Assignments (message ids) their executor gave back with a `release`, and its reason."""
+    forgiven: set[bytes] = field(default_factory=set)
+    """Executors whose one retryable release of this job was not held against them."""
     refusal: str | None = None
     """Why the last executor gave the job back or had its outcome refused."""
     settled: trio.Event = field(default_factory=trio.Event)
@@ -637,8 +639,13 @@ class Submitter:
             await job.settled.wait()
         if job.finished.is_set():
             return
-        if key is not None and job.released.get(job.assignment or b"") not in RETRYABLE_RELEASES:
-            job.rejected.add(key)
+        if key is not None:
+            # A release saying nothing against the executor lets it bid again, once per job: an
+            # executor that keeps winning and giving the job back would otherwise hold it forever.
+            if job.released.get(job.assignment or b"") in RETRYABLE_RELEASES and key not in job.forgiven:
+                job.forgiven.add(key)
+            else:
+                job.rejected.add(key)
         if lane:
             job.holder = None
             return

@@ -753,15 +753,18 @@ class AsyncStore:
     A point read (INLINE_READS) runs at once on the event loop, on a read-only connection of its own
     that never waits for the writer (WAL); a write that cannot block on the disk (INLINE_WRITES) runs on
     the event loop when no other call holds the store; any other call runs in a worker thread
-    (CapacityLimiter(1)), so the event loop never waits on an fsync. Each call is a trio checkpoint.
+    (CapacityLimiter(1)), so the event loop never waits on an fsync. Each call is a trio checkpoint;
+    a cancelled call has not run, a returned one is done. One task's calls keep their order; a read
+    sees every commit made before it starts, but not a write of another task still queued for the
+    thread (as with any two concurrent tasks, nothing orders those).
     """
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._limiter = trio.CapacityLimiter(1)
         self._writes = 0
-        self._reader = store.reader()
         store.set_autocheckpoint(0)
+        self._reader = store.reader()
 
     @classmethod
     async def open(cls, path: Path | str) -> AsyncStore:
@@ -773,21 +776,24 @@ class AsyncStore:
         if not read:
             self._writes += 1
             if self._writes >= CHECKPOINT_EVERY:
-                self._writes = 0
                 await trio.to_thread.run_sync(self.store.checkpoint, limiter=self._limiter)
+                self._writes = 0
+        # An inline call keeps the thread's contract: cancelled means not run, returned means done.
         if read and getattr(Store, name, None) is method:
+            await trio.lowlevel.checkpoint_if_cancelled()
             result = method(self._reader, *args, **kwargs)
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.cancel_shielded_checkpoint()
             return result
         inline = name in INLINE_WRITES and (name != "update_job" or kwargs.get("state") not in DURABLE_STATES)
         if inline and self._limiter.borrowed_tokens == 0 and getattr(Store, name, None) is method:
+            await trio.lowlevel.checkpoint_if_cancelled()
             lock = self.store._lock
-            if lock.acquire(blocking=False):
+            if self._limiter.borrowed_tokens == 0 and lock.acquire(blocking=False):
                 try:
                     result = method(self.store, *args, **kwargs)
                 finally:
                     lock.release()
-                await trio.lowlevel.checkpoint()
+                await trio.lowlevel.cancel_shielded_checkpoint()
                 return result
 
         def call() -> T:

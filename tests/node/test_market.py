@@ -152,8 +152,8 @@ class RealNode:
 
 
 class Liar:
-    """Bids on every offer; on an assignment, stays silent, answers with a receipt for another module, or
-    (mode "accepts") says it holds the job and then stays silent."""
+    """Bids on every offer; on an assignment, stays silent, answers with a receipt for another module,
+    (mode "accepts") says it holds the job and then stays silent, or (mode "releases") gives it back."""
 
     def __init__(self, net: Net, mode: str) -> None:
         self.key = nacl.signing.SigningKey(b"\x63" * 32)
@@ -182,6 +182,10 @@ class Liar:
         self.assigned += 1
         self.assignments.add(env.message_id.raw)  # an assignment not accepted is sent again
         if self.mode == "silent":
+            return
+        if self.mode == "releases":
+            msg = Release(NETWORK, env.message.job_id, env.message_id, NodeId(self.id), "unknown", "")
+            await self.send(peer, sign_message(msg, self.key))
             return
         if self.mode == "accepts":
             a = env.message
@@ -529,3 +533,15 @@ async def test_waiting_on_jobs_leaves_no_event_behind(
     docs += [await wait(j) for j in jobs]  # every one ended: a waiter takes an event and finds the end
     assert [d["state"] for d in docs] == ["done"] * 6
     assert not a.submitter._job_changed
+
+
+async def test_an_executor_that_keeps_releasing_a_job_is_forgiven_once(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a = RealNode(net, tmp_path, "a", 1)
+    liar = Liar(net, "releases")  # wins every round, then says it holds no such assignment
+    await start(nursery, a)
+    job_id = await a.submitter.submit(a.manifest(("18", "1000"), deadline_s=4))
+    row = await wait_state(a, job_id, "expired", seconds=15)
+    assert len(liar.assignments) == 2  # once forgiven and assigned again, never a third time
+    assert "deadline" in (row.reason or "")
