@@ -545,3 +545,29 @@ async def test_an_executor_that_keeps_releasing_a_job_is_forgiven_once(
     row = await wait_state(a, job_id, "expired", seconds=15)
     assert len(liar.assignments) == 2  # once forgiven and assigned again, never a third time
     assert "deadline" in (row.reason or "")
+
+
+async def test_a_release_lost_on_the_way_is_sent_again_when_the_assignment_comes_again(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    lost: list[bytes] = []
+    deliver = net.handlers[a.id]
+
+    async def loses_first_release(peer: bytes, raw: bytes) -> None:
+        if not lost and isinstance(verify(raw).message, Release):
+            lost.append(raw)
+            return
+        await deliver(peer, raw)
+
+    net.handlers[a.id] = loses_first_release
+    missing = blob_ref(b"a module A does not have")
+    manifest = replace(a.manifest(("19", "1000"), deadline_s=600), module=missing)
+    job_id = await a.submitter.submit(manifest)
+    # B cannot fetch the module, so it never accepts the job and releases it; that release is lost,
+    # A sends the assignment again, and B, finding the job failed here, releases it again.
+    row = await wait_state(a, job_id, "failed", seconds=20)
+    assert lost and verify(lost[0], Release).message.reason == "failed"
+    assert "every node that could run it failed" in (row.reason or "")
+    assert not await a.store.run(Store.envelopes_for_job, job_id, "accepted")
