@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from functools import partial
 
+from e31.protocol import merkle
 from e31.protocol.merkle import EMPTY_ROOT, HASH_SIZE, node_hash
 
 SCHEMA = (
@@ -34,11 +36,6 @@ NodeRow = tuple[int, int, bytes]
 
 class TreeStateError(Exception):
     """The stored tree is missing a hash or has a malformed one."""
-
-
-def _split(n: int) -> int:
-    """The largest power of two strictly smaller than n (n >= 2)."""
-    return 1 << ((n - 1).bit_length() - 1)
 
 
 def _frontier_positions(size: int) -> list[tuple[int, int]]:
@@ -131,63 +128,25 @@ def _node(c: sqlite3.Connection, level: int, index: int) -> bytes:
     return bytes(row[0])
 
 
+def _stored(c: sqlite3.Connection) -> merkle.Subtree:
+    return partial(_node, c)
+
+
 def range_hash(c: sqlite3.Connection, lo: int, hi: int) -> bytes:
-    """MTH(D[lo:hi]) for a range the RFC recursion visits (lo is a multiple of its split)."""
-    rights: list[bytes] = []
-    while True:
-        n = hi - lo
-        if n & (n - 1) == 0:
-            height = n.bit_length() - 1
-            acc = _node(c, height, lo >> height)
-            break
-        k = _split(n)
-        height = k.bit_length() - 1
-        rights.append(_node(c, height, lo >> height))
-        lo += k
-    for left in reversed(rights):
-        acc = node_hash(left, acc)
-    return acc
+    """MTH(D[lo:hi]) for a range the RFC recursion visits, from the stored subtrees."""
+    return merkle.range_hash(_stored(c), lo, hi)
 
 
 def root_at(c: sqlite3.Connection, size: int) -> bytes:
     """The tree hash of the first `size` stored leaves."""
-    return range_hash(c, 0, size) if size else EMPTY_ROOT
+    return merkle.range_hash(_stored(c), 0, size) if size else EMPTY_ROOT
 
 
 def inclusion_proof(c: sqlite3.Connection, index: int, size: int) -> tuple[bytes, ...]:
     """PATH(index, D[0:size]) of RFC 9162 §2.1.3.1, leaf side first (0 <= index < size)."""
-    path: list[bytes] = []
-    lo, hi = 0, size
-    while hi - lo > 1:
-        k = _split(hi - lo)
-        if index < lo + k:
-            path.append(range_hash(c, lo + k, hi))
-            hi = lo + k
-        else:
-            path.append(range_hash(c, lo, lo + k))
-            lo += k
-    path.reverse()
-    return tuple(path)
+    return merkle.inclusion_path(_stored(c), index, size)
 
 
 def consistency_proof(c: sqlite3.Connection, old_size: int, new_size: int) -> tuple[bytes, ...]:
     """PROOF(old_size, D[0:new_size]) of RFC 9162 §2.1.4.1 (0 <= old_size <= new_size)."""
-    if old_size in (0, new_size):
-        return ()
-    proof: list[bytes] = []
-    lo, hi, m, whole = 0, new_size, old_size, True
-    while True:
-        n = hi - lo
-        if m == n:
-            if not whole:
-                proof.append(range_hash(c, lo, hi))
-            break
-        k = _split(n)
-        if m <= k:
-            proof.append(range_hash(c, lo + k, hi))
-            hi = lo + k
-        else:
-            proof.append(range_hash(c, lo, lo + k))
-            lo, m, whole = lo + k, m - k, False
-    proof.reverse()
-    return tuple(proof)
+    return merkle.consistency_path(_stored(c), old_size, new_size)

@@ -18,7 +18,7 @@ return None or raise BadProof: there is no boolean to forget to check.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from .errors import BadProof, LocalProtocolError
 
@@ -45,6 +45,70 @@ def node_hash(left: bytes, right: bytes) -> bytes:
 def _split(n: int) -> int:
     """The largest power of two strictly smaller than n (n >= 2)."""
     return 1 << ((n - 1).bit_length() - 1)
+
+
+Subtree = Callable[[int, int], bytes]
+"""`subtree(h, i)`: the stored hash of the complete subtree of leaves [i*2^h, (i+1)*2^h). A log keeps
+these (in memory here, in SQLite in node/receipt_tree.py); the algorithms below only read them."""
+
+
+def range_hash(subtree: Subtree, lo: int, hi: int) -> bytes:
+    """MTH(D[lo:hi]) for a range the RFC recursion visits (lo is a multiple of its split): the complete
+    subtrees down its left side, then its ragged right edge."""
+    rights: list[bytes] = []
+    while True:
+        n = hi - lo
+        if n & (n - 1) == 0:
+            height = n.bit_length() - 1
+            acc = subtree(height, lo >> height)
+            break
+        k = _split(n)
+        height = k.bit_length() - 1
+        rights.append(subtree(height, lo >> height))
+        lo += k
+    for left in reversed(rights):
+        acc = node_hash(left, acc)
+    return acc
+
+
+def inclusion_path(subtree: Subtree, index: int, size: int) -> tuple[bytes, ...]:
+    """PATH(index, D[0:size]) of RFC 9162 §2.1.3.1, leaf side first (0 <= index < size, unchecked)."""
+    path: list[bytes] = []
+    lo, hi = 0, size
+    while hi - lo > 1:
+        k = _split(hi - lo)
+        if index < lo + k:
+            path.append(range_hash(subtree, lo + k, hi))
+            hi = lo + k
+        else:
+            path.append(range_hash(subtree, lo, lo + k))
+            lo += k
+    path.reverse()
+    return tuple(path)
+
+
+def consistency_path(subtree: Subtree, old_size: int, new_size: int) -> tuple[bytes, ...]:
+    """PROOF(old_size, D[0:new_size]) of RFC 9162 §2.1.4.1 (0 <= old_size <= new_size, unchecked;
+    empty when old_size is 0 or equal)."""
+    if old_size in (0, new_size):
+        return ()
+    proof: list[bytes] = []
+    lo, hi, m, whole = 0, new_size, old_size, True
+    while True:
+        n = hi - lo
+        if m == n:
+            if not whole:
+                proof.append(range_hash(subtree, lo, hi))
+            break
+        k = _split(n)
+        if m <= k:
+            proof.append(range_hash(subtree, lo + k, hi))
+            hi = lo + k
+        else:
+            proof.append(range_hash(subtree, lo, lo + k))
+            lo, m, whole = lo + k, m - k, False
+    proof.reverse()
+    return tuple(proof)
 
 
 class MerkleLog:
@@ -93,66 +157,23 @@ class MerkleLog:
     def root(self, size: int | None = None) -> bytes:
         """The tree hash of the first `size` leaves (default: all of them)."""
         size = self._check_size(size)
-        return self._range(0, size) if size else EMPTY_ROOT
+        return range_hash(self._subtree, 0, size) if size else EMPTY_ROOT
 
     def inclusion_proof(self, index: int, size: int | None = None) -> tuple[bytes, ...]:
         """PATH(index, D[0:size]) of RFC 9162 §2.1.3.1, leaf side first."""
         size = self._check_size(size)
         self._check_index(index, size)
-        path: list[bytes] = []
-        lo, hi = 0, size
-        while hi - lo > 1:
-            k = _split(hi - lo)
-            if index < lo + k:
-                path.append(self._range(lo + k, hi))
-                hi = lo + k
-            else:
-                path.append(self._range(lo, lo + k))
-                lo += k
-        path.reverse()
-        return tuple(path)
+        return inclusion_path(self._subtree, index, size)
 
     def consistency_proof(self, old_size: int, new_size: int | None = None) -> tuple[bytes, ...]:
         """PROOF(old_size, D[0:new_size]) of RFC 9162 §2.1.4.1 (empty when old_size is 0 or equal)."""
         new_size = self._check_size(new_size)
         if not _is_size(old_size) or old_size > new_size:
             raise LocalProtocolError(f"old size {old_size!r} is not in 0..{new_size}")
-        if old_size in (0, new_size):
-            return ()
-        proof: list[bytes] = []
-        lo, hi, m, whole = 0, new_size, old_size, True
-        while True:
-            n = hi - lo
-            if m == n:
-                if not whole:
-                    proof.append(self._range(lo, hi))
-                break
-            k = _split(n)
-            if m <= k:
-                proof.append(self._range(lo + k, hi))
-                hi = lo + k
-            else:
-                proof.append(self._range(lo, lo + k))
-                lo, m, whole = lo + k, m - k, False
-        proof.reverse()
-        return tuple(proof)
+        return consistency_path(self._subtree, old_size, new_size)
 
-    def _range(self, lo: int, hi: int) -> bytes:
-        """MTH(D[lo:hi]) for a range the RFC recursion visits (lo is a multiple of its split)."""
-        rights: list[bytes] = []
-        while True:
-            n = hi - lo
-            if n & (n - 1) == 0:
-                height = n.bit_length() - 1
-                acc = self._levels[height][lo >> height]
-                break
-            k = _split(n)
-            height = k.bit_length() - 1
-            rights.append(self._levels[height][lo >> height])
-            lo += k
-        for left in reversed(rights):
-            acc = node_hash(left, acc)
-        return acc
+    def _subtree(self, height: int, index: int) -> bytes:
+        return self._levels[height][index]
 
     def _check_size(self, size: int | None) -> int:
         if size is None:
