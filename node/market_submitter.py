@@ -296,14 +296,20 @@ class Submitter:
         if self._nursery is not None:
             self._nursery.start_soon(self._on_accepted, env)
 
-    async def _on_accepted(self, env: VerifiedEnvelope[Accepted]) -> None:
-        msg = env.message
+    async def _names_our_assignment(self, msg: Accepted | Release) -> bool:
+        """Whether an executor's message names an assignment this node made, of that job, to it."""
         stored = await self.ctx.store.run(Store.envelope, msg.assignment_id.raw)
         if stored is None or stored.kind != "assign":
-            return
+            return False
         assign = verify(stored.raw, Assign).message
         if assign.job_id != msg.job_id or assign.executor != msg.executor:
-            log.info("ignoring an acceptance from %s that does not match its assignment", msg.executor)
+            log.info("ignoring a %s from %s that does not match its assignment", msg.KIND, msg.executor)
+            return False
+        return True
+
+    async def _on_accepted(self, env: VerifiedEnvelope[Accepted]) -> None:
+        msg = env.message
+        if not await self._names_our_assignment(msg):
             return
         await self.ctx.store.run(
             Store.put_envelope, env.message_id.raw, env.kind, env.raw, self.ctx.now_s(), msg.job_id.raw
@@ -667,12 +673,7 @@ class Submitter:
         job's current one, the job is offered again now (without that executor, unless the reason
         says nothing against it)."""
         msg = env.message
-        stored = await self.ctx.store.run(Store.envelope, msg.assignment_id.raw)
-        if stored is None or stored.kind != "assign":
-            return
-        assign = verify(stored.raw, Assign).message
-        if assign.job_id != msg.job_id or assign.executor != msg.executor:
-            log.info("ignoring a release from %s that does not match its assignment", msg.executor)
+        if not await self._names_our_assignment(msg):
             return
         job = self.jobs.get(msg.job_id.raw)
         if job is None:

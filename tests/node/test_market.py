@@ -238,6 +238,21 @@ async def start(nursery: trio.Nursery, *nodes: RealNode) -> None:
         await nursery.start(node.market.run)
 
 
+def lose_first(net: Net, node: bytes, kind: type) -> list[bytes]:
+    """Make `node` lose the first message of `kind` sent to it; the list it returns gets that message."""
+    lost: list[bytes] = []
+    deliver = net.handlers[node]
+
+    async def handler(peer: bytes, raw: bytes) -> None:
+        if not lost and isinstance(verify(raw).message, kind):
+            lost.append(raw)
+            return
+        await deliver(peer, raw)
+
+    net.handlers[node] = handler
+    return lost
+
+
 async def wait_state(node: RealNode, job_id: bytes, state: str, seconds: float = 30.0) -> Any:
     for _ in range(int(seconds / 0.05)):
         row = await node.job(job_id)
@@ -417,16 +432,7 @@ async def test_an_assignment_the_executor_lost_in_a_restart_is_released_and_offe
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
-    lost: list[bytes] = []
-    deliver = net.handlers[b.id]
-
-    async def dies_on_first_assign(peer: bytes, raw: bytes) -> None:
-        if not lost and isinstance(verify(raw).message, Assign):
-            lost.append(raw)  # B stops here: it bid, but never stored the assignment
-            return
-        await deliver(peer, raw)
-
-    net.handlers[b.id] = dies_on_first_assign
+    lost = lose_first(net, b.id, Assign)  # B stops there: it bid, but never stored the assignment
     job_id = await a.submitter.submit(a.manifest(("11", "1000"), deadline_s=600))
     await wait_state(a, job_id, "assigned")
     lease_end = verify(lost[0], Assign).message.lease_expires
@@ -476,16 +482,7 @@ async def test_an_assignment_lost_on_the_way_is_sent_again_until_accepted(
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
-    dropped: list[bytes] = []
-    deliver = net.handlers[b.id]
-
-    async def loses_first_assign(peer: bytes, raw: bytes) -> None:
-        if not dropped and isinstance(verify(raw).message, Assign):
-            dropped.append(raw)  # e.g. it came in while B's job path was still starting
-            return
-        await deliver(peer, raw)
-
-    net.handlers[b.id] = loses_first_assign
+    dropped = lose_first(net, b.id, Assign)  # e.g. it came in while B's job path was still starting
     job_id = await a.submitter.submit(a.manifest(("13", "1000"), deadline_s=600))
     row = await wait_state(a, job_id, "done")
     # The same assignment, sent again, reached B: attempt 1 ran, no lease ran out.
@@ -552,16 +549,7 @@ async def test_a_release_lost_on_the_way_is_sent_again_when_the_assignment_comes
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
-    lost: list[bytes] = []
-    deliver = net.handlers[a.id]
-
-    async def loses_first_release(peer: bytes, raw: bytes) -> None:
-        if not lost and isinstance(verify(raw).message, Release):
-            lost.append(raw)
-            return
-        await deliver(peer, raw)
-
-    net.handlers[a.id] = loses_first_release
+    lost = lose_first(net, a.id, Release)
     missing = blob_ref(b"a module A does not have")
     manifest = replace(a.manifest(("19", "1000"), deadline_s=600), module=missing)
     job_id = await a.submitter.submit(manifest)
