@@ -15,6 +15,12 @@ Settings and why:
   seen-cache, envelopes (kept before the durable write that names them), blob references, delivery
   retry times, and the intermediate job states (offered, fetching); losing them to a power cut only
   repeats work (an offer re-sent, a blob re-fetched).
+- Group commit. Calls made through AsyncStore commit durable writes without their own fsync; before any
+  call returns (read or write), AsyncStore waits, if some durable commit is not yet on disk, for one
+  fsync of the WAL that began after it (`Store.sync`, in a thread of its own), shared by every task
+  waiting meanwhile. So a durable write still returns only once it is on disk, nothing read through
+  AsyncStore is a commit a power cut could take back, and a burst of jobs costs one fsync per burst
+  instead of one per write, with no thread hop per write.
 - foreign_keys=ON, and every write method is one transaction (BEGIN IMMEDIATE ... COMMIT).
 - application_id marks the file as an e31 store; user_version is the schema version. Opening refuses a
   file that is not SQLite, is another program's database, fails quick_check, or has a newer schema,
@@ -22,18 +28,19 @@ Settings and why:
   step in one transaction.
 
 Threads: one connection (check_same_thread=False) guarded by a lock; `AsyncStore` runs point reads on
-the event loop on a second, read-only connection, a short write that is not durable (microseconds of
-work) on the event loop when the store is idle, and anything else in a worker thread under a
-CapacityLimiter(1), so trio tasks queue instead of blocking the event loop on an fsync; a thread hop
-costs ten times what such a call does. The event loop's connection does not checkpoint the WAL on its
-own: AsyncStore checkpoints in the worker thread every CHECKPOINT_EVERY writes, so a checkpoint's
-copying and syncing never runs inline. All SQL lives in this module. Times are Unix seconds (float)
-passed in by the caller, so tests control the clock.
+the event loop on a second, read-only connection, a short write (a row or two: microseconds, and no
+fsync in the call, see group commit) on the event loop unless the thread holds the connection, and
+anything else in a worker thread under a CapacityLimiter(1), so trio tasks queue instead of blocking
+the event loop; a thread hop costs ten times what such a call does. The event loop's connection does
+not checkpoint the WAL on its own: AsyncStore checkpoints in the worker thread every CHECKPOINT_EVERY
+writes, so a checkpoint's copying and syncing never runs inline. All SQL lives in this module. Times
+are Unix seconds (float) passed in by the caller, so tests control the clock.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -268,7 +275,11 @@ class Store:
         self.path = Path(path)
         self._lock = threading.RLock()
         self._conn = _open(self.path)
-        self._durable = True
+        self._durable = True  # whether the connection's synchronous setting is FULL
+        self.deferring = threading.local()
+        """`deferring.on` true on a thread: its durable commits are deferred (group commit, see `sync`)."""
+        self.unsynced = 0
+        """How many deferred durable commits were made so far (each one is on disk after a `sync`)."""
 
     @classmethod
     def in_data_dir(cls, data_dir: Path | str) -> Store:
@@ -287,12 +298,38 @@ class Store:
             conn.execute("PRAGMA query_only = ON")
         view = object.__new__(Store)
         view.path, view._lock, view._conn, view._durable = self.path, threading.RLock(), conn, True
+        view.deferring, view.unsynced = threading.local(), 0
         return view
 
     def set_autocheckpoint(self, pages: int) -> None:
         """Checkpoint the WAL on commit once it holds `pages` pages (SQLite's default 1000); 0: never."""
         with self._read() as c:
             c.execute(f"PRAGMA wal_autocheckpoint = {int(pages)}")
+
+    def sync(self) -> None:
+        """Put every commit made so far on disk: fsync the WAL (the database file when there is none).
+
+        Group commit: a durable commit made on a thread whose `deferring.on` is true is written like any
+        other (to the WAL, no fsync) and counted in `unsynced`; it is on disk once `sync` has run after
+        it, and one sync serves every commit before it, however many. AsyncStore defers its calls' commits
+        and syncs before a call returns (see AsyncStore._settle); other callers get FULL commits.
+        Needs no lock: the WAL is only appended to (or restarted after a checkpoint that synced the
+        database first), so the fsync covers every frame written before it began."""
+        wal = self.path.with_name(self.path.name + "-wal")
+        for target in (wal, self.path):
+            try:
+                fd = os.open(target, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise StoreError(f"{target}: cannot open for fsync: {e.strerror}") from e
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                raise StoreError(f"{target}: fsync failed: {e.strerror}") from e
+            finally:
+                os.close(fd)
+            return
 
     def checkpoint(self) -> None:
         """Copy the WAL into the database as far as readers allow (a passive checkpoint)."""
@@ -320,16 +357,22 @@ class Store:
     def transaction(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
         """One write transaction: everything inside commits together or not at all.
 
-        A durable commit is on disk when this returns, with every commit before it; otherwise it
-        survives a process crash but may be lost to a power cut until the next durable commit."""
+        A durable commit is on disk when this returns, with every commit before it (when deferred: once
+        `sync` has run after it); otherwise it survives a process crash but may be lost to a power cut
+        until the next durable commit."""
         with self._lock, _translate(self.path):
             c = self._conn
-            if durable is not self._durable:
-                c.execute("PRAGMA synchronous = FULL" if durable else "PRAGMA synchronous = NORMAL")
-                self._durable = durable
+            deferred = getattr(self.deferring, "on", False)
+            full = durable and not deferred
+            if full is not self._durable:
+                c.execute("PRAGMA synchronous = FULL" if full else "PRAGMA synchronous = NORMAL")
+                self._durable = full
+            changes = c.total_changes
             c.execute("BEGIN IMMEDIATE")
             try:
                 yield c
+                if deferred and durable and c.total_changes != changes:
+                    self.unsynced += 1  # before COMMIT: a reader may see the commit as soon as it is made
                 c.execute("COMMIT")
             except BaseException:
                 if c.in_transaction:  # also after a failed COMMIT (disk full), which may leave it open
@@ -737,12 +780,14 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-INLINE_READS = frozenset({"job", "envelope", "envelopes_for_job", "receipts_for_job", "kv_get"})
+INLINE_READS = frozenset({"job", "envelope", "envelopes_for_job", "receipts_for_job", "kv_get", "receipt",
+                          "ack_for", "results_for_job"})
 """Point reads by key: run on the event loop, on a read-only connection of their own."""
 INLINE_WRITES = frozenset({
-    "put_envelope", "ref_blob", "kv_set", "mark_seen", "receipt_delivery_failed", "update_job",
+    "put_envelope", "ref_blob", "kv_set", "mark_seen", "receipt_delivery_failed", "update_job", "add_job",
+    "put_result", "put_receipt", "set_receipt_log_index", "put_ack",
 })
-"""Writes of a row or two that are never durable (update_job only for states outside DURABLE_STATES)."""
+"""Writes of a row or two: they commit in microseconds (a durable one waits for its group's fsync after)."""
 CHECKPOINT_EVERY = 500
 """Calls other than INLINE_READS between two WAL checkpoints (run in the worker thread)."""
 
@@ -751,9 +796,11 @@ class AsyncStore:
     """The store for trio code: `await db.run(Store.peers, network="main")`.
 
     A point read (INLINE_READS) runs at once on the event loop, on a read-only connection of its own
-    that never waits for the writer (WAL); a write that cannot block on the disk (INLINE_WRITES) runs on
-    the event loop when no other call holds the store; any other call runs in a worker thread
-    (CapacityLimiter(1)), so the event loop never waits on an fsync. Each call is a trio checkpoint;
+    that never waits for the writer (WAL); a write of a row or two (INLINE_WRITES) runs on the event
+    loop when the thread does not hold the connection; any other call runs in a worker thread
+    (CapacityLimiter(1)), so the event loop never waits on the disk. A call that made a durable
+    commit, or that finds one not yet on disk, returns after the group commit's fsync (`_settle`).
+    Each call is a trio checkpoint;
     a cancelled call has not run, a returned one is done. One task's calls keep their order; a read
     sees every commit made before it starts, but not a write of another task still queued for the
     thread (as with any two concurrent tasks, nothing orders those).
@@ -765,6 +812,9 @@ class AsyncStore:
         self._writes = 0
         store.set_autocheckpoint(0)
         self._reader = store.reader()
+        self._synced = store.unsynced
+        self._syncing: trio.Event | None = None
+        self._sync_limiter = trio.CapacityLimiter(1)
 
     @classmethod
     async def open(cls, path: Path | str) -> AsyncStore:
@@ -782,24 +832,56 @@ class AsyncStore:
         if read and getattr(Store, name, None) is method:
             await trio.lowlevel.checkpoint_if_cancelled()
             result = method(self._reader, *args, **kwargs)
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            await self._settle()
             return result
-        inline = name in INLINE_WRITES and (name != "update_job" or kwargs.get("state") not in DURABLE_STATES)
-        if inline and self._limiter.borrowed_tokens == 0 and getattr(Store, name, None) is method:
+        if name in INLINE_WRITES and getattr(Store, name, None) is method:
+            # not while the thread holds the connection; calls queued for the thread are other tasks'
+            # (a task waits for each of its calls), which nothing orders against this one
             await trio.lowlevel.checkpoint_if_cancelled()
             lock = self.store._lock
-            if self._limiter.borrowed_tokens == 0 and lock.acquire(blocking=False):
+            if lock.acquire(blocking=False):
+                deferring = self.store.deferring
+                deferring.on = True
                 try:
                     result = method(self.store, *args, **kwargs)
                 finally:
+                    deferring.on = False
                     lock.release()
-                await trio.lowlevel.cancel_shielded_checkpoint()
+                await self._settle()
                 return result
 
         def call() -> T:
-            return method(self.store, *args, **kwargs)
+            deferring = self.store.deferring
+            deferring.on = True
+            try:
+                return method(self.store, *args, **kwargs)
+            finally:
+                deferring.on = False
 
-        return await trio.to_thread.run_sync(call, limiter=self._limiter)
+        result = await trio.to_thread.run_sync(call, limiter=self._limiter)
+        await self._settle()
+        return result
+
+    async def _settle(self) -> None:
+        """The end of every call, cancel-shielded (the call has run): when durable commits are still to
+        be synced, wait for a sync that began after them, so a call returns nothing (a durable write's
+        success, a row it wrote) that a power cut could take back. Whoever finds no sync running starts
+        one in a thread; everyone who waits meanwhile shares the next (group commit)."""
+        if self.store.unsynced == self._synced:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        with trio.CancelScope(shield=True):
+            while self._synced < (goal := self.store.unsynced):
+                if self._syncing is not None:
+                    await self._syncing.wait()
+                    continue
+                done = self._syncing = trio.Event()
+                try:
+                    await trio.to_thread.run_sync(self.store.sync, limiter=self._sync_limiter)
+                    self._synced = max(self._synced, goal)
+                finally:
+                    self._syncing = None
+                    done.set()
 
     async def aclose(self) -> None:
         self._reader.close()

@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from e31.node.store import (
     APPLICATION_ID,
     SCHEMA_VERSION,
@@ -398,11 +400,9 @@ async def test_async_store(tmp_path: Path) -> None:
         await AsyncStore.open(tmp_path)
 
 
-async def test_a_short_call_runs_on_the_event_loop_and_a_durable_one_in_the_worker_thread(
+async def test_short_calls_run_on_the_event_loop_durable_ones_included(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import threading
-
     db = await AsyncStore.open(tmp_path / STORE_FILE)
     seen: list[tuple[str, bool]] = []
 
@@ -426,8 +426,8 @@ async def test_a_short_call_runs_on_the_event_loop_and_a_durable_one_in_the_work
         assert await db.run(Store.update_job, job_id, "submitter", 1.6, state="assigned")
         await db.run(Store.put_envelope, b"e" * 32, "ping", b"raw", 1.0)
         assert (await db.run(Store.job, job_id, "submitter")).state == "assigned"  # type: ignore[union-attr]
-        # on the loop: the read, the envelope and the `offered` update; a durable state: in the thread
-        assert seen == [("offered", True), ("assigned", False), ("put_envelope", True), ("job", True)]
+        # all on the loop: a durable state too (its fsync is the group commit's, in a thread)
+        assert seen == [("offered", True), ("assigned", True), ("put_envelope", True), ("job", True)]
         # a function that is not the Store's own method never runs inline, whatever its name
         seen.clear()
         impostor = recording(lambda self, *a, **k: None)
@@ -505,3 +505,110 @@ async def test_the_wal_is_checkpointed_off_the_event_loop(tmp_path: Path) -> Non
         assert await db.run(Store.kv_get, "k3") == b"v" * 2000
     finally:
         await db.aclose()
+
+
+async def test_group_commit_one_fsync_serves_many_durable_writes_and_each_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = await AsyncStore.open(tmp_path / STORE_FILE)
+    syncs: list[int] = []  # `unsynced` when each sync began: it covers every commit counted by then
+    real_sync = Store.sync
+
+    def sync(self: Store) -> None:
+        syncs.append(self.unsynced)
+        real_sync(self)
+
+    real_add = Store.add_job
+    made: dict[bytes, int] = {}  # each job's commit: `unsynced` right after it
+
+    def add_job(self: Store, **job: Any) -> bool:
+        added = real_add(self, **job)
+        made[job["job_id"]] = self.unsynced
+        return added
+
+    add_job.__name__ = "add_job"
+    monkeypatch.setattr(Store, "sync", sync)
+    monkeypatch.setattr(Store, "add_job", add_job)
+    covered: list[bool] = []
+
+    async def add(i: int) -> None:
+        job_id = bytes([i]) * 32
+        job = {"job_id": job_id, "role": "submitter", "manifest": b"m", "state": "queued",
+               "submitter": ALICE, "created": 1.0, "deadline": 2.0, "fuel_limit": 10}
+        assert await db.run(Store.add_job, **job)
+        covered.append(any(at >= made[job_id] for at in syncs))  # a sync began after its commit
+
+    try:
+        await db.run(Store.put_envelope, b"e" * 32, "ping", b"raw", 1.0)
+        assert syncs == []  # a write that is not durable waits for nothing
+        async with trio.open_nursery() as nursery:
+            for i in range(1, 21):
+                nursery.start_soon(add, i)
+        assert len(covered) == 20 and all(covered)
+        assert 1 <= len(syncs) < 20  # shared: far fewer fsyncs than durable writes
+        assert syncs[-1] == db.store.unsynced == 20
+        assert len(await db.run(Store.jobs)) == 20
+    finally:
+        await db.aclose()
+
+
+async def test_a_read_waits_while_a_durable_commit_is_not_yet_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = await AsyncStore.open(tmp_path / STORE_FILE)
+    release = threading.Event()
+    real_sync = Store.sync
+
+    def slow_sync(self: Store) -> None:
+        release.wait(10)
+        real_sync(self)
+
+    monkeypatch.setattr(Store, "sync", slow_sync)
+    job_id = b"j" * 32
+    job = {"job_id": job_id, "role": "submitter", "manifest": b"m", "state": "queued",
+           "submitter": ALICE, "created": 1.0, "deadline": 2.0, "fuel_limit": 10}
+    order: list[str] = []
+
+    async def write() -> None:
+        await db.run(Store.add_job, **job)
+        order.append("write returned")
+
+    async def read() -> None:
+        row = await db.run(Store.job, job_id, "submitter")
+        assert row is not None  # the commit is visible on the read connection...
+        order.append("read returned")  # ...but the read returns only once it is on disk
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()
+            assert order == []  # both wait for the sync in progress
+            release.set()
+        assert sorted(order) == ["read returned", "write returned"]
+    finally:
+        release.set()
+        await db.aclose()
+
+
+def test_a_durable_commit_outside_asyncstore_is_still_a_full_one(tmp_path: Path) -> None:
+    """Only calls made through AsyncStore defer their fsync (and it waits for it); any other
+    durable commit is synchronous=FULL, on disk when it returns."""
+    store = Store(tmp_path / STORE_FILE)
+    try:
+        with store.transaction() as c:
+            c.execute("INSERT INTO kv (key, value) VALUES ('a', x'01')")
+            assert c.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert store.unsynced == 0
+        store.deferring.on = True
+        with store.transaction() as c:
+            c.execute("INSERT INTO kv (key, value) VALUES ('b', x'01')")
+            assert c.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL: the sync comes after
+        with store.transaction() as c:
+            c.execute("SELECT 1")  # changes nothing: nothing to sync
+        store.deferring.on = False
+        assert store.unsynced == 1
+        store.sync()
+    finally:
+        store.close()
