@@ -101,6 +101,15 @@ def get_batch(store: Store, bid: str) -> BatchRow | None:
     return BatchRow(bid, rows[0][1], tuple(bytes(r[0]) for r in rows))
 
 
+def forget_pruned_jobs(store: Store) -> int:
+    """Drop the batch entries of jobs the store no longer holds (pruned after their retention): a
+    batch whose jobs are all gone is gone. Returns how many entries went."""
+    with store.transaction(durable=False) as c:
+        c.execute(_SCHEMA)
+        return c.execute("DELETE FROM batch_jobs WHERE NOT EXISTS "
+                         "(SELECT 1 FROM jobs WHERE jobs.job_id = batch_jobs.job_id)").rowcount
+
+
 def parse_lines(text: str, source: str) -> list[dict[str, object]]:
     """The jobs of a JSON Lines batch file: one object per non-blank line with `args`, `env`,
     `inputs` and `stdin` (each optional; `env` an object or a list of pairs)."""

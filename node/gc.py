@@ -12,6 +12,12 @@ A blob is kept while any of these holds; everything else is deleted, oldest firs
 Partial downloads live apart and are never touched. Run directories (DATA/runs/JOB) of jobs this node
 is no longer running (a kill -9 leaves them) are removed. The seen-message cache is pruned.
 
+Jobs that ended more than `retention_s` ago (done, failed, expired, cancelled; never `disputed`) are
+forgotten first (Store.prune_finished_jobs): their rows, results, blob references, envelopes and
+batch entries go; their usage receipts and acknowledgements stay, the signed evidence the receipt log
+holds. So the store of a node that runs jobs for months holds the jobs of one retention window, plus
+a receipt and an acknowledgement (about 1.5 KB) per job ever run.
+
 `collect` is blocking (run it in a thread); `run_gc` is the daemon's periodic service. Blob deletion
 needs no store transaction: a blob a job names is in the keep set, computed just before deleting.
 """
@@ -32,6 +38,7 @@ from e31.protocol.codec import unpack_canonical
 from e31.protocol.errors import ProtocolError
 from e31.protocol.jobs import JobManifest
 
+from .batch import forget_pruned_jobs
 from .blobs import BlobStore
 from .market_rules import TERMINAL
 from .store import AsyncStore, Store
@@ -39,6 +46,7 @@ from .store import AsyncStore, Store
 log = logging.getLogger("e31.gc")
 
 GRACE_SECONDS = 3600.0
+PRUNE_CHUNK = 500
 ACTIVE_RUN_STATES = ("fetching", "queued", "running")
 
 
@@ -51,10 +59,11 @@ class GcReport:
     refs_expired: int
     runs_removed: int
     seen_pruned: int
+    jobs_pruned: int = 0
 
     @property
     def changed(self) -> bool:
-        return bool(self.blobs_deleted or self.refs_expired or self.runs_removed)
+        return bool(self.blobs_deleted or self.refs_expired or self.runs_removed or self.jobs_pruned)
 
 
 def keep_set(store: Store, *, now: float, retention_s: float) -> set[str] | None:
@@ -86,6 +95,14 @@ def collect(
     runs_dir: Path | None = None,
 ) -> GcReport:
     """One collection at `now` (Unix seconds; file ages are judged against it too)."""
+    pruned = 0
+    while True:  # in chunks, so the writer is never held for long
+        n = store.prune_finished_jobs(now - retention_s, limit=PRUNE_CHUNK)
+        pruned += n
+        if n < PRUNE_CHUNK:
+            break
+    if pruned:
+        forget_pruned_jobs(store)
     expired = store.expire_blob_refs(now)
     keep = keep_set(store, now=now, retention_s=retention_s)
     candidates: list[tuple[float, str, int]] = []
@@ -107,7 +124,7 @@ def collect(
             freed += size
     runs = _remove_stale_runs(store, runs_dir) if runs_dir is not None else 0
     seen = store.prune_seen(now)
-    return GcReport(deleted, freed, kept, used, expired, runs, seen)
+    return GcReport(deleted, freed, kept, used, expired, runs, seen, pruned)
 
 
 def _remove_stale_runs(store: Store, runs_dir: Path) -> int:
@@ -147,9 +164,9 @@ async def run_gc(
             log.warning("garbage collection failed: %s", e)
             continue
         if report.changed:
-            log.info("garbage collection: %d blob(s) deleted (%d bytes), %d kept (%d bytes), %d stale run "
-                     "dir(s) removed", report.blobs_deleted, report.bytes_freed, report.blobs_kept,
-                     report.bytes_used, report.runs_removed)
+            log.info("garbage collection: %d finished job(s) forgotten, %d blob(s) deleted (%d bytes), %d "
+                     "kept (%d bytes), %d stale run dir(s) removed", report.jobs_pruned, report.blobs_deleted,
+                     report.bytes_freed, report.blobs_kept, report.bytes_used, report.runs_removed)
         ceiling = blobs.ceiling
         if ceiling is not None and report.bytes_used > ceiling * 0.9:
             log.warning("blobs still use %d of the %d-byte disk ceiling after collection: everything "

@@ -63,6 +63,8 @@ JOB_ROLES = frozenset({"submitter", "executor"})
 PEER_SOURCES = frozenset({"bootstrap", "mdns", "exchange", "inbound", "manual"})
 DURABLE_STATES = frozenset({"assigned", "running", "done", "failed", "expired", "cancelled", "disputed"})
 """Job states whose update is a durable commit (others may see them: a hand-off, an end)."""
+PRUNABLE_STATES = frozenset({"done", "failed", "expired", "cancelled"})
+"""Ends after which a job is forgotten once its retention is over (`prune_finished_jobs`)."""
 
 
 class StoreError(Exception):
@@ -663,6 +665,34 @@ class Store:
     def expire_blob_refs(self, now: float) -> int:
         with self.transaction(durable=False) as c:
             return c.execute("DELETE FROM blob_refs WHERE retain_until <= ?", (now,)).rowcount
+
+    # --- finished jobs ---
+
+    def prune_finished_jobs(self, ended_before: float, limit: int = 500) -> int:
+        """Forget up to `limit` jobs that ended (PRUNABLE_STATES) before `ended_before`, oldest first, in
+        one transaction; returns how many rows went (call again until it returns less than `limit`).
+
+        Goes: the job row, and once no role of the job is left, its results, its blob references and
+        its envelopes (offer, bids, assignment, result...). Stays: its usage receipts and the
+        acknowledgements of them with their envelopes (the signed evidence, in the receipt log), and
+        every `disputed` job (its evidence is the job)."""
+        states = sorted(PRUNABLE_STATES)
+        with self.transaction() as c:
+            rows = c.execute(
+                f"SELECT job_id, role FROM jobs WHERE state IN ({','.join('?' * len(states))}) "
+                "AND updated < ? ORDER BY updated LIMIT ?", (*states, ended_before, limit),
+            ).fetchall()
+            c.executemany("DELETE FROM jobs WHERE job_id = ? AND role = ?", [(r[0], r[1]) for r in rows])
+            gone = [(job,) for job in {bytes(r[0]) for r in rows}
+                    if c.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job,)).fetchone() is None]
+            c.executemany("DELETE FROM results WHERE job_id = ?", gone)
+            c.executemany("DELETE FROM blob_refs WHERE owner = ?", [(f"job:{j.hex()}",) for (j,) in gone])
+            c.executemany(
+                "DELETE FROM envelopes WHERE job_id = ?1 AND message_id NOT IN "
+                "(SELECT message_id FROM receipts WHERE job_id = ?1 UNION SELECT a.message_id FROM acks a "
+                "JOIN receipts r ON r.digest = a.receipt_digest WHERE r.job_id = ?1)", gone,
+            )
+            return len(rows)
 
 
 def _check_job(role: str, state: str) -> None:

@@ -4,6 +4,7 @@ periodic service."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -145,3 +146,80 @@ async def test_the_periodic_service_collects(store: Store, blobs: BlobStore, nur
             break
         await trio.sleep(0.05)
     assert not blobs.has(orphan)
+
+
+def _evidence(store: Store, job_id: bytes, tag: bytes, at: float) -> dict[str, bytes]:
+    """Envelope rows of a finished job: offer, result (indexed), receipt (indexed) and its ack."""
+    kinds = ("offer", "result", "receipt", "ack")
+    ids = {kind: hashlib.sha256(tag + kind.encode()).digest() for kind in kinds}
+    for kind, mid in ids.items():
+        store.put_envelope(mid, kind, b"raw " + kind.encode(), at, job_id=job_id)
+    store.put_result(job_id=job_id, attempt=1, executor="x", message_id=ids["result"], status="ok",
+                     outputs={"stdout": "00" * 32}, now=at)
+    store.put_receipt(digest=ids["receipt"], job_id=job_id, attempt=1, executor="x",
+                      message_id=ids["receipt"], now=at)
+    store.put_ack(ids["receipt"], ids["ack"], at)
+    store.ref_blob("ab" * 32, f"job:{job_id.hex()}")
+    return ids
+
+
+def test_jobs_past_their_retention_are_forgotten_but_their_receipts_and_acks_stay(
+    store: Store, blobs: BlobStore
+) -> None:
+    old = add_job(store, b"m", b"i", role="submitter", state="done", updated=NOW - 2 * DAY)
+    recent = add_job(store, b"m", b"i", role="submitter", state="failed", updated=NOW - DAY / 2, n=1)
+    running = add_job(store, b"m", b"i", role="executor", state="running", updated=NOW - 3 * DAY, n=2)
+    disputed = add_job(store, b"m", b"i", role="submitter", state="disputed", updated=NOW - 3 * DAY, n=3)
+    both = add_job(store, b"m", b"i", role="submitter", state="done", updated=NOW - 2 * DAY, n=4)
+    row = store.job(both, "submitter")
+    assert row is not None  # ...and it ran its own job, which ended later there
+    store.add_job(job_id=both, role="executor", manifest=row.manifest, state="done", submitter="s",
+                  created=NOW - DAY / 2, deadline=NOW + DAY)
+    old_ids = _evidence(store, old, b"old", NOW - 2 * DAY)
+    recent_ids = _evidence(store, recent, b"recent", NOW - DAY / 2)
+    both_ids = _evidence(store, both, b"both", NOW - 2 * DAY)
+    report = collect(store, blobs, now=NOW, retention_s=DAY)
+    assert report.jobs_pruned == 2  # `old`, and the submitter row of `both`
+    assert store.job(old, "submitter") is None
+    assert store.results_for_job(old) == [] and store.envelope(old_ids["offer"]) is None
+    assert store.envelope(old_ids["result"]) is None
+    assert f"job:{old.hex()}" not in {o for _, o in _refs(store)}
+    # the signed evidence stays, found as before
+    assert [r.digest for r in store.receipts_for_job(old)] == [old_ids["receipt"]]
+    assert store.envelope(old_ids["receipt"]) is not None
+    assert store.ack_for(old_ids["receipt"]) is not None
+    # within retention, not ended, disputed: untouched
+    assert store.job(recent, "submitter") is not None and store.envelope(recent_ids["offer"]) is not None
+    assert store.job(running, "executor") is not None and store.job(disputed, "submitter") is not None
+    # a job still held in another role keeps what both rows share
+    assert store.job(both, "submitter") is None and store.job(both, "executor") is not None
+    assert store.envelope(both_ids["offer"]) is not None and store.results_for_job(both) != []
+    assert collect(store, blobs, now=NOW, retention_s=DAY).jobs_pruned == 0
+
+
+def test_pruning_goes_in_chunks_and_forgets_batch_entries(store: Store, blobs: BlobStore,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import e31.node.gc as gc
+    from e31.node import batch as batch_module
+    from e31.node.batch import get_batch
+
+    monkeypatch.setattr(gc, "PRUNE_CHUNK", 3)
+    ids = [add_job(store, b"m", b"i", role="submitter", state="done", updated=NOW - 2 * DAY, n=i)
+           for i in range(7)]
+    keep = add_job(store, b"m", b"i", role="submitter", state="done", updated=NOW, n=99)
+    with store.transaction() as c:  # a batch over some old jobs and the recent one
+        c.execute(batch_module._SCHEMA)
+        c.executemany("INSERT INTO batch_jobs (batch_id, seq, job_id, created) VALUES (?, ?, ?, ?)",
+                      [("batch-00000000000000aa", i, j, NOW) for i, j in enumerate([*ids[:2], keep])])
+        c.executemany("INSERT INTO batch_jobs (batch_id, seq, job_id, created) VALUES (?, ?, ?, ?)",
+                      [("batch-00000000000000bb", i, j, NOW) for i, j in enumerate(ids[2:])])
+    assert collect(store, blobs, now=NOW, retention_s=DAY).jobs_pruned == 7
+    assert [r.job_id for r in store.jobs()] == [keep]
+    left = get_batch(store, "batch-00000000000000aa")
+    assert left is not None and left.job_ids == (keep,)
+    assert get_batch(store, "batch-00000000000000bb") is None  # all its jobs gone: the batch too
+
+
+def _refs(store: Store) -> list[tuple[str, str]]:
+    with store.transaction(durable=False) as c:
+        return [(r[0], r[1]) for r in c.execute("SELECT blob_hash, owner FROM blob_refs")]
