@@ -326,8 +326,8 @@ class Submitter:
         comes back: verified, or accepted by their current executor for the current assignment."""
         from .handoff import handed_off
 
-        if not any(r.state in ("done", "assigned") for r in rows):
-            return set()
+        if not any(r.state == "assigned" for r in rows):  # nothing to look up: no thread hop
+            return {r.job_id for r in rows if r.state == "done"}
         return await self.ctx.store.run(handed_off, rows)
 
     def on_link_up(self, peer: bytes) -> None:
