@@ -896,17 +896,20 @@ class AsyncStore:
         """The end of every call, cancel-shielded (the call has run): when durable commits are still to
         be synced, wait for a sync that began after them, so a call returns nothing (a durable write's
         success, a row it wrote) that a power cut could take back. Whoever finds no sync running starts
-        one in a thread; everyone who waits meanwhile shares the next (group commit)."""
+        one in a thread, after letting the other tasks ready to run commit too; everyone who waits
+        meanwhile shares the next (group commit)."""
         if self.store.unsynced == self._synced:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
         with trio.CancelScope(shield=True):
-            while self._synced < (goal := self.store.unsynced):
+            while self._synced < self.store.unsynced:
                 if self._syncing is not None:
                     await self._syncing.wait()
                     continue
                 done = self._syncing = trio.Event()
                 try:
+                    await trio.lowlevel.checkpoint()  # shielded: a yield, so this batch's commits join
+                    goal = self.store.unsynced
                     await trio.to_thread.run_sync(self.store.sync, limiter=self._sync_limiter)
                     self._synced = max(self._synced, goal)
                 finally:
