@@ -120,6 +120,8 @@ class _Job:
     """The current assignment's `assign` message id."""
     assignment_raw: bytes | None = None
     """The current assignment's envelope, re-sent until its executor accepts it."""
+    assign_env: VerifiedEnvelope[Assign] | None = None
+    """The same, as this node signed it (an outcome for it needs no store read and no re-verify)."""
     accepted: bytes | None = None
     """The assignment (message id) its executor has accepted."""
     released: dict[bytes, str] = field(default_factory=dict)
@@ -376,6 +378,7 @@ class Submitter:
             current = [a for a in await self._assigns(job_id) if a.message.attempt == row.attempt]
             if current:
                 job.assignment, job.assignment_raw = current[-1].message_id.raw, current[-1].raw
+                job.assign_env = current[-1]
                 if job_id in await self.handed_off([row]):
                     job.accepted = job.assignment
             try:
@@ -588,7 +591,7 @@ class Submitter:
         await self.ctx.store.run(
             Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id
         )
-        job.assignment, job.assignment_raw = env.message_id.raw, raw
+        job.assignment, job.assignment_raw, job.assign_env = env.message_id.raw, raw, env
         changes = {"executor": str(NodeId(bid.executor)), "attempt": attempt}
         if lane:  # the first replica assigned makes the job `assigned`; the others only record theirs
             if not await self._set_state(job_id, "offered", "assigned", **changes):
@@ -818,10 +821,12 @@ class Submitter:
         result_env: VerifiedEnvelope[Result],
     ) -> None:
         receipt, result = receipt_env.message, result_env.message
-        assign_row = await self.ctx.store.run(Store.envelope, receipt.assignment_id.raw)
-        if assign_row is None or assign_row.kind != "assign":
-            raise Mismatch("the receipt names an assignment this node never made")
-        assign_env = verify(assign_row.raw, Assign)
+        assign_env = job.assign_env
+        if assign_env is None or assign_env.message_id != receipt.assignment_id:  # an earlier attempt's
+            assign_row = await self.ctx.store.run(Store.envelope, receipt.assignment_id.raw)
+            if assign_row is None or assign_row.kind != "assign":
+                raise Mismatch("the receipt names an assignment this node never made")
+            assign_env = verify(assign_row.raw, Assign)
         check_receipt_manifest(receipt, job.manifest)
         check_receipt_assignment(receipt, assign_env.message, assign_env.message_id)
         if result.assignment_id != receipt.assignment_id or result.executor != receipt.executor:
@@ -829,21 +834,9 @@ class Submitter:
         if receipt.network != self.ctx.network:
             raise Mismatch("the receipt is for another network")
         executor = receipt.executor.raw
-        for ref in (receipt.stdout, receipt.stderr, *(f.blob for f in receipt.outputs)):
+        outputs = (receipt.stdout, receipt.stderr, *(f.blob for f in receipt.outputs))
+        for ref in outputs:
             await self.transfer.fetch(executor, ref)
-        now = self.ctx.now_s()
-        owner = f"job:{job_id.hex()}"
-        for ref in (receipt.stdout, receipt.stderr, *(f.blob for f in receipt.outputs)):
-            await self.ctx.store.run(Store.ref_blob, ref.root.hex(), owner)
-        await self.ctx.store.run(
-            Store.put_receipt,
-            digest=receipt_env.message_id.raw,
-            job_id=job_id,
-            attempt=assign_env.message.attempt,
-            executor=str(receipt.executor),
-            message_id=receipt_env.message_id.raw,
-            now=now,
-        )
         ack = Ack(
             self.ctx.network,
             receipt.job_id,
@@ -854,8 +847,17 @@ class Submitter:
         )
         ack_env = sign_verified(ack, self.ctx.identity)
         raw = ack_env.raw
-        await self.ctx.store.run(Store.put_envelope, ack_env.message_id.raw, "ack", raw, now, job_id)
-        await self.ctx.store.run(Store.put_ack, receipt_env.message_id.raw, ack_env.message_id.raw, now)
+        await self.ctx.store.run(
+            Store.record_ack,
+            receipt_digest=receipt_env.message_id.raw,
+            job_id=job_id,
+            attempt=assign_env.message.attempt,
+            executor=str(receipt.executor),
+            ack_id=ack_env.message_id.raw,
+            ack_raw=raw,
+            now=self.ctx.now_s(),
+            blobs=[ref.root.hex() for ref in outputs],
+        )
         if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)
             job.receipt = receipt_env
             job.finished.set()

@@ -634,6 +634,25 @@ class Store:
                           (now, receipt_digest))
             return cur.rowcount > 0
 
+    def record_ack(self, *, receipt_digest: bytes, job_id: bytes, attempt: int, executor: str,
+                   ack_id: bytes, ack_raw: bytes, now: float, blobs: Sequence[str] = ()) -> None:
+        """A submitter's side of a verified outcome in one commit: the receipt (envelope already
+        stored) indexed and marked delivered, the acknowledgement it signs kept, and the output blobs
+        the job's result names (`blobs`) referenced by the job."""
+        with self.transaction() as c:
+            c.executemany("INSERT INTO blob_refs (blob_hash, owner, retain_until) VALUES (?, ?, NULL) "
+                          "ON CONFLICT DO NOTHING", [(h, f"job:{job_id.hex()}") for h in blobs])
+            c.execute("INSERT INTO receipts (digest, job_id, attempt, executor, message_id, created) "
+                      "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
+                      (receipt_digest, job_id, attempt, executor, receipt_digest, now))
+            c.execute("INSERT INTO envelopes (message_id, kind, raw, job_id, received) "
+                      "VALUES (?, 'ack', ?, ?, ?) ON CONFLICT (message_id) DO NOTHING",
+                      (ack_id, ack_raw, job_id, now))
+            if c.execute("INSERT INTO acks (receipt_digest, message_id, created) VALUES (?, ?, ?) "
+                         "ON CONFLICT (receipt_digest) DO NOTHING", (receipt_digest, ack_id, now)).rowcount:
+                c.execute("UPDATE receipts SET delivered = ?, next_delivery = NULL WHERE digest = ?",
+                          (now, receipt_digest))
+
     def ack_for(self, receipt_digest: bytes) -> EnvelopeRow | None:
         with self._read() as c:
             row = c.execute(
@@ -815,7 +834,7 @@ INLINE_READS = frozenset({"job", "envelope", "envelopes_for_job", "receipts_for_
 """Point reads by key: run on the event loop, on a read-only connection of their own."""
 INLINE_WRITES = frozenset({
     "put_envelope", "ref_blob", "kv_set", "mark_seen", "receipt_delivery_failed", "update_job", "add_job",
-    "put_result", "put_receipt", "set_receipt_log_index", "put_ack",
+    "put_result", "put_receipt", "set_receipt_log_index", "put_ack", "record_ack",
 })
 """Writes of a row or two: they commit in microseconds (a durable one waits for its group's fsync after)."""
 CHECKPOINT_EVERY = 500

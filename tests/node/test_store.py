@@ -210,6 +210,26 @@ def test_results_receipts_and_acks(store: Store) -> None:
     assert [r.digest for r in store.receipts_for_job(b"j1")] == [digest]
 
 
+def test_a_submitter_records_a_receipt_its_ack_and_the_outputs_in_one_commit(store: Store) -> None:
+    _job(store, b"j1", role="submitter", state="assigned")
+    rct = hashlib.sha256(b"R").digest()
+    store.put_envelope(rct, "receipt", b"R", now=1.0, job_id=b"j1")
+    outputs = ["ab" * 32, "cd" * 32]
+    for _ in range(2):  # a second delivery of the same outcome changes nothing
+        store.record_ack(receipt_digest=rct, job_id=b"j1", attempt=1, executor=BOB, ack_id=b"ack",
+                         ack_raw=b"A", now=5.0, blobs=outputs)
+    [receipt] = store.receipts_for_job(b"j1")
+    assert (receipt.digest, receipt.message_id, receipt.attempt, receipt.executor) == (rct, rct, 1, BOB)
+    assert (receipt.delivered, receipt.next_delivery) == (5.0, None)
+    ack = store.ack_for(rct)
+    assert ack is not None and (ack.raw, ack.kind, ack.job_id) == (b"A", "ack", b"j1")
+    assert set(outputs) <= store.live_blobs(now=1e12)
+    with pytest.raises(sqlite3.IntegrityError):  # the receipt's envelope must be stored first
+        store.record_ack(receipt_digest=b"x" * 32, job_id=b"j1", attempt=1, executor=BOB, ack_id=b"ack2",
+                         ack_raw=b"A2", now=5.0)
+    assert store.ack_for(b"x" * 32) is None and store.envelope(b"ack2") is None  # all or nothing
+
+
 def test_foreign_keys_are_enforced(store: Store) -> None:
     with pytest.raises(sqlite3.IntegrityError):
         store.put_result(job_id=b"j", attempt=0, executor=BOB, message_id=b"no-such-envelope", status="ok",
