@@ -385,8 +385,7 @@ class Executor:
             await self._fetch_inputs(manifest)
             await self._set_state(job_id, "fetching", "queued")
             await self._accepted(assign)
-            spec = await trio.to_thread.run_sync(self._spec, manifest)
-            await trio.to_thread.run_sync(_fresh_dir, work)
+            spec = await trio.to_thread.run_sync(self._prepare, manifest, work)
             estimate = held.estimate_ms
 
             def started(at: int) -> None:
@@ -430,6 +429,12 @@ class Executor:
         for ref in refs:
             await self.transfer.fetch(peer, ref)
 
+    def _prepare(self, manifest: JobManifest, work: Path) -> JobSpec:
+        """The run's spec and a fresh work dir (in a thread: it reads the module and touches the disk)."""
+        spec = self._spec(manifest)
+        _fresh_dir(work)
+        return spec
+
     def _spec(self, manifest: JobManifest) -> JobSpec:
         blobs = self.ctx.blobs
         lim = manifest.limits
@@ -467,17 +472,7 @@ class Executor:
         compute_ms: int,
     ) -> VerifiedEnvelope[UsageReceipt]:
         """Store the run's outputs as blobs and sign the receipt describing it."""
-        streams = work / "streams"
-        stdout = await self._stream(streams / "stdout", result.stdout_bytes, result.stdout_sha256)
-        stderr = await self._stream(streams / "stderr", result.stderr_bytes, result.stderr_sha256)
-        outputs = []
-        for name, sha in sorted(result.output_files.items()):
-            path = work / "output" / name
-            data = await trio.to_thread.run_sync(path.read_bytes)
-            if hashlib.sha256(data).hexdigest() != sha:
-                raise JobFailed(f"output file {name!r} changed after the run")
-            root = await trio.to_thread.run_sync(self.ctx.blobs.put, data)
-            outputs.append(FileRef(name, BlobRef(Digest(bytes.fromhex(root)), len(data))))
+        stdout, stderr, outputs = await trio.to_thread.run_sync(_store_outputs, self.ctx.blobs, work, result)
         receipt = UsageReceipt(
             network=self.ctx.network,
             job_id=manifest.job_id,
@@ -489,7 +484,7 @@ class Executor:
             stdin=manifest.stdin,
             stdout=stdout,
             stderr=stderr,
-            outputs=tuple(outputs),
+            outputs=outputs,
             profile=manifest.profile,
             limits=manifest.limits,
             outcome=_outcome(result),
@@ -501,11 +496,6 @@ class Executor:
             finished_at=finished_at,
         )
         return sign_verified(receipt, self.ctx.identity)
-
-    async def _stream(self, path: Path, total: int, sha: str) -> BlobRef:
-        """Store one whole stream the sandbox wrote to `path` as a blob, checked against the run's hash."""
-        root = await trio.to_thread.run_sync(_put_checked, self.ctx.blobs, path, total, sha)
-        return BlobRef(Digest(bytes.fromhex(root)), total)
 
     async def _finish(
         self,
@@ -728,8 +718,40 @@ def _clip(text: str) -> str:
     return text.encode("utf-8", "replace")[:REASON_TEXT_MAX].decode("utf-8", "ignore")
 
 
+def _store_outputs(
+    blobs: BlobStore, work: Path, result: RunResult
+) -> tuple[BlobRef, BlobRef, tuple[FileRef, ...]]:
+    """Store a run's stdout, stderr and output files as blobs, each checked against the hash the run
+    reported (one thread hop for all of them)."""
+    streams = work / "streams"
+    stdout = _put_checked(blobs, streams / "stdout", result.stdout_bytes, result.stdout_sha256)
+    stderr = _put_checked(blobs, streams / "stderr", result.stderr_bytes, result.stderr_sha256)
+    outputs = []
+    for name, sha in sorted(result.output_files.items()):
+        data = (work / "output" / name).read_bytes()
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise JobFailed(f"output file {name!r} changed after the run")
+        outputs.append(FileRef(name, BlobRef(Digest(bytes.fromhex(blobs.put(data))), len(data))))
+    return (BlobRef(Digest(bytes.fromhex(stdout)), result.stdout_bytes),
+            BlobRef(Digest(bytes.fromhex(stderr)), result.stderr_bytes), tuple(outputs))
+
+
+SMALL_STREAM = 1 << 20
+"""A stream up to this size is read whole, so one already stored (an empty stderr) is not written again."""
+
+
 def _put_checked(blobs: BlobStore, path: Path, total: int, sha: str) -> str:
     """Store the file at `path` as a blob if it holds exactly `total` bytes hashing to `sha`."""
+    if total <= SMALL_STREAM:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(SMALL_STREAM + 1)
+        except FileNotFoundError:
+            raise JobFailed(f"the sandbox left no {path.name} stream") from None
+        if len(data) != total or hashlib.sha256(data).hexdigest() != sha:
+            raise JobFailed(f"the {path.name} stream holds {len(data)} bytes that do not match the {total} "
+                            "bytes the run reported")
+        return blobs.put(data)
     digest = hashlib.sha256()
     size = 0
 
