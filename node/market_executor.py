@@ -73,7 +73,7 @@ from .market_rules import (
     run_estimate_ms,
 )
 from .scheduler import Scheduler
-from .store import Store
+from .store import Store, call
 from .transfer import BlobTransfer, FetchError
 
 FINISHED_HERE = ("done", "failed", "cancelled")
@@ -264,22 +264,22 @@ class Executor:
             return
         job_id = manifest.job_id.raw
         now = self.ctx.now_s()
-        await self.ctx.store.run(Store.put_envelope, env.message_id.raw, "assign", env.raw, now, job_id)
-        await self.ctx.store.run(
-            Store.put_envelope, promise.offer.message_id.raw, "offer", promise.offer.raw, now, job_id
-        )
-        added = await self.ctx.store.run(
-            Store.add_job,
-            job_id=job_id,
-            role=ROLE,
-            manifest=pack(manifest.to_wire()),
-            state="fetching",
-            submitter=str(manifest.submitter),
-            created=now,
-            deadline=manifest.deadline / 1000,
-            fuel_limit=manifest.limits.fuel,
-            executor=str(self.ctx.node),
-            attempt=assign.attempt,
+        *_, added = await self.ctx.store.atomically(
+            call(Store.put_envelope, env.message_id.raw, "assign", env.raw, now, job_id),
+            call(Store.put_envelope, promise.offer.message_id.raw, "offer", promise.offer.raw, now, job_id),
+            call(
+                Store.add_job,
+                job_id=job_id,
+                role=ROLE,
+                manifest=pack(manifest.to_wire()),
+                state="fetching",
+                submitter=str(manifest.submitter),
+                created=now,
+                deadline=manifest.deadline / 1000,
+                fuel_limit=manifest.limits.fuel,
+                executor=str(self.ctx.node),
+                attempt=assign.attempt,
+            ),
         )
         if not added:
             self._deliver_now.set()  # a repeated assignment: make sure the outcome goes out again
@@ -513,36 +513,37 @@ class Executor:
         )
         signed_result = sign_verified(result, self.ctx.identity)
         result_raw, result_id = signed_result.raw, signed_result.message_id.raw
-        store = self.ctx.store
-        await store.run(Store.put_envelope, receipt.message_id.raw, "receipt", receipt.raw, now, job_id)
-        await store.run(Store.put_envelope, result_id, "result", result_raw, now, job_id)
         owner = f"result:{job_id.hex()}"
         msg = receipt.message
-        for ref in (msg.stdout, msg.stderr, *(f.blob for f in msg.outputs)):
-            await store.run(Store.ref_blob, ref.root.hex(), owner, available / 1000)
-        await store.run(
-            Store.put_result,
-            job_id=job_id,
-            attempt=assign.message.attempt,
-            executor=str(self.ctx.node),
-            message_id=result_id,
-            status=msg.outcome.status,
-            now=now,
-            fuel_used=msg.fuel_used,
-            outputs={f.name: f.blob.root.hex() for f in msg.outputs},
-        )
-        await store.run(
-            Store.put_receipt,
-            digest=receipt.message_id.raw,
-            job_id=job_id,
-            attempt=assign.message.attempt,
-            executor=str(self.ctx.node),
-            message_id=receipt.message_id.raw,
-            now=now,
-            next_delivery=now + self.ctx.settings.delivery_interval,
-        )
-        await self._set_state(
-            job_id, "running", "done", finished=msg.finished_at / 1000, fuel_used=msg.fuel_used
+        check_transition(ROLE, "running", "done")
+        await self.ctx.store.atomically(  # one commit: the outcome is kept whole or not at all
+            call(Store.put_envelope, receipt.message_id.raw, "receipt", receipt.raw, now, job_id),
+            call(Store.put_envelope, result_id, "result", result_raw, now, job_id),
+            *(call(Store.ref_blob, ref.root.hex(), owner, available / 1000)
+              for ref in (msg.stdout, msg.stderr, *(f.blob for f in msg.outputs))),
+            call(
+                Store.put_result,
+                job_id=job_id,
+                attempt=assign.message.attempt,
+                executor=str(self.ctx.node),
+                message_id=result_id,
+                status=msg.outcome.status,
+                now=now,
+                fuel_used=msg.fuel_used,
+                outputs={f.name: f.blob.root.hex() for f in msg.outputs},
+            ),
+            call(
+                Store.put_receipt,
+                digest=receipt.message_id.raw,
+                job_id=job_id,
+                attempt=assign.message.attempt,
+                executor=str(self.ctx.node),
+                message_id=receipt.message_id.raw,
+                now=now,
+                next_delivery=now + self.ctx.settings.delivery_interval,
+            ),
+            call(Store.update_job, job_id, ROLE, now, expect_state="running", state="done",
+                 finished=msg.finished_at / 1000, fuel_used=msg.fuel_used),
         )
         log.info(
             "job %s ran: %s, %d fuel, %d ms compute, %d ms queued",

@@ -64,7 +64,7 @@ from .market_rules import (
     window_state,
 )
 from .peers import TokenBucket
-from .store import JobRow, Store
+from .store import JobRow, Store, call
 from .transfer import BlobTransfer, FetchError
 
 log = logging.getLogger("e31.submitter")
@@ -847,7 +847,8 @@ class Submitter:
         )
         ack_env = sign_verified(ack, self.ctx.identity)
         raw = ack_env.raw
-        await self.ctx.store.run(
+        now = self.ctx.now_s()
+        recorded = call(
             Store.record_ack,
             receipt_digest=receipt_env.message_id.raw,
             job_id=job_id,
@@ -855,25 +856,34 @@ class Submitter:
             executor=str(receipt.executor),
             ack_id=ack_env.message_id.raw,
             ack_raw=raw,
-            now=self.ctx.now_s(),
+            now=now,
             blobs=[ref.root.hex() for ref in outputs],
         )
         if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)
+            await self.ctx.store.atomically(recorded)
             job.receipt = receipt_env
             job.finished.set()
             await self.ctx.send_to(executor, raw)
             return
         outcome = receipt.outcome
-        await self._set_state(
-            job_id,
-            row.state,
-            "done",
-            executor=str(receipt.executor),
-            started=receipt.started_at / 1000,
-            finished=receipt.finished_at / 1000,
-            fuel_used=receipt.fuel_used,
-            reason=outcome_text(outcome.status, outcome.exit_code, outcome.trap),
+        check_transition(ROLE, row.state, "done")
+        await self.ctx.store.atomically(  # one commit: the ack is kept with the job's end
+            recorded,
+            call(
+                Store.update_job,
+                job_id,
+                ROLE,
+                now,
+                expect_state=row.state,
+                state="done",
+                executor=str(receipt.executor),
+                started=receipt.started_at / 1000,
+                finished=receipt.finished_at / 1000,
+                fuel_used=receipt.fuel_used,
+                reason=outcome_text(outcome.status, outcome.exit_code, outcome.trap),
+            ),
         )
+        self._notify(job_id)
         job.finished.set()
         log.info(
             "job %s done on %s: %s, %d fuel",

@@ -61,6 +61,14 @@ JOB_STATES = frozenset(
 )
 JOB_ROLES = frozenset({"submitter", "executor"})
 PEER_SOURCES = frozenset({"bootstrap", "mdns", "exchange", "inbound", "manual"})
+Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+"""A store method with its arguments (`call`), for `Store.many` and `AsyncStore.atomically`."""
+
+
+def call(method: Callable[..., Any], *args: Any, **kwargs: Any) -> Call:
+    return method, args, kwargs
+
+
 DURABLE_STATES = frozenset({"assigned", "running", "done", "failed", "expired", "cancelled", "disputed"})
 """Job states whose update is a durable commit (others may see them: a hand-off, an end)."""
 PRUNABLE_STATES = frozenset({"done", "failed", "expired", "cancelled"})
@@ -282,6 +290,7 @@ class Store:
         """`deferring.on` true on a thread: its durable commits are deferred (group commit, see `sync`)."""
         self.unsynced = 0
         """How many deferred durable commits were made so far (each one is on disk after a `sync`)."""
+        self._depth = 0  # transactions open on the thread holding the lock (an inner one joins the outer)
 
     @classmethod
     def in_data_dir(cls, data_dir: Path | str) -> Store:
@@ -300,7 +309,7 @@ class Store:
             conn.execute("PRAGMA query_only = ON")
         view = object.__new__(Store)
         view.path, view._lock, view._conn, view._durable = self.path, threading.RLock(), conn, True
-        view.deferring, view.unsynced = threading.local(), 0
+        view.deferring, view.unsynced, view._depth = threading.local(), 0, 0
         return view
 
     def set_autocheckpoint(self, pages: int) -> None:
@@ -361,9 +370,17 @@ class Store:
 
         A durable commit is on disk when this returns, with every commit before it (when deferred: once
         `sync` has run after it); otherwise it survives a process crash but may be lost to a power cut
-        until the next durable commit."""
+        until the next durable commit. A transaction opened inside another one (on the same thread: the
+        lock is held) is part of it: it commits or rolls back with the outer one (see `many`)."""
         with self._lock, _translate(self.path):
             c = self._conn
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield c
+                finally:
+                    self._depth -= 1
+                return
             deferred = getattr(self.deferring, "on", False)
             full = durable and not deferred
             if full is not self._durable:
@@ -371,6 +388,7 @@ class Store:
                 self._durable = full
             changes = c.total_changes
             c.execute("BEGIN IMMEDIATE")
+            self._depth = 1
             try:
                 yield c
                 if deferred and durable and c.total_changes != changes:
@@ -380,6 +398,14 @@ class Store:
                 if c.in_transaction:  # also after a failed COMMIT (disk full), which may leave it open
                     c.execute("ROLLBACK")
                 raise
+            finally:
+                self._depth = 0
+
+    def many(self, calls: Sequence[Call]) -> list[Any]:
+        """Run several of this store's methods as one transaction (durable): all commit or none does.
+        Returns their results in order."""
+        with self.transaction():
+            return [method(self, *args, **kwargs) for method, args, kwargs in calls]
 
     # --- kv ---
 
@@ -841,6 +867,11 @@ CHECKPOINT_EVERY = 500
 """Calls other than INLINE_READS between two WAL checkpoints (run in the worker thread)."""
 
 
+def _short_write(method: Callable[..., Any]) -> bool:
+    name = getattr(method, "__name__", "")
+    return name in INLINE_WRITES and getattr(Store, name, None) is method
+
+
 class AsyncStore:
     """The store for trio code: `await db.run(Store.peers, network="main")`.
 
@@ -883,7 +914,8 @@ class AsyncStore:
             result = method(self._reader, *args, **kwargs)
             await self._settle()
             return result
-        if name in INLINE_WRITES and getattr(Store, name, None) is method:
+        many = name == "many" and all(_short_write(m) for m, _, _ in args[0])
+        if (name in INLINE_WRITES or many) and getattr(Store, name, None) is method:
             # not while the thread holds the connection; calls queued for the thread are other tasks'
             # (a task waits for each of its calls), which nothing orders against this one
             await trio.lowlevel.checkpoint_if_cancelled()
@@ -910,6 +942,11 @@ class AsyncStore:
         result = await trio.to_thread.run_sync(call, limiter=self._limiter)
         await self._settle()
         return result
+
+    async def atomically(self, *calls: Call) -> list[Any]:
+        """`Store.many` through `run`: several writes in one transaction, one commit and at most one
+        sync. Runs on the event loop when every method is one of the short writes (INLINE_WRITES)."""
+        return await self.run(Store.many, calls)
 
     async def _settle(self) -> None:
         """The end of every call, cancel-shielded (the call has run): when durable commits are still to

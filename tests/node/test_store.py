@@ -632,3 +632,48 @@ def test_a_durable_commit_outside_asyncstore_is_still_a_full_one(tmp_path: Path)
         store.sync()
     finally:
         store.close()
+
+
+def test_many_calls_commit_together_or_not_at_all(store: Store) -> None:
+    from e31.node.store import call
+
+    _job(store, b"j1", role="executor", state="running")
+    done = store.many([
+        call(Store.put_envelope, b"res", "result", b"r", 1.0, job_id=b"j1"),
+        call(Store.update_job, b"j1", "executor", 2.0, expect_state="running", state="done"),
+    ])
+    assert done == [True, True]
+    assert store.envelope(b"res") is not None and store.job(b"j1", "executor").state == "done"  # type: ignore[union-attr]
+    with pytest.raises(sqlite3.IntegrityError):  # the last call fails: the first is undone with it
+        store.many([
+            call(Store.put_envelope, b"res2", "result", b"r2", 3.0, job_id=b"j1"),
+            call(Store.put_result, job_id=b"j1", attempt=1, executor=BOB, message_id=b"missing",
+                 status="ok", outputs={}, now=3.0),
+        ])
+    assert store.envelope(b"res2") is None
+    store.put_envelope(b"res3", "result", b"r3", 4.0, job_id=b"j1")  # the store is usable after it
+    assert store.envelope(b"res3") is not None
+
+
+async def test_atomically_runs_short_writes_inline_in_one_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from e31.node.store import call
+
+    db = await AsyncStore.open(tmp_path / STORE_FILE)
+    syncs: list[int] = []
+    real_sync = Store.sync
+    monkeypatch.setattr(Store, "sync", lambda self: (syncs.append(self.unsynced), real_sync(self))[1])
+    job = {"job_id": b"j" * 32, "role": "executor", "manifest": b"m", "state": "fetching",
+           "submitter": ALICE, "created": 1.0, "deadline": 2.0, "fuel_limit": 10}
+    try:
+        *_, added = await db.atomically(
+            call(Store.put_envelope, b"a" * 32, "assign", b"raw", 1.0, job_id=b"j" * 32),
+            call(Store.add_job, **job),
+        )
+        assert added is True and db.store.unsynced == 1 and syncs == [1]  # one durable commit, one sync
+        # with a call the event loop does not run (a scan), the whole transaction goes to the thread
+        rows, _ = await db.atomically(call(Store.jobs), call(Store.kv_set, "k", b"v"))
+        assert [r.job_id for r in rows] == [b"j" * 32] and await db.run(Store.kv_get, "k") == b"v"
+    finally:
+        await db.aclose()
