@@ -65,7 +65,7 @@ def _env_name_rule(name: str) -> str | None:
 _QUICK_FILE_NAME = ('{x}.isprintable() and "\\\\" not in {x} and "//" not in {x} and "/." not in {x} '
                     'and {x}[0] not in "/." and {x}[-1] != "/"')
 FILE_NAME = Text(NAME_MAX, min_len=1, rule=check_file_name, label="relative file name (section 8)",
-                 quick=_QUICK_FILE_NAME)
+                 quick=_QUICK_FILE_NAME, native=("file_name",))
 
 
 @record
@@ -92,7 +92,7 @@ class FileRef(Record):
 @dataclass(frozen=True, slots=True)
 class EnvVar(Record):
     name: str = field(metadata=w(Text(NAME_MAX, min_len=1, rule=_env_name_rule, label="no `=`",
-                                      quick='"=" not in {x}')))
+                                      quick='"=" not in {x}', native=("exclude", "="))))
     value: str = field(metadata=w(Text(ARG_MAX)))
 
 

@@ -12,6 +12,11 @@ in which every codec's checks, every nested record and every array of records ar
 is the plain equivalent (convert each field with `dec`, then construct) that the tests hold the
 generated one to; any wire value the generated decoder refuses is re-decoded by the reference,
 so both raise the same error. Every failure is InvalidMessage.
+
+When the optional C extension `_recdecode` is built (and E31_PURE_PYTHON is not set), the same
+checks run in C instead: `_native_spec` turns each codec into a spec the extension interprets
+(calling back into Python for what only Python can decide: text rules, non-ASCII text, `_validate`),
+and a refusal is explained by the reference decoder just the same.
 """
 
 from __future__ import annotations
@@ -26,6 +31,11 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from .errors import InvalidMessage
 from .ids import DIGEST_SIZE, KEY_SIZE, Digest, InvalidId, NodeId
+
+try:
+    from . import _recdecode
+except ImportError:  # not built (no C compiler at install time): the generated Python decoders run
+    _recdecode = None  # type: ignore[assignment]
 
 T = TypeVar("T")
 R = TypeVar("R", bound="Record")
@@ -119,14 +129,17 @@ class Text(Codec[str]):
     """UTF-8 text, at most `max_bytes` encoded bytes, never NUL; optionally a validator.
 
     `rule(text)` says why a text breaks the field's own rule, or None. `quick`, for the generated
-    decoder, is Python source over `{x}` that is true only for ASCII text keeping the rule (it may
-    be false for some that keep it: the rule then decides); it spares a call on the hot path."""
+    decoder, is Python source over `{x}` that is true only for ASCII text keeping the rule (it may be
+    false for some that keep it: the rule then decides); it spares a call on the hot path. `native` is
+    the same test for the C decoder (protocol/_recdecode.c): ("charset", allowed ASCII characters),
+    ("exclude", refused ASCII characters) or ("file_name",)."""
 
     def __init__(self, max_bytes: int, min_len: int = 0,
                  rule: Callable[[str], str | None] | None = None, label: str = "",
-                 quick: str | None = None) -> None:
+                 quick: str | None = None, native: tuple[str, ...] | None = None) -> None:
         self.max, self.min, self.rule, self.label = max_bytes, min_len, rule, label
         self.quick = quick if rule is not None else None
+        self.native = native if rule is not None else None
 
     def check(self, v: object) -> None:
         if type(v) is not str:
@@ -669,8 +682,94 @@ class Source:
 
 
 def _compile_from_wire(cls: type[R]) -> Callable[[object], R]:
-    """Generate the decoder of one record class (see the module comment). Decoding is the hot path of
-    verification, right after the signature check."""
+    """The decoder of one record class (see the module comment): compiled in C when the extension is
+    there, else generated as Python. Decoding is the hot path of verification, right after the
+    signature check."""
+    if native_decoding():
+        return _native_from_wire(cls)
+    return _generated_from_wire(cls)
+
+
+def native_decoding() -> bool:
+    """Whether records are decoded by the C extension (built, and E31_PURE_PYTHON not set)."""
+    return _recdecode is not None and not _recdecode.DISABLED
+
+
+def _native_from_wire(cls: type[R]) -> Callable[[object], R]:
+    """A from_wire running the C decoder of `cls`, and on a refusal raising the reference's error."""
+    decode = _native_decoder(cls)
+
+    def from_wire(wire: object) -> R:
+        try:
+            record: R = decode(wire)
+        except InvalidMessage as e:
+            raise _explain(cls, wire, e) from None
+        return record
+
+    from_wire.__qualname__ = f"{cls.__name__}.from_wire"
+    from_wire.__doc__ = Record.from_wire.__doc__
+    return from_wire
+
+
+_DECODERS: dict[type[Record], _recdecode.Decoder] = {}
+
+
+def _native_decoder(cls: type[Record]) -> _recdecode.Decoder:
+    """The C decoder of `cls` (an `_recdecode.Decoder`), built once."""
+    decoder = _DECODERS.get(cls)
+    if decoder is None:
+        assert _recdecode is not None
+        fields = tuple((name, _native_spec(codec)) for name, codec in cls._FIELDS)
+        validate = cls._validate if cls._validate is not Record._validate else None
+        decoder = _DECODERS[cls] = _recdecode.Decoder(cls, fields, validate, InvalidMessage)
+    return decoder
+
+
+def _native_spec(codec: Codec[Any]) -> tuple[Any, ...]:
+    """The spec of one field for `_recdecode.Decoder` (its docstring lists the forms). Exact types only:
+    a codec of any other class (a subclass too) is called back through its own `decode`."""
+    if type(codec) is UInt and 0 <= codec.min <= codec.max <= U64:
+        return ("uint", codec.min, codec.max)
+    if type(codec) is Bool:
+        return ("bool",)
+    if type(codec) is Text:
+        return ("text", codec.min, codec.max, codec.rule, codec.check, codec.native)
+    if type(codec) is OneOf:
+        return ("oneof", codec.choices)
+    if type(codec) is Bin:
+        return ("bin", codec.min, codec.max)
+    if type(codec) is Key:
+        return ("id", NodeId, KEY_SIZE)
+    if type(codec) is Hash:
+        return ("id", Digest, DIGEST_SIZE)
+    if type(codec) is Opt:
+        return ("opt", _native_spec(codec.inner))
+    if type(codec) is Seq:
+        return ("seq", _native_spec(codec.inner), codec.min, codec.max, _native_order(codec))
+    if type(codec) is Sub:
+        return ("sub", _native_decoder(codec.cls))
+    return ("call", codec.decode)
+
+
+def _native_order(seq: Seq) -> str | Callable[[Any], Any] | None:
+    """How the C decoder finds an item's order key: the name of the item's slot the key reads, when it
+    reads one (a record field, an id's raw bytes), else the key function."""
+    key, inner = seq.order_key, seq.inner
+    if type(key) is operator.attrgetter:
+        names = key.__reduce__()[1]
+        if len(names) == 1 and isinstance(names[0], str) and "." not in names[0]:
+            slots: tuple[str, ...] = ()
+            if type(inner) is Sub:
+                slots = tuple(name for name, _ in inner.cls._FIELDS)
+            elif type(inner) in (Key, Hash):
+                slots = ("raw",)
+            if names[0] in slots:
+                return str(names[0])
+    return key
+
+
+def _generated_from_wire(cls: type[R]) -> Callable[[object], R]:
+    """Generate the Python decoder of one record class."""
     src = Source()
     with src.block("def from_wire(wire):"):
         with src.block("try:"):
@@ -752,7 +851,10 @@ def _wire_type(v: object) -> str:
 
 
 def _show(v: object) -> str:
-    r = repr(v)
+    try:
+        r = repr(v)
+    except RecursionError:  # a hostile array nested a thousand deep (msgpack allows 1024)
+        return "a value nested too deeply to show"
     return r if len(r) <= 60 else r[:60] + "..."
 
 
@@ -774,7 +876,7 @@ def _network_rule(s: str) -> str | None:
 
 # quick: stripping the allowed characters from both ends leaves nothing exactly when all are allowed
 NETWORK = Text(NETWORK_MAX, min_len=1, rule=_network_rule, label="network name (section 3)",
-               quick=f"not {{x}}.strip({_NETWORK_CHARS!r})")
+               quick=f"not {{x}}.strip({_NETWORK_CHARS!r})", native=("charset", _NETWORK_CHARS))
 TIME = UInt(label="timestamp (uint64, ms since the Unix epoch)")
 """A timestamp: milliseconds since the Unix epoch (UTC), an unsigned 64-bit integer."""
 
