@@ -210,3 +210,13 @@ def test_sign_refuses_an_envelope_no_frame_can_hold() -> None:
     assert len(sign_message(listing, KEY)) < 1 << 20
     with pytest.raises(errors.LocalProtocolError, match="frame"):
         sign("ping", b"\x00" * (1 << 20), KEY)
+
+
+def test_a_value_nested_a_thousand_deep_is_refused_with_a_protocol_error() -> None:
+    """msgpack allows 1,024 levels; explaining why such a value is refused must not overflow the stack."""
+    deep: Any = ()
+    for _ in range(1000):
+        deep = (deep,)
+    body = pack(("net", b"\x01" * 32, ME.raw, 1, deep, "text"))  # a cancel whose reason is an array
+    with pytest.raises(errors.InvalidMessage):
+        verify(sign("cancel", body, KEY))
