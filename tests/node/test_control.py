@@ -126,6 +126,34 @@ async def test_client_round_trips(tmp_path: Path, server: ControlEndpoint) -> No
     assert await call(tmp_path, "GET", "/v1/jobs/abc%20d") == {"job_id": "abc d"}
 
 
+async def test_a_client_keeps_its_connection_between_calls(tmp_path: Path, server: ControlEndpoint) -> None:
+    client = ApiClient(tmp_path, timeout=5.0)
+
+    def three_calls() -> list[object]:
+        socks = []
+        for _ in range(3):
+            client.get("/v1/peers")
+            socks.append(client._kept.conn.sock)
+        return socks
+
+    socks = await trio.to_thread.run_sync(three_calls)
+    assert socks[0] is not None and socks[0] is socks[1] is socks[2]
+    await trio.to_thread.run_sync(client.close)
+
+
+async def test_a_kept_connection_the_node_closed_is_retried_for_a_get_only(
+    tmp_path: Path, server: ControlEndpoint
+) -> None:
+    client = ApiClient(tmp_path, timeout=5.0)
+    assert await trio.to_thread.run_sync(client.get, "/v1/peers")
+    await trio.sleep(LIMITS.request_timeout + 0.5)  # the server drops the idle connection
+    assert await trio.to_thread.run_sync(client.get, "/v1/peers")  # sent again on a new connection
+    await trio.sleep(LIMITS.request_timeout + 0.5)
+    with pytest.raises(ApiClientError, match="failed"):  # a POST may have been acted on: not repeated
+        await trio.to_thread.run_sync(client.post, "/v1/echo", {"x": 1})
+    assert await trio.to_thread.run_sync(client.post, "/v1/echo", {"x": 2}) == {"got": {"x": 2}}
+
+
 @pytest.mark.parametrize(
     ("method", "path", "status", "code"),
     [
