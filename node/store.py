@@ -291,6 +291,7 @@ class Store:
         self.unsynced = 0
         """How many deferred durable commits were made so far (each one is on disk after a `sync`)."""
         self._depth = 0  # transactions open on the thread holding the lock (an inner one joins the outer)
+        self._outer_durable = True
 
     @classmethod
     def in_data_dir(cls, data_dir: Path | str) -> Store:
@@ -309,7 +310,7 @@ class Store:
             conn.execute("PRAGMA query_only = ON")
         view = object.__new__(Store)
         view.path, view._lock, view._conn, view._durable = self.path, threading.RLock(), conn, True
-        view.deferring, view.unsynced, view._depth = threading.local(), 0, 0
+        view.deferring, view.unsynced, view._depth, view._outer_durable = threading.local(), 0, 0, True
         return view
 
     def set_autocheckpoint(self, pages: int) -> None:
@@ -375,6 +376,8 @@ class Store:
         with self._lock, _translate(self.path):
             c = self._conn
             if self._depth:
+                if durable and not self._outer_durable:
+                    raise ValueError("a durable write inside a transaction that is not durable")
                 self._depth += 1
                 try:
                     yield c
@@ -388,7 +391,7 @@ class Store:
                 self._durable = full
             changes = c.total_changes
             c.execute("BEGIN IMMEDIATE")
-            self._depth = 1
+            self._depth, self._outer_durable = 1, durable
             try:
                 yield c
                 if deferred and durable and c.total_changes != changes:

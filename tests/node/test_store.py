@@ -653,6 +653,8 @@ def test_many_calls_commit_together_or_not_at_all(store: Store) -> None:
     assert store.envelope(b"res2") is None
     store.put_envelope(b"res3", "result", b"r3", 4.0, job_id=b"j1")  # the store is usable after it
     assert store.envelope(b"res3") is not None
+    with pytest.raises(ValueError), store.transaction(durable=False):  # it would commit without its fsync
+        store.put_ack(b"x", b"y", 5.0)
 
 
 async def test_atomically_runs_short_writes_inline_in_one_commit(
