@@ -300,10 +300,15 @@ class Submitter:
 
     async def _names_our_assignment(self, msg: Accepted | Release) -> bool:
         """Whether an executor's message names an assignment this node made, of that job, to it."""
-        stored = await self.ctx.store.run(Store.envelope, msg.assignment_id.raw)
-        if stored is None or stored.kind != "assign":
-            return False
-        assign = verify(stored.raw, Assign).message
+        job = self.jobs.get(msg.job_id.raw)
+        current = None if job is None else job.assign_env
+        if current is not None and current.message_id == msg.assignment_id:
+            assign = current.message  # the one in flight, as signed here
+        else:
+            stored = await self.ctx.store.run(Store.envelope, msg.assignment_id.raw)
+            if stored is None or stored.kind != "assign":
+                return False
+            assign = verify(stored.raw, Assign).message
         if assign.job_id != msg.job_id or assign.executor != msg.executor:
             log.info("ignoring a %s from %s that does not match its assignment", msg.KIND, msg.executor)
             return False
@@ -588,18 +593,19 @@ class Submitter:
         )
         env = sign_verified(assign, self.ctx.identity)
         raw = env.raw
-        await self.ctx.store.run(
-            Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id
-        )
-        job.assignment, job.assignment_raw, job.assign_env = env.message_id.raw, raw, env
+        now_s = self.ctx.now_s()
         changes = {"executor": str(NodeId(bid.executor)), "attempt": attempt}
-        if lane:  # the first replica assigned makes the job `assigned`; the others only record theirs
-            if not await self._set_state(job_id, "offered", "assigned", **changes):
-                await self.ctx.store.run(
-                    Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state="assigned", **changes
-                )
-        else:
-            await self._set_state(job_id, "offered", "assigned", **changes)
+        check_transition(ROLE, "offered", "assigned")
+        _, moved = await self.ctx.store.atomically(  # one commit: the assignment with the state naming it
+            call(Store.put_envelope, env.message_id.raw, env.kind, raw, now_s, job_id),
+            call(Store.update_job, job_id, ROLE, now_s, expect_state="offered", state="assigned", **changes),
+        )
+        self._notify(job_id)
+        job.assignment, job.assignment_raw, job.assign_env = env.message_id.raw, raw, env
+        if lane and not moved:  # the first replica made the job `assigned`; the others record theirs
+            await self.ctx.store.run(
+                Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state="assigned", **changes
+            )
         if not await self.ctx.send_to(bid.executor, raw):
             log.info("job %s: no link to %s to assign it", job_id.hex()[:12], NodeId(bid.executor))
             if not lane:
