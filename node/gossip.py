@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import trio
 from e31.protocol.envelope import VerifiedEnvelope, claimed_kind
@@ -158,11 +158,12 @@ class GossipService(Generic[P]):
         self._subscribers.setdefault(kind, []).append(send)
         return receive
 
-    def publish(self, raw: bytes) -> int:
-        """Send one of our own signed messages; returns the number of peers it was queued for.
-        Raises ProtocolError if it is not a valid, fresh gossip message of our network."""
+    def publish(self, message: bytes | VerifiedEnvelope[Any]) -> int:
+        """Send one of our own signed messages (its bytes, or the envelope `sign_verified` made); returns
+        the number of peers it was queued for. Raises ProtocolError if it is not a valid, fresh gossip
+        message of our network."""
         queued = 0
-        for action in self.engine.publish(raw, self._clock(), self._rng):
+        for action in self.engine.publish(message, self._clock(), self._rng):
             if isinstance(action, Forward):
                 queued += self._queue(action.peer, action.raw)
         return queued

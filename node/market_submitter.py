@@ -152,7 +152,7 @@ class Submitter:
         ctx: MarketContext,
         *,
         transfer: BlobTransfer,
-        publish: Callable[[bytes], int] | None = None,
+        publish: Callable[[bytes | VerifiedEnvelope[Any]], int] | None = None,
         local_offer: Callable[[VerifiedEnvelope[Any]], None] | None = None,
     ) -> None:
         self.ctx = ctx
@@ -281,7 +281,7 @@ class Submitter:
         log.info("job %s cancelled", job_id.hex()[:12])
         if self.publish is not None:
             try:
-                self.publish(raw)
+                self.publish(env)
             except ProtocolError as e:
                 log.warning("cannot gossip the cancel of job %s: %s", job_id.hex()[:12], e)
         for executor in {a.message.executor.raw for a in await self._assigns(job_id)}:
@@ -526,7 +526,7 @@ class Submitter:
         expected: set[bytes] = set()
         if gossip and self.publish is not None:
             try:
-                self.publish(raw)
+                self.publish(env)
                 expected.update(self.ctx.connected())
             except ProtocolError as e:
                 log.warning("cannot gossip the offer of job %s: %s", job_id.hex()[:12], e)

@@ -382,13 +382,17 @@ class GossipEngine(Generic[P]):
         self.counters["forwarded"] += len(targets)
         return [Deliver(env), *(Forward(p, raw) for p in targets)]
 
-    def publish(self, raw: bytes, now: int, rng: Rng) -> list[Action[P]]:
+    def publish(self, message: bytes | VerifiedEnvelope[Any], now: int, rng: Rng) -> list[Action[P]]:
         """Send one of our own messages: the actions are Forwards (or a Drop if already sent).
 
-        The message is checked like a received one; a ProtocolError says why it cannot be sent.
+        The message is checked like a received one (its signature too when given as bytes: a
+        VerifiedEnvelope was checked when it was made); a ProtocolError says why it cannot be sent.
         It is not delivered to the local subscribers.
         """
-        env = verify(raw, max_len=self._max_size)
+        env = message if isinstance(message, VerifiedEnvelope) else verify(message, max_len=self._max_size)
+        raw = env.raw
+        if len(raw) > self._max_size:
+            raise LocalProtocolError(f"{env.kind} envelope of {len(raw)} bytes exceeds {self._max_size}")
         cap = self.config.kinds.get(env.kind)
         if cap is None:
             raise LocalProtocolError(f"kind {env.kind!r} is not carried by gossip")

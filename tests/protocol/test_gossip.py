@@ -359,6 +359,17 @@ def test_publish_sends_to_every_peer_or_to_publish_fanout() -> None:
     assert len(forwards(engine(peers=8, publish_fanout=3).publish(raw, T0, RNG))) == 3
 
 
+def test_publishing_the_envelope_sign_verified_made_is_publishing_its_bytes() -> None:
+    raw = capacity(key(1))
+    env = verify(raw)
+    assert sorted(forwards(engine(peers=8).publish(env, T0, RNG))) == [f"p{i}" for i in range(8)]
+    e = engine()
+    e.publish(env, T0, RNG)
+    assert e.publish(raw, T0, RNG) == [Drop(Reason.DUPLICATE, None)]  # the same message
+    with pytest.raises(LocalProtocolError, match="expired"):  # checked like bytes, but for the signature
+        e.publish(verify(capacity(key(1), expires=T0 - 60_000)), T0, RNG)
+
+
 def test_our_own_message_coming_back_is_a_duplicate_and_is_never_delivered() -> None:
     e = engine()
     raw = capacity(key(1))
