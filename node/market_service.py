@@ -95,7 +95,7 @@ async def run_jobs(
 
     async def acked(receipt: VerifiedEnvelope[UsageReceipt], ack: VerifiedEnvelope[Ack]) -> None:
         if receipt_log is not None:
-            index = await trio.to_thread.run_sync(receipt_log.append, receipt.raw)
+            index = await trio.to_thread.run_sync(receipt_log.append, receipt)
             await store.run(Store.set_receipt_log_index, receipt.message_id.raw, index)
 
     executor = Executor(

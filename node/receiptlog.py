@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import nacl.signing
-from e31.protocol.envelope import node_id_of, sign_message, verify
+from e31.protocol.envelope import VerifiedEnvelope, node_id_of, sign_message, verify
 from e31.protocol.errors import ProtocolError
 from e31.protocol.ids import Digest
 from e31.protocol.merkle import leaf_hash
@@ -93,15 +93,21 @@ class ReceiptLog:
             with self._reading() as c:
                 return tree.root_at(c, size)
 
-    def append(self, receipt_envelope: bytes) -> int:
-        """Append one of this node's receipts (its exact envelope bytes); return its leaf index.
+    def append(self, receipt_envelope: bytes | VerifiedEnvelope[UsageReceipt]) -> int:
+        """Append one of this node's receipts (its exact envelope bytes, or the envelope as verified or
+        signed here); return its leaf index.
 
         Idempotent: the same receipt returns the index it already has. Durable when it returns.
         """
-        try:
-            env = verify(receipt_envelope, UsageReceipt)
-        except ProtocolError as e:
-            raise ReceiptLogError(f"not a valid receipt envelope: {type(e).__name__}: {e}") from None
+        if isinstance(receipt_envelope, VerifiedEnvelope):
+            env = receipt_envelope
+            if not isinstance(env.message, UsageReceipt):
+                raise ReceiptLogError(f"a {env.kind} is not a receipt")
+        else:
+            try:
+                env = verify(receipt_envelope, UsageReceipt)
+            except ProtocolError as e:
+                raise ReceiptLogError(f"not a valid receipt envelope: {type(e).__name__}: {e}") from None
         if env.signer != self._node:
             raise ReceiptLogError(f"the receipt was signed by {env.signer}, not by this node ({self._node})")
         if env.message.network != self._network:

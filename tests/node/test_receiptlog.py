@@ -76,7 +76,13 @@ def test_refuses_receipts_it_did_not_sign_and_garbage(store: Store) -> None:
         key("executor"))
     with pytest.raises(ReceiptLogError, match="network"):
         log.append(other_net)
+    with pytest.raises(ReceiptLogError, match="not by this node"):  # as an envelope verified here too
+        log.append(verify(foreign, UsageReceipt))
+    with pytest.raises(ReceiptLogError, match="not a receipt"):
+        log.append(verify(mandelbrot().ack))  # type: ignore[arg-type]
     assert log.size == 0
+    mine = mandelbrot().receipt
+    assert log.append(verify(mine, UsageReceipt)) == 0 and log.append(mine) == 0  # one receipt, either way
 
 
 def test_signed_tree_head_is_signed_once_per_size(store: Store) -> None:
