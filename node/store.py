@@ -318,15 +318,19 @@ class Store:
         with self._read() as c:
             c.execute(f"PRAGMA wal_autocheckpoint = {int(pages)}")
 
-    def sync(self) -> None:
+    def sync(self) -> int:
         """Put every commit made so far on disk: fsync the WAL (the database file when there is none).
+        Returns the `unsynced` count it covers.
 
         Group commit: a durable commit made on a thread whose `deferring.on` is true is written like any
         other (to the WAL, no fsync) and counted in `unsynced`; it is on disk once `sync` has run after
         it, and one sync serves every commit before it, however many. AsyncStore defers its calls' commits
         and syncs before a call returns (see AsyncStore._settle); other callers get FULL commits.
-        Needs no lock: the WAL is only appended to (or restarted after a checkpoint that synced the
-        database first), so the fsync covers every frame written before it began."""
+        The count is read under the lock, so a transaction counted but still committing has finished;
+        the fsync itself needs no lock: the WAL is only appended to (or restarted after a checkpoint that
+        synced the database first), so it covers every frame written before it began."""
+        with self._lock:
+            covered = self.unsynced
         wal = self.path.with_name(self.path.name + "-wal")
         for target in (wal, self.path):
             try:
@@ -341,7 +345,8 @@ class Store:
                 raise StoreError(f"{target}: fsync failed: {e.strerror}") from e
             finally:
                 os.close(fd)
-            return
+            break
+        return covered
 
     def checkpoint(self) -> None:
         """Copy the WAL into the database as far as readers allow (a passive checkpoint)."""
@@ -898,12 +903,15 @@ class AsyncStore:
         self._synced = store.unsynced
         self._syncing: trio.Event | None = None
         self._sync_limiter = trio.CapacityLimiter(1)
+        self._failed: StoreError | None = None
 
     @classmethod
     async def open(cls, path: Path | str) -> AsyncStore:
         return cls(await trio.to_thread.run_sync(Store, path))
 
     async def run(self, method: Callable[Concatenate[Store, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+        if self._failed is not None:
+            raise self._failed
         name = getattr(method, "__name__", "")  # a functools.partial has none: it runs in the thread
         read = name in INLINE_READS
         if not read:
@@ -917,7 +925,7 @@ class AsyncStore:
             result = method(self._reader, *args, **kwargs)
             await self._settle()
             return result
-        many = name == "many" and all(_short_write(m) for m, _, _ in args[0])
+        many = name == "many" and type(args[0]) is tuple and all(_short_write(m) for m, _, _ in args[0])
         if (name in INLINE_WRITES or many) and getattr(Store, name, None) is method:
             # not while the thread holds the connection; calls queued for the thread are other tasks'
             # (a task waits for each of its calls), which nothing orders against this one
@@ -952,25 +960,35 @@ class AsyncStore:
         return await self.run(Store.many, calls)
 
     async def _settle(self) -> None:
-        """The end of every call, cancel-shielded (the call has run): when durable commits are still to
-        be synced, wait for a sync that began after them, so a call returns nothing (a durable write's
-        success, a row it wrote) that a power cut could take back. Whoever finds no sync running starts
-        one in a thread, after letting the other tasks ready to run commit too; everyone who waits
-        meanwhile shares the next (group commit)."""
-        if self.store.unsynced == self._synced:
+        """The end of every call, cancel-shielded (the call has run): when durable commits made before
+        it ended are still to be synced, wait for a sync that covers them, so a call returns nothing (a
+        durable write's success, a row it wrote) that a power cut could take back. Whoever finds no sync
+        running starts one in a thread, after letting the other tasks ready to run commit too; everyone
+        who waits meanwhile shares the next (group commit). Commits made later are not waited for.
+
+        A sync that fails leaves the WAL in doubt (after a write-back error the kernel may drop the dirty
+        pages, and a later fsync succeed without them): the store is then failed for good, every call
+        raises StoreError, and the node stops."""
+        target = self.store.unsynced
+        if target <= self._synced:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
         with trio.CancelScope(shield=True):
-            while self._synced < self.store.unsynced:
+            while self._synced < target:
+                if self._failed is not None:
+                    raise self._failed
                 if self._syncing is not None:
                     await self._syncing.wait()
                     continue
                 done = self._syncing = trio.Event()
                 try:
                     await trio.lowlevel.checkpoint()  # shielded: a yield, so this batch's commits join
-                    goal = self.store.unsynced
-                    await trio.to_thread.run_sync(self.store.sync, limiter=self._sync_limiter)
-                    self._synced = max(self._synced, goal)
+                    covered = await trio.to_thread.run_sync(self.store.sync, limiter=self._sync_limiter)
+                    self._synced = max(self._synced, covered)
+                except StoreError as e:
+                    self._failed = StoreError(f"the database could not be synced to disk ({e}); its last "
+                                              "writes may not be durable: stop the node and check the disk")
+                    raise self._failed from e
                 finally:
                     self._syncing = None
                     done.set()

@@ -534,9 +534,9 @@ async def test_group_commit_one_fsync_serves_many_durable_writes_and_each_waits_
     syncs: list[int] = []  # `unsynced` when each sync began: it covers every commit counted by then
     real_sync = Store.sync
 
-    def sync(self: Store) -> None:
+    def sync(self: Store) -> int:
         syncs.append(self.unsynced)
-        real_sync(self)
+        return real_sync(self)
 
     real_add = Store.add_job
     made: dict[bytes, int] = {}  # each job's commit: `unsynced` right after it
@@ -579,9 +579,9 @@ async def test_a_read_waits_while_a_durable_commit_is_not_yet_on_disk(
     release = threading.Event()
     real_sync = Store.sync
 
-    def slow_sync(self: Store) -> None:
+    def slow_sync(self: Store) -> int:
         release.wait(10)
-        real_sync(self)
+        return real_sync(self)
 
     monkeypatch.setattr(Store, "sync", slow_sync)
     job_id = b"j" * 32
@@ -677,5 +677,104 @@ async def test_atomically_runs_short_writes_inline_in_one_commit(
         # with a call the event loop does not run (a scan), the whole transaction goes to the thread
         rows, _ = await db.atomically(call(Store.jobs), call(Store.kv_set, "k", b"v"))
         assert [r.job_id for r in rows] == [b"j" * 32] and await db.run(Store.kv_get, "k") == b"v"
+    finally:
+        await db.aclose()
+
+
+def test_a_sync_waits_for_a_transaction_still_committing(store: Store) -> None:
+    """The count a sync covers is read under the lock: a transaction counted but not yet committed
+    (counting comes just before COMMIT) finishes first, so its commit is in the fsync."""
+    inside, leave = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        store.deferring.on = True
+        with store.transaction() as c:
+            c.execute("INSERT INTO kv (key, value) VALUES ('w', x'01')")
+            inside.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    assert inside.wait(10)
+    covered: list[int] = []
+    s = threading.Thread(target=lambda: covered.append(store.sync()))
+    s.start()
+    s.join(0.3)
+    assert covered == []  # still waiting for the writer's transaction
+    leave.set()
+    t.join(10)
+    s.join(10)
+    assert covered == [1]
+
+
+async def test_a_call_waits_only_for_the_commits_made_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sync covers what was counted when it began; a call whose commit it covers returns then, even
+    if more durable commits came meanwhile (they wait for the next sync, not it: no call waits for as
+    long as others keep writing)."""
+    db = await AsyncStore.open(tmp_path / STORE_FILE)
+    gates = [threading.Event(), threading.Event()]
+    started: list[int] = []
+    first_sync = threading.Event()
+    real_sync = Store.sync
+
+    def gated_sync(self: Store) -> int:
+        covered = real_sync(self)
+        started.append(covered)
+        first_sync.set()
+        gates[len(started) - 1].wait(10)
+        return covered
+
+    monkeypatch.setattr(Store, "sync", gated_sync)
+    returned: list[str] = []
+    first_back = trio.Event()
+
+    async def write(name: str, n: int) -> None:
+        await _durable_write(db, n)
+        returned.append(name)
+        first_back.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write, "first", 1)
+            assert await trio.to_thread.run_sync(first_sync.wait, 10)  # under way, covering "first"
+            nursery.start_soon(write, "second", 2)
+            await trio.testing.wait_all_tasks_blocked()
+            gates[0].set()
+            with trio.fail_after(5):  # with the second sync held back, the first write still returns
+                await first_back.wait()
+            assert returned == ["first"] and started[0] == 1
+            gates[1].set()
+        assert returned == ["first", "second"] and started == [1, 2]
+    finally:
+        for gate in gates:
+            gate.set()
+        await db.aclose()
+
+
+async def _durable_write(db: AsyncStore, n: int) -> None:
+    job = {"job_id": n.to_bytes(32, "big"), "role": "submitter", "manifest": b"m", "state": "queued",
+           "submitter": ALICE, "created": 1.0, "deadline": 2.0, "fuel_limit": 10}
+    await db.run(Store.add_job, **job)
+
+
+async def test_a_failed_sync_fails_the_store_for_good(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = await AsyncStore.open(tmp_path / STORE_FILE)
+
+    def broken(self: Store) -> int:
+        raise StoreError("node.sqlite-wal: fsync failed: Input/output error")
+
+    monkeypatch.setattr(Store, "sync", broken)
+    try:
+        with pytest.raises(StoreError, match="could not be synced"):
+            await _durable_write(db, 1)
+        monkeypatch.undo()  # a later sync would succeed: the pages it failed to write may be gone
+        with pytest.raises(StoreError, match="could not be synced"):
+            await db.run(Store.kv_get, "k")
+        with pytest.raises(StoreError, match="could not be synced"):
+            await db.run(Store.kv_set, "k", b"v")
     finally:
         await db.aclose()
