@@ -75,8 +75,9 @@ def run(config: NodeConfig, settings: PeerSettings | None = None) -> int:
 
 
 def _expected(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one DaemonError for a group holding only expected start-up failures; else the group."""
-    expected, rest = group.split((DaemonError, ListenFailed))
+    """The one DaemonError for a group holding only expected failures (at start-up, or a store that
+    failed under the node: a disk error); else the group."""
+    expected, rest = group.split((DaemonError, ListenFailed, StoreError))
     if rest is not None or expected is None:
         return group
     leaf: BaseException = expected

@@ -334,3 +334,14 @@ def test_the_peers_table_has_a_row_per_peer_in_aligned_columns() -> None:
     assert first.split() == ["e31naaaa", "connected", "10.0.0.1:7531", "bootstrap", "10s", "ago", "1.2", "ms"]
     assert second.split() == ["e31nb", "backoff", "-", "exchange", "never", "-"]
     assert header.index("STATE") == first.index("connected") == second.index("backoff")
+
+
+def test_a_store_that_fails_under_the_node_stops_it_with_one_line() -> None:
+    from e31.node.daemon import DaemonError, _expected
+    from e31.node.store import StoreError
+
+    failed = StoreError("the database could not be synced to disk (fsync failed): stop the node")
+    error = _expected(BaseExceptionGroup("tasks", [ExceptionGroup("inner", [failed])]))
+    assert isinstance(error, DaemonError) and "could not be synced" in str(error)
+    other = _expected(BaseExceptionGroup("tasks", [failed, ValueError("bug")]))
+    assert isinstance(other, BaseExceptionGroup)  # anything unexpected still shows as what it is
