@@ -76,6 +76,7 @@ class ApiClient:
         if conn is not None:
             return conn, True
         kept.conn, kept.to = http.client.HTTPConnection(host, port, timeout=self.timeout), (host, port)
+        kept.last = time.monotonic()
         return kept.conn, False
 
     def _endpoint(self) -> tuple[str, int, str]:
@@ -122,6 +123,9 @@ class ApiClient:
                 if reused and method == "GET":
                     continue  # the node closed a kept connection (it restarted): once more, on a new one
                 raise ApiClientError(f"talking to the node at {host}:{port} failed: {e}") from None
+            except BaseException:  # anything else (an interrupt...) leaves the connection mid-request
+                self.close()
+                raise
             break
         self._kept.last = time.monotonic()
         if response.will_close:

@@ -75,7 +75,8 @@ def _status(args: argparse.Namespace) -> int:
     from .status import format_status
 
     try:
-        doc = ApiClient(args.data_dir, timeout=10.0).get("/v1/status")
+        with ApiClient(args.data_dir, timeout=10.0) as api:
+            doc = api.get("/v1/status")
     except ApiClientError as e:
         raise CliError(str(e)) from None
     if not isinstance(doc, dict):

@@ -19,7 +19,8 @@ def run(args: argparse.Namespace) -> int:
     from .status import format_peers
 
     try:
-        peers = ApiClient(args.data_dir, timeout=10.0).get("/v1/peers")
+        with ApiClient(args.data_dir, timeout=10.0) as api:
+            peers = api.get("/v1/peers")
     except ApiClientError as e:
         raise CliError(str(e)) from e
     if not isinstance(peers, list):

@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--out {out}: the directory {out.parent} does not exist")
     body = {"jobs": args.jobs, "with_blobs": args.with_blobs, "out": str(out)}
     try:
-        answer = ApiClient(args.data_dir, timeout=EXPORT_TIMEOUT).post("/v1/receipts/export", body)
+        with ApiClient(args.data_dir, timeout=EXPORT_TIMEOUT) as api:
+            answer = api.post("/v1/receipts/export", body)
     except ApiClientError as e:
         raise CliError(str(e)) from None
     if not isinstance(answer, dict):

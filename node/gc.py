@@ -13,10 +13,11 @@ Partial downloads live apart and are never touched. Run directories (DATA/runs/J
 is no longer running (a kill -9 leaves them) are removed. The seen-message cache is pruned.
 
 Jobs that ended more than `retention_s` ago (done, failed, expired, cancelled; never `disputed`) are
-forgotten first (Store.prune_finished_jobs): their rows, results, blob references, envelopes and
-batch entries go; their usage receipts and acknowledgements stay, the signed evidence the receipt log
-holds. So the store of a node that runs jobs for months holds the jobs of one retention window, plus
-a receipt and an acknowledgement (about 1.5 KB) per job ever run.
+forgotten first (Store.prune_finished_jobs): their rows, results, blob references, batch entries and
+envelopes go, but for the signed evidence of a job that ran: its usage receipts and their
+acknowledgements, with the offer and assignments they name (what an audit checks a receipt against).
+So the store of a node that runs jobs for months holds the jobs of one retention window, plus about
+2 KB of evidence per job ever run.
 
 `collect` is blocking (run it in a thread); `run_gc` is the daemon's periodic service. Blob deletion
 needs no store transaction: a blob a job names is in the keep set, computed just before deleting.

@@ -604,11 +604,10 @@ class Executor:
             for row in await self.ctx.store.run(Store.receipts_due, now):
                 receipt = await self.ctx.store.run(Store.envelope, row.message_id)
                 results = await self.ctx.store.run(Store.envelopes_for_job, row.job_id, "result")
-                if receipt is None:
-                    continue
                 mine = (verify(x.raw, Result) for x in results)
                 result = next((r for r in mine if r.message.receipt_id.raw == row.message_id), None)
-                if result is None:
+                if receipt is None or result is None:  # forgotten (pruned): nothing left to deliver
+                    await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, math.inf)
                     continue
                 result_raw = result.raw
                 if result.message.available_until <= self.ctx.clock():

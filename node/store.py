@@ -726,9 +726,10 @@ class Store:
         one transaction; returns how many rows went (call again until it returns less than `limit`).
 
         Goes: the job row, and once no role of the job is left, its results, its blob references and
-        its envelopes (offer, bids, assignment, result...). Stays: its usage receipts and the
-        acknowledgements of them with their envelopes (the signed evidence, in the receipt log), and
-        every `disputed` job (its evidence is the job)."""
+        its envelopes (bids, result, accepted, proofs...; all of them when it has no receipt). Stays,
+        for a job with a usage receipt: the receipts and their acknowledgements, with the offer and the
+        assignments they name (the signed evidence an audit checks a receipt against, in the receipt
+        log); undelivered receipts are not offered again. And every `disputed` job stays whole."""
         states = sorted(PRUNABLE_STATES)
         with self.transaction() as c:
             rows = c.execute(
@@ -740,10 +741,14 @@ class Store:
                     if c.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job,)).fetchone() is None]
             c.executemany("DELETE FROM results WHERE job_id = ?", gone)
             c.executemany("DELETE FROM blob_refs WHERE owner = ?", [(f"job:{j.hex()}",) for (j,) in gone])
+            c.executemany("UPDATE receipts SET next_delivery = NULL WHERE job_id = ? AND delivered IS NULL",
+                          gone)  # its result goes: no more delivery attempts
             c.executemany(
-                "DELETE FROM envelopes WHERE job_id = ?1 AND message_id NOT IN "
-                "(SELECT message_id FROM receipts WHERE job_id = ?1 UNION SELECT a.message_id FROM acks a "
-                "JOIN receipts r ON r.digest = a.receipt_digest WHERE r.job_id = ?1)", gone,
+                "DELETE FROM envelopes WHERE job_id = ?1 AND NOT ("
+                "message_id IN (SELECT message_id FROM receipts WHERE job_id = ?1 UNION SELECT a.message_id "
+                "FROM acks a JOIN receipts r ON r.digest = a.receipt_digest WHERE r.job_id = ?1) "
+                "OR (kind IN ('offer', 'assign') AND EXISTS (SELECT 1 FROM receipts WHERE job_id = ?1)))",
+                gone,
             )
             return len(rows)
 

@@ -209,3 +209,23 @@ async def test_the_export_endpoint_writes_the_bundle(node: tuple[Store, BlobStor
         with pytest.raises(HttpError) as info:
             await handle(request(body))
         assert info.value.status == status, body
+
+
+def test_jobs_forgotten_after_their_retention_still_export_and_audit_sound(
+    node: tuple[Store, BlobStore, ReceiptLog],
+) -> None:
+    from e31.node.gc import collect
+
+    store, blobs, log = node
+    jobs = [mandelbrot(), montecarlo()]
+    for job in jobs:
+        keep(store, blobs, log, job, with_blob=False)
+        store.add_job(job_id=job.job_id.raw, role="executor", manifest=b"m", state="done", submitter="s",
+                      created=1.0, deadline=2.0)
+    report = collect(store, blobs, now=10 * 86_400.0, retention_s=86_400.0)
+    assert report.jobs_pruned == 2 and store.jobs() == []
+    export = export_bundle(store, blobs, None, False, receipt_log=log, now_ms=T0)
+    assert export.jobs == 2
+    bundle = decode_bundle(export.data)
+    assert all(raw in bundle.envelopes for j in jobs for raw in j.envelopes)
+    assert audit(bundle).sound, audit(bundle).problems

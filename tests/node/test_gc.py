@@ -149,8 +149,9 @@ async def test_the_periodic_service_collects(store: Store, blobs: BlobStore, nur
 
 
 def _evidence(store: Store, job_id: bytes, tag: bytes, at: float) -> dict[str, bytes]:
-    """Envelope rows of a finished job: offer, result (indexed), receipt (indexed) and its ack."""
-    kinds = ("offer", "result", "receipt", "ack")
+    """Envelope rows of a finished job: offer, bid, assignment, result (indexed), receipt (indexed,
+    acknowledged) and its ack."""
+    kinds = ("offer", "bid", "assign", "result", "receipt", "ack")
     ids = {kind: hashlib.sha256(tag + kind.encode()).digest() for kind in kinds}
     for kind, mid in ids.items():
         store.put_envelope(mid, kind, b"raw " + kind.encode(), at, job_id=job_id)
@@ -167,6 +168,8 @@ def test_jobs_past_their_retention_are_forgotten_but_their_receipts_and_acks_sta
     store: Store, blobs: BlobStore
 ) -> None:
     old = add_job(store, b"m", b"i", role="submitter", state="done", updated=NOW - 2 * DAY)
+    never_ran = add_job(store, b"m", b"i", role="submitter", state="expired", updated=NOW - 2 * DAY, n=5)
+    store.put_envelope(b"o" * 32, "offer", b"raw offer", NOW - 3 * DAY, job_id=never_ran)
     recent = add_job(store, b"m", b"i", role="submitter", state="failed", updated=NOW - DAY / 2, n=1)
     running = add_job(store, b"m", b"i", role="executor", state="running", updated=NOW - 3 * DAY, n=2)
     disputed = add_job(store, b"m", b"i", role="submitter", state="disputed", updated=NOW - 3 * DAY, n=3)
@@ -179,15 +182,17 @@ def test_jobs_past_their_retention_are_forgotten_but_their_receipts_and_acks_sta
     recent_ids = _evidence(store, recent, b"recent", NOW - DAY / 2)
     both_ids = _evidence(store, both, b"both", NOW - 2 * DAY)
     report = collect(store, blobs, now=NOW, retention_s=DAY)
-    assert report.jobs_pruned == 2  # `old`, and the submitter row of `both`
-    assert store.job(old, "submitter") is None
-    assert store.results_for_job(old) == [] and store.envelope(old_ids["offer"]) is None
-    assert store.envelope(old_ids["result"]) is None
+    assert report.jobs_pruned == 3  # `old`, `never_ran`, and the submitter row of `both`
+    assert store.job(old, "submitter") is None and store.job(never_ran, "submitter") is None
+    assert store.results_for_job(old) == []
+    assert store.envelope(old_ids["result"]) is None and store.envelope(old_ids["bid"]) is None
     assert f"job:{old.hex()}" not in {o for _, o in _refs(store)}
-    # the signed evidence stays, found as before
+    # the signed evidence stays, found as before: the receipt, its ack, and the offer and assignment
+    # an audit checks it against
     assert [r.digest for r in store.receipts_for_job(old)] == [old_ids["receipt"]]
-    assert store.envelope(old_ids["receipt"]) is not None
+    assert all(store.envelope(old_ids[k]) is not None for k in ("receipt", "ack", "offer", "assign"))
     assert store.ack_for(old_ids["receipt"]) is not None
+    assert store.envelopes_for_job(never_ran) == []  # no receipt: nothing of it is evidence
     # within retention, not ended, disputed: untouched
     assert store.job(recent, "submitter") is not None and store.envelope(recent_ids["offer"]) is not None
     assert store.job(running, "executor") is not None and store.job(disputed, "submitter") is not None
@@ -223,3 +228,14 @@ def test_pruning_goes_in_chunks_and_forgets_batch_entries(store: Store, blobs: B
 def _refs(store: Store) -> list[tuple[str, str]]:
     with store.transaction(durable=False) as c:
         return [(r[0], r[1]) for r in c.execute("SELECT blob_hash, owner FROM blob_refs")]
+
+
+def test_a_forgotten_job_is_not_offered_to_its_submitter_again(store: Store, blobs: BlobStore) -> None:
+    job = add_job(store, b"m", b"i", role="executor", state="done", updated=NOW - 2 * DAY)
+    store.put_envelope(b"r" * 32, "receipt", b"raw receipt", NOW - 2 * DAY, job_id=job)
+    store.put_receipt(digest=b"r" * 32, job_id=job, attempt=1, executor="x", message_id=b"r" * 32,
+                      now=NOW - 2 * DAY, next_delivery=NOW - DAY)  # never acknowledged
+    assert [r.digest for r in store.receipts_due(NOW)] == [b"r" * 32]
+    collect(store, blobs, now=NOW, retention_s=DAY)
+    assert store.receipts_due(NOW) == []
+    assert [r.digest for r in store.receipts_for_job(job)] == [b"r" * 32]
