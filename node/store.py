@@ -377,7 +377,8 @@ class Store:
         A durable commit is on disk when this returns, with every commit before it (when deferred: once
         `sync` has run after it); otherwise it survives a process crash but may be lost to a power cut
         until the next durable commit. A transaction opened inside another one (on the same thread: the
-        lock is held) is part of it: it commits or rolls back with the outer one (see `many`)."""
+        lock is held) is part of it: it commits or rolls back with the outer one (see `many`). There
+        are no savepoints: an inner failure must fail the outer transaction, never be caught inside it."""
         with self._lock, _translate(self.path):
             c = self._conn
             if self._depth:
