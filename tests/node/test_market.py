@@ -66,9 +66,10 @@ class Net:
 
         return send
 
-    def publisher(self, me: bytes) -> Callable[[bytes], int]:
-        def publish(raw: bytes) -> int:
-            env = verify(raw, Offer)
+    def publisher(self, me: bytes) -> Callable[[bytes | VerifiedEnvelope[Any]], int]:
+        def publish(message: bytes | VerifiedEnvelope[Any]) -> int:
+            raw = message.raw if isinstance(message, VerifiedEnvelope) else message
+            env = verify(raw, Offer)  # the others get it off the "wire", checked
             for key, sink in self.offer_sinks.items():
                 if key != me:
                     sink(env)
