@@ -55,12 +55,14 @@ class GossipService(Generic[P]):
         *,
         clock: Callable[[], int] = wall_clock_ms,
         rng: Rng | None = None,
-        send_buffer: int = 128,
+        send_buffer: int = 1024,
         send_timeout: float = 10.0,
         prune_interval: float = 5.0,
         on_disconnect: Callable[[P, str], None] | None = None,
     ) -> None:
-        """`clock` gives milliseconds since the Unix epoch (expiry is wall-clock time)."""
+        """`clock` gives milliseconds since the Unix epoch (expiry is wall-clock time). `send_buffer`:
+        messages queued per link before more are dropped, above a signer's burst (GossipConfig), so a
+        burst one signer may send is forwarded whole."""
         self.engine = engine
         self._clock = clock
         self._rng: Rng = rng if rng is not None else random.Random()

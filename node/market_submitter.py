@@ -71,10 +71,10 @@ log = logging.getLogger("e31.submitter")
 
 ROLE = "submitter"
 POLL = 0.05
-OFFER_RATE = 36.0
-OFFER_BURST = 135.0
+OFFER_RATE = 135.0
+OFFER_BURST = 540.0
 """Offers gossiped per second, and at once: under what each node accepts from one signer (GossipConfig:
-40 per second, burst 150), so none is dropped at the first hop. Rounds wait in line for a token, so a
+150 per second, burst 600), so none is dropped at the first hop. Rounds wait in line for a token, so a
 sweep of thousands of jobs is offered at this pace instead of spinning."""
 IN_FLIGHT = 128
 """Jobs this node offers or has assigned at once; the rest of a sweep waits `queued`, its deadline

@@ -150,15 +150,16 @@ class GossipConfig:
     clock_skew_ms: int = 30_000
     max_ttl_ms: int = 24 * 3600 * 1000
     seen_capacity: int = 100_000
-    peer_rate: float = 50.0
-    """Sustained new messages per second accepted from one peer."""
-    peer_burst: float = 200.0
+    peer_rate: float = 200.0
+    """Sustained new messages per second accepted from one peer (each costs a signature check, about
+    0.1 ms: one flooding peer can take at most 2% of a core before it is cut off)."""
+    peer_burst: float = 800.0
     duplicate_cost: float = 0.1
     """Tokens a duplicate costs, as a fraction of a new message."""
-    sender_rate: float = 40.0
-    """Sustained new messages per second accepted from one signer: a submitter's sweep offers its jobs
-    at up to this rate (node/market_submitter.py paces under it), below `peer_rate`."""
-    sender_burst: float = 150.0
+    sender_rate: float = 150.0
+    """Sustained new messages per second accepted from one signer: a submitter's sweep of tiny jobs
+    offers them at up to this rate (node/market_submitter.py paces under it), below `peer_rate`."""
+    sender_burst: float = 600.0
     max_senders: int = 4096
     """Signers whose buckets are tracked, and departed peers whose negative scores are kept
     (least recently used forgotten first)."""

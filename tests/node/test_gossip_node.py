@@ -158,7 +158,7 @@ async def test_a_flooding_peer_is_cut_off_and_its_signer_limited(
         subs = [node.service.subscribe("capacity", buffer=1000) for node in nodes]
         heard = await _attacker(nodes[2])
         config = nodes[2].service.engine.config
-        flood = [capacity("x", n=i) for i in range(300)]
+        flood = [capacity("x", n=i) for i in range(int(config.peer_burst) + 100)]  # 50 over, 2 points each
         for raw in flood:
             await nodes[2].inbox.send(("x", raw))
         await trio.testing.wait_all_tasks_blocked()
