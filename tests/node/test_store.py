@@ -105,6 +105,12 @@ def _job(store: Store, job_id: bytes, role: str = "submitter", state: str = "que
                          submitter=ALICE, created=created, deadline=1000.0, fuel_limit=10**9)
 
 
+def _job_fields(job_id: bytes, role: str = "submitter", state: str = "queued") -> dict[str, Any]:
+    """Store.add_job's arguments for a small job (for calls through AsyncStore)."""
+    return {"job_id": job_id, "role": role, "manifest": b"m", "state": state, "submitter": ALICE,
+            "created": 1.0, "deadline": 2.0, "fuel_limit": 10}
+
+
 def test_jobs(store: Store) -> None:
     assert _job(store, b"j1") is True
     assert _job(store, b"j1") is False
@@ -438,8 +444,7 @@ async def test_short_calls_run_on_the_event_loop_durable_ones_included(
     for name in ("update_job", "put_envelope", "job"):
         monkeypatch.setattr(Store, name, recording(getattr(Store, name)))
     job_id = b"j" * 32
-    job = {"job_id": job_id, "role": "submitter", "manifest": b"m", "state": "queued",
-           "submitter": ALICE, "created": 1.0, "deadline": 2.0, "fuel_limit": 10}
+    job = _job_fields(job_id)
     try:
         assert await db.run(Store.add_job, **job)
         assert await db.run(Store.update_job, job_id, "submitter", 1.5, state="offered")
@@ -553,8 +558,7 @@ async def test_group_commit_one_fsync_serves_many_durable_writes_and_each_waits_
 
     async def add(i: int) -> None:
         job_id = bytes([i]) * 32
-        job = {"job_id": job_id, "role": "submitter", "manifest": b"m", "state": "queued",
-               "submitter": ALICE, "created": 1.0, "deadline": 2.0, "fuel_limit": 10}
+        job = _job_fields(job_id)
         assert await db.run(Store.add_job, **job)
         covered.append(any(at >= made[job_id] for at in syncs))  # a sync began after its commit
 
@@ -585,8 +589,7 @@ async def test_a_read_waits_while_a_durable_commit_is_not_yet_on_disk(
 
     monkeypatch.setattr(Store, "sync", slow_sync)
     job_id = b"j" * 32
-    job = {"job_id": job_id, "role": "submitter", "manifest": b"m", "state": "queued",
-           "submitter": ALICE, "created": 1.0, "deadline": 2.0, "fuel_limit": 10}
+    job = _job_fields(job_id)
     order: list[str] = []
 
     async def write() -> None:
@@ -666,8 +669,7 @@ async def test_atomically_runs_short_writes_inline_in_one_commit(
     syncs: list[int] = []
     real_sync = Store.sync
     monkeypatch.setattr(Store, "sync", lambda self: (syncs.append(self.unsynced), real_sync(self))[1])
-    job = {"job_id": b"j" * 32, "role": "executor", "manifest": b"m", "state": "fetching",
-           "submitter": ALICE, "created": 1.0, "deadline": 2.0, "fuel_limit": 10}
+    job = _job_fields(b"j" * 32, "executor", state="fetching")
     try:
         *_, added = await db.atomically(
             call(Store.put_envelope, b"a" * 32, "assign", b"raw", 1.0, job_id=b"j" * 32),
@@ -754,9 +756,7 @@ async def test_a_call_waits_only_for_the_commits_made_before_it(
 
 
 async def _durable_write(db: AsyncStore, n: int) -> None:
-    job = {"job_id": n.to_bytes(32, "big"), "role": "submitter", "manifest": b"m", "state": "queued",
-           "submitter": ALICE, "created": 1.0, "deadline": 2.0, "fuel_limit": 10}
-    await db.run(Store.add_job, **job)
+    await db.run(Store.add_job, **_job_fields(n.to_bytes(32, "big")))
 
 
 async def test_a_failed_sync_fails_the_store_for_good(

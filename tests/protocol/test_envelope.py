@@ -6,6 +6,7 @@ from typing import Any
 import nacl.signing
 import pytest
 import vector_files as vectors
+from decoding import same_outcome
 from e31.protocol import errors
 from e31.protocol.codec import pack, unpack
 from e31.protocol.envelope import (
@@ -177,14 +178,7 @@ def test_compiled_decoder_matches_the_reference(data: st.DataObject) -> None:
     """The fast decoder accepts exactly what construction accepts, and raises only InvalidMessage."""
     env = verify(data.draw(st.sampled_from(ENVELOPES)))
     cls = type(env.message)
-    wire = _wire_mutations(data.draw, unpack(env.body))
-    outcomes = []
-    for decode in (cls.from_wire, cls.from_wire_reference):
-        try:
-            outcomes.append(decode(wire))
-        except errors.InvalidMessage:
-            outcomes.append(errors.InvalidMessage)
-    assert outcomes[0] == outcomes[1]
+    same_outcome(cls, _wire_mutations(data.draw, unpack(env.body)))
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])

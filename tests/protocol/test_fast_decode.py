@@ -18,12 +18,13 @@ import nacl.exceptions
 import nacl.signing
 import pytest
 import vector_files as vectors
+from decoding import same_outcome
 from e31.protocol import errors, sodium
 from e31.protocol.envelope import _read_canonical, sign_message, verify
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import EnvVar, FileRef, JobManifest, check_file_name
 from e31.protocol.messages import Capacity, Contact, Ping
-from e31.protocol.schema import NETWORK, Record
+from e31.protocol.schema import NETWORK
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,20 +39,10 @@ _EDGY = st.sampled_from(["/", ".", "\\", "\x00", "\x01", "\x1f", "\x7f", "\x85",
 _EDGY_TEXT = st.lists(_EDGY, max_size=8).map("".join)
 
 
-def _same_outcome(cls: type[Record], wire: Any) -> None:
-    outcomes = []
-    for decode in (cls.from_wire, cls.from_wire_reference):
-        try:
-            outcomes.append(decode(wire))
-        except errors.InvalidMessage:
-            outcomes.append(errors.InvalidMessage)
-    assert outcomes[0] == outcomes[1], wire
-
-
 @settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
 @given(_EDGY_TEXT)
 def test_file_names_decode_as_the_reference_decodes_them(name: str) -> None:
-    _same_outcome(FileRef, (name, BLOB))
+    same_outcome(FileRef, (name, BLOB))
     if check_file_name(name) is None and "\ud800" not in name:
         assert FileRef.from_wire((name, BLOB)).name == name
 
@@ -59,13 +50,13 @@ def test_file_names_decode_as_the_reference_decodes_them(name: str) -> None:
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(_EDGY_TEXT, _EDGY_TEXT)
 def test_env_vars_decode_as_the_reference_decodes_them(name: str, value: str) -> None:
-    _same_outcome(EnvVar, (name, value))
+    same_outcome(EnvVar, (name, value))
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(_EDGY_TEXT | st.text(max_size=40))
 def test_network_names_decode_as_the_reference_decodes_them(network: str) -> None:
-    _same_outcome(Ping, (network, ME.raw, b"\x01" * 16, 5))
+    same_outcome(Ping, (network, ME.raw, b"\x01" * 16, 5))
     accepted = True
     try:
         NETWORK.check(network)
@@ -81,7 +72,7 @@ def test_network_names_decode_as_the_reference_decodes_them(network: str) -> Non
 
 def test_text_limits_count_utf8_bytes_and_refuse_lone_surrogates() -> None:
     for value in ("é" * 2048, "é" * 2049, "a" * 4096, "a" * 4097, "\ud800", "ok\udfffok"):
-        _same_outcome(EnvVar, ("NAME", value))
+        same_outcome(EnvVar, ("NAME", value))
     assert EnvVar.from_wire(("NAME", "é" * 2048)).value == "é" * 2048
     for bad in ("é" * 2049, "\ud800"):
         with pytest.raises(errors.InvalidMessage):
@@ -96,7 +87,7 @@ def test_arrays_out_of_order_or_repeated_are_refused_by_both(names: tuple[str, .
 
 def _decode_inputs(inputs: tuple[Any, ...]) -> JobManifest:
     manifest = (BLOB, inputs, (), (), None, (1, 1, 1, 0), 2, 0, 1, b"\x22" * 32, ME.raw, b"\x00" * 16, 1)
-    _same_outcome(JobManifest, manifest)
+    same_outcome(JobManifest, manifest)
     return JobManifest.from_wire(manifest)
 
 
@@ -107,14 +98,14 @@ def test_digests_in_an_array_must_increase() -> None:
     assert ok.profiles == (Digest(low), Digest(high))
     for profiles in ((high, low), (low, low)):
         wire = (*base, profiles, 0, 1)
-        _same_outcome(Capacity, wire)
+        same_outcome(Capacity, wire)
         with pytest.raises(errors.InvalidMessage):
             Capacity.from_wire(wire)
 
 
 def test_contact_addresses_go_through_their_rule() -> None:
     for addresses in (("192.0.2.1:80",), ("192.0.2.1:0",), ("[::1]:80", "host"), ()):
-        _same_outcome(Contact, ("net", ME.raw, addresses, 10))
+        same_outcome(Contact, ("net", ME.raw, addresses, 10))
 
 
 def test_decoded_records_are_the_frozen_classes_and_equal_to_constructed_ones() -> None:
