@@ -43,8 +43,8 @@ from e31.protocol.messages import (
 from e31.protocol.receipts import UsageReceipt
 
 from .blobs import BlobStore
-from .market_rules import WindowSettings
-from .store import AsyncStore
+from .market_rules import WindowSettings, check_transition
+from .store import AsyncStore, Call, Store, call
 from .transfer import BlobTransfer, TransferSettings
 
 log = logging.getLogger("e31.market")
@@ -67,6 +67,14 @@ DIRECT_KINDS = frozenset(
     }
 )
 PeerSend = Callable[[bytes, bytes], Awaitable[bool]]
+
+
+def transition(role: str, job_id: bytes, old: str, new: str, now: float, **changes: Any) -> Call:
+    """The store call moving a job of `role` from `old` to `new` (compare-and-set: a no-op if the job
+    has left `old`), checked against the allowed moves first; for `AsyncStore.run` or, with other
+    writes in one commit, `AsyncStore.atomically`."""
+    check_transition(role, old, new)
+    return call(Store.update_job, job_id, role, now, expect_state=old, state=new, **changes)
 
 
 def wall_ms() -> int:

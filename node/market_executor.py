@@ -63,12 +63,11 @@ from e31.sandbox.limits import Limits as SandboxLimits
 from e31.sandbox.limits import RunResult, Status
 
 from .blobs import BlobError, BlobStore
-from .market import MarketContext
+from .market import MarketContext, transition
 from .market_rules import (
     DeclinePlan,
     ExecutorView,
     OfferView,
-    check_transition,
     plan_bid,
     run_estimate_ms,
 )
@@ -515,7 +514,6 @@ class Executor:
         result_raw, result_id = signed_result.raw, signed_result.message_id.raw
         owner = f"result:{job_id.hex()}"
         msg = receipt.message
-        check_transition(ROLE, "running", "done")
         await self.ctx.store.atomically(  # one commit: the outcome is kept whole or not at all
             call(Store.put_envelope, receipt.message_id.raw, "receipt", receipt.raw, now, job_id),
             call(Store.put_envelope, result_id, "result", result_raw, now, job_id),
@@ -542,8 +540,8 @@ class Executor:
                 now=now,
                 next_delivery=now + self.ctx.settings.delivery_interval,
             ),
-            call(Store.update_job, job_id, ROLE, now, expect_state="running", state="done",
-                 finished=msg.finished_at / 1000, fuel_used=msg.fuel_used),
+            transition(ROLE, job_id, "running", "done", now, finished=msg.finished_at / 1000,
+                       fuel_used=msg.fuel_used),
         )
         log.info(
             "job %s ran: %s, %d fuel, %d ms compute, %d ms queued",
@@ -582,10 +580,8 @@ class Executor:
         await self.ctx.send_to(assign.message.submitter.raw, sign_message(msg, self.ctx.identity))
 
     async def _set_state(self, job_id: bytes, old: str, new: str, **changes: Any) -> None:
-        check_transition(ROLE, old, new)
-        await self.ctx.store.run(
-            Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state=old, state=new, **changes
-        )
+        method, args, kwargs = transition(ROLE, job_id, old, new, self.ctx.now_s(), **changes)
+        await self.ctx.store.run(method, *args, **kwargs)
 
     # --- delivery until acknowledged ---
 

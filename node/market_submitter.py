@@ -52,19 +52,18 @@ from e31.protocol.messages import (
 )
 from e31.protocol.receipts import Ack, UsageReceipt, check_receipt_assignment, check_receipt_manifest
 
-from .market import MarketContext
+from .market import MarketContext, transition
 from .market_rules import (
     TERMINAL,
     BidView,
     Window,
-    check_transition,
     choose_bid,
     lease_expiry,
     offer_expiry,
     window_state,
 )
 from .peers import TokenBucket
-from .store import JobRow, Store, call
+from .store import Call, JobRow, Store, call
 from .transfer import BlobTransfer, FetchError
 
 log = logging.getLogger("e31.submitter")
@@ -116,12 +115,9 @@ class _Job:
     round_step: int = 1
     """Rounds of one job's replica lanes interleave (lane i uses i, i + K, ...): no two offers are equal."""
     assigned_to: bytes | None = None
-    assignment: bytes | None = None
-    """The current assignment's `assign` message id."""
-    assignment_raw: bytes | None = None
-    """The current assignment's envelope, re-sent until its executor accepts it."""
     assign_env: VerifiedEnvelope[Assign] | None = None
-    """The same, as this node signed it (an outcome for it needs no store read and no re-verify)."""
+    """The current assignment as this node signed it: re-sent until its executor accepts it, and an
+    outcome for it needs no store read and no re-verify."""
     accepted: bytes | None = None
     """The assignment (message id) its executor has accepted."""
     released: dict[bytes, str] = field(default_factory=dict)
@@ -144,6 +140,12 @@ class _Job:
     """A lane's verified receipt."""
     outcomes: set[bytes] = field(default_factory=set)
     """Message ids of the receipts and results taken in for this job (copies of them are dropped)."""
+
+    @property
+    def assignment(self) -> bytes | None:
+        """The current assignment's `assign` message id."""
+        return None if self.assign_env is None else self.assign_env.message_id.raw
+
 
 
 class Submitter:
@@ -216,11 +218,13 @@ class Submitter:
         assert self._nursery is not None
         self._nursery.start_soon(self._drive, row.job_id, job)
 
+    def _transition(self, job_id: bytes, old: str, new: str, **changes: Any) -> Call:
+        """`transition` of one of our submitted jobs (whoever runs it notifies waiters after)."""
+        return transition(ROLE, job_id, old, new, self.ctx.now_s(), **changes)
+
     async def _set_state(self, job_id: bytes, old: str, new: str, **changes: Any) -> bool:
-        check_transition(ROLE, old, new)
-        ok = await self.ctx.store.run(
-            Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state=old, state=new, **changes
-        )
+        method, args, kwargs = self._transition(job_id, old, new, **changes)
+        ok: bool = await self.ctx.store.run(method, *args, **kwargs)
         self._notify(job_id)
         return ok
 
@@ -382,7 +386,6 @@ class Submitter:
                 self.load[key] += 1
             current = [a for a in await self._assigns(job_id) if a.message.attempt == row.attempt]
             if current:
-                job.assignment, job.assignment_raw = current[-1].message_id.raw, current[-1].raw
                 job.assign_env = current[-1]
                 if job_id in await self.handed_off([row]):
                     job.accepted = job.assignment
@@ -593,15 +596,13 @@ class Submitter:
         )
         env = sign_verified(assign, self.ctx.identity)
         raw = env.raw
-        now_s = self.ctx.now_s()
         changes = {"executor": str(NodeId(bid.executor)), "attempt": attempt}
-        check_transition(ROLE, "offered", "assigned")
         _, moved = await self.ctx.store.atomically(  # one commit: the assignment with the state naming it
-            call(Store.put_envelope, env.message_id.raw, env.kind, raw, now_s, job_id),
-            call(Store.update_job, job_id, ROLE, now_s, expect_state="offered", state="assigned", **changes),
+            call(Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id),
+            self._transition(job_id, "offered", "assigned", **changes),
         )
         self._notify(job_id)
-        job.assignment, job.assignment_raw, job.assign_env = env.message_id.raw, raw, env
+        job.assign_env = env
         if lane and not moved:  # the first replica made the job `assigned`; the others record theirs
             await self.ctx.store.run(
                 Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state="assigned", **changes
@@ -712,9 +713,10 @@ class Submitter:
         assignment, delay = job.assignment, settings.delivery_interval
         while True:
             await trio.sleep(delay)
-            if job.assignment != assignment or job.accepted == assignment or job.assignment_raw is None:
+            current = job.assign_env
+            if current is None or current.message_id.raw != assignment or job.accepted == assignment:
                 return
-            await self.ctx.send_to(executor, job.assignment_raw)
+            await self.ctx.send_to(executor, current.raw)
             delay = min(settings.delivery_backoff_max, delay * 2)
 
     # --- answers to offers ---
@@ -853,7 +855,6 @@ class Submitter:
         )
         ack_env = sign_verified(ack, self.ctx.identity)
         raw = ack_env.raw
-        now = self.ctx.now_s()
         recorded = call(
             Store.record_ack,
             receipt_digest=receipt_env.message_id.raw,
@@ -862,7 +863,7 @@ class Submitter:
             executor=str(receipt.executor),
             ack_id=ack_env.message_id.raw,
             ack_raw=raw,
-            now=now,
+            now=self.ctx.now_s(),
             blobs=[ref.root.hex() for ref in outputs],
         )
         if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)
@@ -872,16 +873,12 @@ class Submitter:
             await self.ctx.send_to(executor, raw)
             return
         outcome = receipt.outcome
-        check_transition(ROLE, row.state, "done")
         await self.ctx.store.atomically(  # one commit: the ack is kept with the job's end
             recorded,
-            call(
-                Store.update_job,
+            self._transition(
                 job_id,
-                ROLE,
-                now,
-                expect_state=row.state,
-                state="done",
+                row.state,
+                "done",
                 executor=str(receipt.executor),
                 started=receipt.started_at / 1000,
                 finished=receipt.finished_at / 1000,

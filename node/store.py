@@ -674,19 +674,13 @@ class Store:
         """A submitter's side of a verified outcome in one commit: the receipt (envelope already
         stored) indexed and marked delivered, the acknowledgement it signs kept, and the output blobs
         the job's result names (`blobs`) referenced by the job."""
-        with self.transaction() as c:
-            c.executemany("INSERT INTO blob_refs (blob_hash, owner, retain_until) VALUES (?, ?, NULL) "
-                          "ON CONFLICT DO NOTHING", [(h, f"job:{job_id.hex()}") for h in blobs])
-            c.execute("INSERT INTO receipts (digest, job_id, attempt, executor, message_id, created) "
-                      "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
-                      (receipt_digest, job_id, attempt, executor, receipt_digest, now))
-            c.execute("INSERT INTO envelopes (message_id, kind, raw, job_id, received) "
-                      "VALUES (?, 'ack', ?, ?, ?) ON CONFLICT (message_id) DO NOTHING",
-                      (ack_id, ack_raw, job_id, now))
-            if c.execute("INSERT INTO acks (receipt_digest, message_id, created) VALUES (?, ?, ?) "
-                         "ON CONFLICT (receipt_digest) DO NOTHING", (receipt_digest, ack_id, now)).rowcount:
-                c.execute("UPDATE receipts SET delivered = ?, next_delivery = NULL WHERE digest = ?",
-                          (now, receipt_digest))
+        with self.transaction():
+            for blob in blobs:
+                self.ref_blob(blob, f"job:{job_id.hex()}")
+            self.put_receipt(digest=receipt_digest, job_id=job_id, attempt=attempt, executor=executor,
+                             message_id=receipt_digest, now=now)
+            self.put_envelope(ack_id, "ack", ack_raw, now, job_id)
+            self.put_ack(receipt_digest, ack_id, now)
 
     def ack_for(self, receipt_digest: bytes) -> EnvelopeRow | None:
         with self._read() as c:
@@ -882,6 +876,7 @@ CHECKPOINT_EVERY = 500
 
 
 def _short_write(method: Callable[..., Any]) -> bool:
+    """Whether `method` is one of Store's own short writes (INLINE_WRITES): it may run inline."""
     name = getattr(method, "__name__", "")
     return name in INLINE_WRITES and getattr(Store, name, None) is method
 
@@ -931,8 +926,9 @@ class AsyncStore:
             result = method(self._reader, *args, **kwargs)
             await self._settle()
             return result
-        many = name == "many" and type(args[0]) is tuple and all(_short_write(m) for m, _, _ in args[0])
-        if (name in INLINE_WRITES or many) and getattr(Store, name, None) is method:
+        if _short_write(method) or (
+            method is Store.many and type(args[0]) is tuple and all(_short_write(m) for m, _, _ in args[0])
+        ):
             # not while the thread holds the connection; calls queued for the thread are other tasks'
             # (a task waits for each of its calls), which nothing orders against this one
             await trio.lowlevel.checkpoint_if_cancelled()
