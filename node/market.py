@@ -93,6 +93,9 @@ class MarketSettings:
     """Seconds between attempts to deliver an unacknowledged result to its submitter."""
     delivery_backoff_max: float = 60.0
     retention_ms: int = 7 * 24 * 3600 * 1000
+    proof_batch_s: float = 0.2
+    """An executor gathers the receipts acknowledged over this long, then appends them to its receipt
+    log in one commit and proves them against one new signed tree head (not one of each per job)."""
     max_queue_per_core: int = 64
     execute_own_jobs: bool = True
     transfer: TransferSettings = field(default_factory=TransferSettings)

@@ -9,9 +9,11 @@
   and ends `done` with a signed `receipt` and `result`, or `failed` when it could not be run.
 - Delivery: the receipt and result are sent to the submitter, and again every `delivery_interval`
   (backing off) and whenever its link comes up, until its `ack` arrives. The ack is checked against
-  the receipt (protocol/receipts.check_ack), stored, and handed to `on_acked` (the receipt log);
-  then the receipt's inclusion proof (a signed `proof`) goes to the submitter, and again on request
-  (`proofreq`) or on a repeated ack.
+  the receipt (protocol/receipts.check_ack) and stored; acknowledged receipts are gathered for
+  `proof_batch_s`, handed to `on_acked` (the receipt log: one append for the batch), and each one's
+  inclusion proof (a signed `proof`, all against one new tree head) goes to its submitter; again on
+  request (`proofreq`) or on a repeated ack. Receipts acknowledged but not yet logged when the node
+  stopped are logged (and proved) when it starts.
 
 The job's seed (WASI random_get) is its 32-byte job id, so a re-run anywhere reproduces the run.
 The sandbox writes the job's whole stdout and stderr to files (runner `streams_dir`); they are stored
@@ -84,10 +86,12 @@ it used (tests/node/test_faults_submitter.py catches it as `disputed`). Never se
 log = logging.getLogger("e31.executor")
 
 ROLE = "executor"
-OnAcked = Callable[[VerifiedEnvelope[UsageReceipt], VerifiedEnvelope[Ack]], Awaitable[object]]
-Prover = Callable[[bytes, int], bytes]
-"""(receipt message id, now in ms) -> a signed `proof` envelope from this node's receipt log (blocking);
-raises when the receipt is not in the log."""
+OnAcked = Callable[[list[VerifiedEnvelope[UsageReceipt]]], Awaitable[object]]
+"""Acknowledged receipts of this node, to append to its receipt log (all at once)."""
+Prover = Callable[[list[bytes], int], list[bytes | None]]
+"""(receipt message ids, now in ms) -> a signed `proof` envelope each from this node's receipt log, all
+against one signed tree head, or None for a receipt not in the log (blocking)."""
+_ProofsDue = dict[bytes, tuple[bytes, VerifiedEnvelope[UsageReceipt] | None]]
 
 
 class JobFailed(Exception):
@@ -112,6 +116,7 @@ class _Held:
 
 
 ANSWERED_PRUNE_MIN = 1024
+UNACKED_KEPT = 4096
 """Answered offers held before the expired ones are first forgotten (an expired offer is refused anyway)."""
 LEASE_LOST_TEXT = "the node stopped while holding the job and its lease ran out"
 GIVE_BACK_TEXT = "the machine's owner needs it back and the job would miss its deadline here"
@@ -148,6 +153,13 @@ class Executor:
         """The (cores, memory) this node offers now (capacity_service); None: the configured ceiling."""
         self._nursery: trio.Nursery | None = None
         self._deliver_now = trio.Event()
+        self._to_prove: _ProofsDue = {}
+        """Receipts (message id) whose proof is due: the peer to send it to, and the receipt when it is
+        still to be appended to the log."""
+        self._prove_now = trio.Event()
+        self._unacked: dict[bytes, VerifiedEnvelope[UsageReceipt]] = {}
+        """Receipts signed here and not yet acknowledged (at most UNACKED_KEPT, oldest dropped first):
+        their ack needs no store read and no re-verify. The store has them all."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -158,6 +170,8 @@ class Executor:
             ):
                 nursery.start_soon(self._resume, row.job_id)
             nursery.start_soon(self._delivery_loop)
+            nursery.start_soon(self._prove_loop)
+            await self._log_acked_unlogged()
             task_status.started()
 
     def on_link_up(self, peer: bytes) -> None:
@@ -237,8 +251,15 @@ class Executor:
         await self.ctx.send_to(manifest.submitter.raw, raw)
 
     def _forget_old_promises(self, now: int) -> None:
-        for bid_id in [b for b, p in self._promises.items() if p.bid_expires <= now]:
-            del self._promises[bid_id]
+        """Drop lapsed bids from the front: bids are made with one TTL, so the dict (in insertion
+        order) is in expiry order, and this costs O(1) a bid instead of a scan of every live one. A
+        lapsed bid left behind by a clock step is refused by `_on_assign` all the same."""
+        promises = self._promises
+        while promises:
+            bid_id = next(iter(promises))
+            if promises[bid_id].bid_expires > now:
+                return
+            del promises[bid_id]
 
 
     # --- assignments ---
@@ -252,6 +273,8 @@ class Executor:
         promise = self._promises.get(assign.bid_id.raw)
         if assign.executor != self.ctx.node:
             return
+        if promise is not None and promise.bid_expires <= self.ctx.clock():
+            promise = None  # only a live bid of ours can be assigned
         if promise is None:
             await self._redeliver(env)
             return
@@ -551,6 +574,9 @@ class Executor:
             msg.compute_ms,
             msg.waited_ms,
         )
+        self._unacked[receipt.message_id.raw] = receipt
+        if len(self._unacked) > UNACKED_KEPT:
+            del self._unacked[next(iter(self._unacked))]
         await self._deliver(manifest.submitter.raw, receipt.raw, result_raw)
 
     async def _fail(self, job_id: bytes, state: str, why: str, *, reason: str = "failed") -> None:
@@ -626,34 +652,80 @@ class Executor:
 
     async def _on_ack(self, env: VerifiedEnvelope[Ack]) -> None:
         ack = env.message
-        row = await self.ctx.store.run(Store.receipt, ack.receipt_id.raw)
+        receipt_id = ack.receipt_id.raw
+        row = await self.ctx.store.run(Store.receipt, receipt_id)
         if row is None:
             return
-        stored = await self.ctx.store.run(Store.envelope, row.message_id)
-        if stored is None:
-            return
-        receipt = verify(stored.raw, UsageReceipt)
+        receipt = self._unacked.get(receipt_id)
+        if receipt is None:
+            stored = await self.ctx.store.run(Store.envelope, row.message_id)
+            if stored is None:
+                return
+            receipt = verify(stored.raw, UsageReceipt)
         try:
             check_ack(ack, receipt.message, receipt.message_id)
         except Mismatch as e:
             log.warning("refusing an ack from %s: %s", env.signer, e)
             return
+        self._unacked.pop(receipt_id, None)
         if row.delivered is None:
             now = self.ctx.now_s()
-            await self.ctx.store.run(
-                Store.put_envelope, env.message_id.raw, "ack", env.raw, now, ack.job_id.raw
+            await self.ctx.store.atomically(
+                call(Store.put_envelope, env.message_id.raw, "ack", env.raw, now, ack.job_id.raw),
+                call(Store.put_ack, receipt_id, env.message_id.raw, now),
             )
-            await self.ctx.store.run(Store.put_ack, ack.receipt_id.raw, env.message_id.raw, now)
         # Log the receipt once, whoever stored the ack first: when this node submitted the job itself,
         # its submitter role has already stored the same ack (and marked the receipt delivered).
-        if row.log_index is None and self.on_acked is not None:
+        self._prove(ack.submitter.raw, receipt_id, receipt if row.log_index is None else None)
+
+    def _prove(self, peer: bytes, receipt_id: bytes, to_log: VerifiedEnvelope[UsageReceipt] | None) -> None:
+        """Send `peer` the receipt's inclusion proof with the next batch (appending it to the log first
+        when `to_log` is given)."""
+        queued = self._to_prove.get(receipt_id)
+        if to_log is None and queued is not None:
+            to_log = queued[1]
+        self._to_prove[receipt_id] = (peer, to_log)
+        self._prove_now.set()
+
+    async def _prove_loop(self) -> None:
+        """Every `proof_batch_s` while proofs are due: one append to the receipt log for the receipts
+        acknowledged meanwhile, one signed tree head, a proof each (node/receiptlog.py)."""
+        while True:
+            await self._prove_now.wait()
+            await trio.sleep(self.ctx.settings.proof_batch_s)
+            self._prove_now = trio.Event()
+            batch, self._to_prove = self._to_prove, {}
+            await self._prove_batch(batch)
+
+    async def _prove_batch(self, batch: _ProofsDue) -> None:
+        to_log = [receipt for _, receipt in batch.values() if receipt is not None]
+        if to_log and self.on_acked is not None:
             try:
-                await self.on_acked(receipt, env)
-            except Exception:
-                log.exception("appending the receipt of job %s to the receipt log failed",
-                              ack.job_id.hex()[:12])
+                await self.on_acked(to_log)
+            except Exception:  # they stay unlogged (acked_unlogged finds them at the next start)
+                log.exception("appending %d receipts to the receipt log failed", len(to_log))
                 return
-        await self._send_proof(ack.submitter.raw, ack.receipt_id.raw)
+        if self.prover is None:
+            return
+        try:
+            proofs = await trio.to_thread.run_sync(self.prover, list(batch), self.ctx.clock())
+        except Exception:
+            log.exception("proving %d receipts failed", len(batch))
+            return
+        for (receipt_id, (peer, _)), raw in zip(batch.items(), proofs, strict=True):
+            if raw is None:  # not in the log: the asker learns nothing, as the protocol says
+                log.debug("no inclusion proof for receipt %s", receipt_id.hex()[:12])
+                continue
+            await self.ctx.send_to(peer, raw)
+
+    async def _log_acked_unlogged(self) -> None:
+        """Receipts acknowledged before a stop but not yet in the log: log and prove them now."""
+        for row in await self.ctx.store.run(Store.acked_unlogged, str(self.ctx.node)):
+            stored = await self.ctx.store.run(Store.envelope, row.message_id)
+            if stored is None:
+                continue
+            receipt = verify(stored.raw, UsageReceipt)
+            self._prove(receipt.message.submitter.raw, receipt.message_id.raw, receipt)
 
     # --- cancel ---
 
@@ -686,18 +758,7 @@ class Executor:
     def on_proof_request(self, peer: bytes, env: VerifiedEnvelope[ProofRequest]) -> None:
         msg = env.message
         if msg.executor == self.ctx.node and msg.expires > self.ctx.clock() and self._nursery is not None:
-            self._nursery.start_soon(self._send_proof, peer, msg.receipt_id.raw)
-
-    async def _send_proof(self, peer: bytes, receipt_id: bytes) -> None:
-        """Send the receipt's inclusion proof against this node's latest signed tree head."""
-        if self.prover is None:
-            return
-        try:
-            raw = await trio.to_thread.run_sync(self.prover, receipt_id, self.ctx.clock())
-        except Exception as e:  # not (yet) in the log: the asker learns nothing, as the protocol says
-            log.debug("no inclusion proof for receipt %s: %s", receipt_id.hex()[:12], e)
-            return
-        await self.ctx.send_to(peer, raw)
+            self._prove(peer, msg.receipt_id.raw, None)
 
 
 def _outcome(result: RunResult) -> Outcome:

@@ -15,7 +15,7 @@ from typing import Any
 import nacl.signing
 import trio
 from e31.protocol.envelope import VerifiedEnvelope
-from e31.protocol.receipts import Ack, UsageReceipt
+from e31.protocol.receipts import UsageReceipt
 
 from .blobs import BlobStore
 from .capacity import CapacityPolicy, sampler_from_env
@@ -27,7 +27,7 @@ from .market import Market, MarketContext, MarketSettings
 from .market_executor import Executor
 from .market_submitter import Submitter
 from .scheduler import Scheduler
-from .store import AsyncStore, Store
+from .store import AsyncStore
 from .transfer import BlobTransfer
 
 MODULE_CACHE_DIR = "module-cache"
@@ -93,10 +93,9 @@ async def run_jobs(
 
     scheduler = Scheduler(workers, pool)
 
-    async def acked(receipt: VerifiedEnvelope[UsageReceipt], ack: VerifiedEnvelope[Ack]) -> None:
-        if receipt_log is not None:
-            index = await trio.to_thread.run_sync(receipt_log.append, receipt)
-            await store.run(Store.set_receipt_log_index, receipt.message_id.raw, index)
+    async def acked(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
+        if receipt_log is not None:  # marks each receipt's row with its log index, in the same commit
+            await trio.to_thread.run_sync(receipt_log.append_many, receipts)
 
     executor = Executor(
         ctx,
@@ -106,7 +105,7 @@ async def run_jobs(
         profile=PROFILE.digest,
         memory_bytes=config.memory,
         on_acked=acked,
-        prover=None if receipt_log is None else receipt_log.inclusion,
+        prover=None if receipt_log is None else receipt_log.inclusions,
     )
     submitter = Submitter(
         ctx,

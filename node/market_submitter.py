@@ -83,6 +83,8 @@ REOFFER_MAX = 8.0
 """Seconds between rounds at most: the delay after a round without a bid doubles up to this."""
 CANCEL_TTL_MS = 3600 * 1000
 """How long a cancel of a job whose deadline has passed stays on gossip."""
+HEADS_KEPT = 64
+"""Verified signed tree heads kept (executors' latest heads)."""
 RETRYABLE_RELEASES = frozenset({"unknown", "lease"})
 """Release reasons that say nothing against the executor: it may bid for the job again (once)."""
 
@@ -140,6 +142,9 @@ class _Job:
     """A lane's verified receipt."""
     outcomes: set[bytes] = field(default_factory=set)
     """Message ids of the receipts and results taken in for this job (copies of them are dropped)."""
+    heard: dict[tuple[str, bytes], VerifiedEnvelope[Any]] = field(default_factory=dict)
+    """Receipts and results taken in, by kind and receipt id: whichever of a pair comes second finds
+    the first here (the store has it too, for after a restart, but would cost a read and a re-verify)."""
 
     @property
     def assignment(self) -> bytes | None:
@@ -167,6 +172,9 @@ class Submitter:
         self._offers = TokenBucket(OFFER_RATE, OFFER_BURST)
         self._offer_line = trio.Lock()
         self._in_flight = trio.Semaphore(IN_FLIGHT)
+        self._heads: dict[bytes, VerifiedEnvelope[TreeHead]] = {}
+        """Signed tree heads already verified, by their bytes (HEADS_KEPT, oldest dropped first): an
+        executor proves a batch of receipts against one head."""
         self.changed = trio.Event()
         self._job_changed: dict[bytes, trio.Event] = {}
         """Set (and replaced) whenever a job's state changes: `e31 wait` long-polls on it."""
@@ -418,7 +426,7 @@ class Submitter:
             idle = 0
             try:
                 if await self._assign(job_id, job, bid, row.attempt + 1):
-                    lease_s = await self._lease_left(job_id)
+                    lease_s = self._lease_of(job)
                     await self._await_outcome(job_id, job, NodeId(bid.executor), lease_s)
                 else:
                     job.rejected.add(bid.executor)
@@ -486,7 +494,7 @@ class Submitter:
             attempts[0] += 1
             try:
                 if await self._assign(job_id, lane, bid, attempts[0], lane=True):
-                    lease_s = await self._lease_left(job_id)
+                    lease_s = self._lease_of(lane)
                     await self._await_outcome(job_id, lane, NodeId(bid.executor), lease_s, lane=True)
                 else:
                     lane.rejected.add(bid.executor)
@@ -615,7 +623,13 @@ class Submitter:
         log.info("job %s attempt %d assigned to %s", job_id.hex()[:12], attempt, NodeId(bid.executor))
         return True
 
+    def _lease_of(self, job: _Job) -> float:
+        """Seconds left of the lease of the assignment this node just made (`_assign` keeps it)."""
+        assert job.assign_env is not None
+        return max(0.0, (job.assign_env.message.lease_expires - self.ctx.clock()) / 1000)
+
     async def _lease_left(self, job_id: bytes) -> float:
+        """Seconds left of the longest lease among the job's stored assignments (after a restart)."""
         rows = await self.ctx.store.run(Store.envelopes_for_job, job_id, "assign")
         if not rows:
             return 0.0
@@ -807,12 +821,23 @@ class Submitter:
     async def _outcome_pair(
         self, job_id: bytes, env: VerifiedEnvelope[Any]
     ) -> tuple[VerifiedEnvelope[UsageReceipt] | None, VerifiedEnvelope[Result] | None]:
+        job = self.jobs.get(job_id)
+        heard = None if job is None else job.heard
         if isinstance(env.message, Result):
             result_env: VerifiedEnvelope[Result] | None = env
-            stored = await self.ctx.store.run(Store.envelope, env.message.receipt_id.raw)
+            receipt_id = env.message.receipt_id.raw
+            if heard is not None:
+                heard["result", receipt_id] = env
+                if ("receipt", receipt_id) in heard:
+                    return heard["receipt", receipt_id], result_env
+            stored = await self.ctx.store.run(Store.envelope, receipt_id)
             receipt_env = None if stored is None else verify(stored.raw, UsageReceipt)
             return receipt_env, result_env
         receipt_env = env
+        if heard is not None:
+            heard["receipt", env.message_id.raw] = env
+            if ("result", env.message_id.raw) in heard:
+                return receipt_env, heard["result", env.message_id.raw]
         rows = await self.ctx.store.run(Store.envelopes_for_job, job_id, "result")
         for r in rows:
             candidate = verify(r.raw, Result)
@@ -918,7 +943,12 @@ class Submitter:
         if stored is None:
             return
         try:
-            head = verify(proof.treehead, TreeHead)
+            head = self._heads.get(proof.treehead)
+            if head is None:
+                head = verify(proof.treehead, TreeHead)
+                self._heads[proof.treehead] = head
+                if len(self._heads) > HEADS_KEPT:
+                    del self._heads[next(iter(self._heads))]
             if head.signer != proof.executor or head.message.size != proof.tree_size:
                 raise Mismatch("the proof's tree head is not the executor's head of that size")
             if head.message.network != self.ctx.network:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -99,6 +99,40 @@ class ReceiptLog:
 
         Idempotent: the same receipt returns the index it already has. Durable when it returns.
         """
+        return self.append_many([receipt_envelope])[0]
+
+    def append_many(self, receipt_envelopes: Sequence[bytes | VerifiedEnvelope[UsageReceipt]]) -> list[int]:
+        """Append several receipts in one transaction (one fsync), in order; their leaf indexes. Each
+        is checked first, so one bad receipt appends none."""
+        envs = [self._own_receipt(r) for r in receipt_envelopes]
+        with self._lock:
+            grown = self._tree
+            out: list[int] = []
+            with self._store.transaction() as c:
+                fresh: dict[bytes, int] = {}
+                for env in envs:
+                    receipt_id = env.message_id.raw
+                    known = fresh.get(receipt_id)
+                    if known is None:
+                        known = _index_of(c, receipt_id)
+                    if known is not None:
+                        out.append(known)
+                        continue
+                    idx = grown.size
+                    leaf = leaf_hash(env.raw)
+                    grown, rows = grown.extended(leaf)
+                    c.execute("INSERT INTO receipt_log (idx, receipt_id, leaf_hash) VALUES (?, ?, ?)",
+                              (idx, receipt_id, leaf))
+                    tree.insert_rows(c, rows)
+                    _mark_receipt(c, receipt_id, idx)
+                    fresh[receipt_id] = idx
+                    out.append(idx)
+            self._tree = grown
+            return out
+
+    def _own_receipt(
+        self, receipt_envelope: bytes | VerifiedEnvelope[UsageReceipt]
+    ) -> VerifiedEnvelope[UsageReceipt]:
         if isinstance(receipt_envelope, VerifiedEnvelope):
             env = receipt_envelope
             if not isinstance(env.message, UsageReceipt):
@@ -113,21 +147,7 @@ class ReceiptLog:
         if env.message.network != self._network:
             raise ReceiptLogError(f"the receipt is for network {env.message.network!r}, "
                                   f"not {self._network!r}")
-        receipt_id = env.message_id.raw
-        leaf = leaf_hash(env.raw)
-        with self._lock:
-            idx = self._tree.size
-            grown, rows = self._tree.extended(leaf)
-            with self._store.transaction() as c:
-                known = _index_of(c, receipt_id)
-                if known is not None:
-                    return known
-                c.execute("INSERT INTO receipt_log (idx, receipt_id, leaf_hash) VALUES (?, ?, ?)",
-                          (idx, receipt_id, leaf))
-                tree.insert_rows(c, rows)
-                _mark_receipt(c, receipt_id, idx)
-            self._tree = grown
-            return idx
+        return env
 
     def signed_tree_head(self, now: int) -> bytes:
         """The signed head of the log as it is now (`now` in ms since the epoch, signed into a new head).
@@ -146,18 +166,32 @@ class ReceiptLog:
     def inclusion(self, receipt_id: bytes, now: int) -> bytes:
         """A signed `proof` message placing the receipt in the log, against the latest signed head
         (signing a new head first if the log grew since)."""
+        proof = self.inclusions([receipt_id], now)[0]
+        if proof is None:
+            raise ReceiptLogError(f"receipt {bytes(receipt_id).hex()} is not in this node's log")
+        return proof
+
+    def inclusions(self, receipt_ids: Sequence[bytes], now: int) -> list[bytes | None]:
+        """`inclusion` for several receipts against one head (signed at most once): a signed `proof`
+        each, or None for a receipt not in the log."""
         with self._lock:
             with self._reading() as c:
-                idx = _index_of(c, bytes(receipt_id))
-            if idx is None:
-                raise ReceiptLogError(f"receipt {bytes(receipt_id).hex()} is not in this node's log")
+                found = [_index_of(c, bytes(r)) for r in receipt_ids]
+            if all(idx is None for idx in found):
+                return [None] * len(found)
             head = self._head_locked(now)
             size = head.head.size
+            out: list[bytes | None] = []
             with self._reading() as c:
-                path = tuple(Digest(h) for h in tree.inclusion_proof(c, idx, size))
-            proof = InclusionProof(self._network, self._node, Digest(bytes(receipt_id)), idx, size, path,
-                                   head.raw)
-            return sign_message(proof, self._key)
+                for receipt_id, idx in zip(receipt_ids, found, strict=True):
+                    if idx is None:
+                        out.append(None)
+                        continue
+                    path = tuple(Digest(h) for h in tree.inclusion_proof(c, idx, size))
+                    proof = InclusionProof(self._network, self._node, Digest(bytes(receipt_id)), idx, size,
+                                           path, head.raw)
+                    out.append(sign_message(proof, self._key))
+            return out
 
     def consistency(self, old_size: int, new_size: int | None = None) -> tuple[bytes, ...]:
         """The RFC 9162 consistency proof from `old_size` to `new_size` (default: the current size)."""

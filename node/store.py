@@ -650,6 +650,17 @@ class Store:
             ).fetchall()
         return [ReceiptRow(*r) for r in rows]
 
+    def acked_unlogged(self, executor: str) -> list[ReceiptRow]:
+        """`executor`'s acknowledged receipts not yet in its receipt log (the node stopped between the
+        ack and the append), oldest first."""
+        with self._read() as c:
+            rows = c.execute(
+                f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE executor = ? AND delivered IS NOT NULL "
+                "AND log_index IS NULL ORDER BY delivered",
+                (executor,),
+            ).fetchall()
+        return [ReceiptRow(*r) for r in rows]
+
     def receipt_delivery_failed(self, digest: bytes, next_delivery: float) -> None:
         with self.transaction(durable=False) as c:
             c.execute("UPDATE receipts SET delivery_tries = delivery_tries + 1, next_delivery = ? "

@@ -10,6 +10,7 @@ A digest is a 32-byte SHA-256 value; its text form is 64 lower-case hex digits.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -59,10 +60,16 @@ class NodeId:
         return node
 
     def __str__(self) -> str:
-        return NODE_ID_PREFIX + base64.b32encode(self.raw).decode("ascii").rstrip("=").lower()
+        return _node_id_text(self.raw)
 
     def __repr__(self) -> str:
         return f"NodeId({str(self)!r})"
+
+
+@functools.lru_cache(maxsize=4096)
+def _node_id_text(raw: bytes) -> str:
+    """The text form of a node id (memoized: a node formats the same few peers' ids on every job)."""
+    return NODE_ID_PREFIX + base64.b32encode(raw).decode("ascii").rstrip("=").lower()
 
 
 @dataclass(frozen=True, slots=True)

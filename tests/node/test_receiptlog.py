@@ -47,6 +47,45 @@ def test_append_is_ordered_idempotent_and_matches_the_merkle_tree(store: Store) 
     assert log.root() == reference.root()
 
 
+def test_a_batch_appends_in_one_go_and_matches_single_appends(store: Store, tmp_path: Path) -> None:
+    entries = receipts(6)
+    log = ReceiptLog(store, key("executor"), NET)
+    assert log.append_many([entries[0], entries[1]]) == [0, 1]
+    # known ones keep their index, a repeat inside the batch is one leaf, new ones follow in order
+    again = [entries[1], entries[2], entries[2], verify(entries[3], UsageReceipt)]
+    assert log.append_many(again) == [1, 2, 2, 3]
+    with Store(tmp_path / "other.sqlite") as other:
+        single = ReceiptLog(other, key("executor"), NET)
+        for r in entries[:4]:
+            single.append(r)
+        assert single.root() == log.root() and log.size == 4
+
+
+def test_one_bad_receipt_appends_none_of_its_batch(store: Store) -> None:
+    log = ReceiptLog(store, key("executor"), NET)
+    entries = receipts(3)
+    elsewhere = resign_receipt(mandelbrot(), network="another-net").receipt
+    with pytest.raises(ReceiptLogError, match="for network"):
+        log.append_many([entries[0], elsewhere, entries[1]])
+    assert log.size == 0
+    assert log.append_many(entries) == [0, 1, 2]
+
+
+def test_proofs_of_a_batch_share_one_new_head(store: Store) -> None:
+    log = ReceiptLog(store, key("executor"), NET)
+    entries = receipts(5)
+    log.append_many(entries[:3])
+    ids = [verify(r).message_id.raw for r in entries]
+    proofs = log.inclusions([ids[0], ids[4], ids[2]], T0 + 50)
+    assert proofs[1] is None, "a receipt not in the log gets no proof"
+    decoded = [verify(p, InclusionProof) for p in proofs if p is not None]
+    assert {p.message.treehead for p in decoded} == {decoded[0].message.treehead}
+    assert [verify(h, TreeHead).message.size for h in log.heads()] == [3]
+    for proof, r in zip(decoded, (entries[0], entries[2]), strict=True):
+        assert check_inclusion(proof, verify(r, UsageReceipt)).size == 3
+    assert log.inclusions([ids[3]], T0 + 60) == [None]
+
+
 def test_the_log_survives_reopening(tmp_path: Path) -> None:
     entries = receipts(3)
     with Store(tmp_path / "node.sqlite") as store:
