@@ -31,7 +31,7 @@ from typing import Any
 import trio
 from e31.protocol.blobs import MAX_BLOB_SIZE, BlobRef
 from e31.protocol.codec import unpack_canonical
-from e31.protocol.envelope import verify
+from e31.protocol.envelope import reopen_stored
 from e31.protocol.errors import ProtocolError
 from e31.protocol.ids import Digest
 from e31.protocol.jobs import (
@@ -90,6 +90,9 @@ class JobsApi:
     """Compiles a module under this node's profile; returns why it is refused, or None."""
     _compiled: set[bytes] = field(default_factory=set)
     """SHA-256 of modules that compiled here: a sweep of one module is compiled once."""
+    _modules: dict[Path, tuple[tuple[int, int, int, int], BlobRef]] = field(default_factory=dict)
+    """Module files already stored, by path, with the (device, inode, size, mtime in ns) they had: a
+    sweep of one module file is read, hashed and stored once, not once a job."""
 
     def register(self, router: Router) -> None:
         router.add("POST", "/v1/jobs", self.submit)
@@ -151,6 +154,22 @@ class JobsApi:
         return {"batch_id": bid, "job_ids": [m.job_id.hex() for m in manifests], "state": "queued"}
 
     async def _module(self, module_path: Path) -> BlobRef:
+        try:
+            st = os.stat(module_path)  # microseconds; the read, when needed, runs in a thread
+            key: tuple[int, int, int, int] | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = None  # _read_module says why
+        known = self._modules.get(module_path)
+        if key is not None and known is not None and known[0] == key and self.blobs.has(known[1].root.raw):
+            return known[1]
+        ref = await self._read_module(module_path)
+        if key is not None:
+            if len(self._modules) >= COMPILED_CACHE:
+                self._modules.clear()
+            self._modules[module_path] = (key, ref)
+        return ref
+
+    async def _read_module(self, module_path: Path) -> BlobRef:
         module = await trio.to_thread.run_sync(_read_module, module_path)
         digest = hashlib.sha256(module).digest()
         if digest not in self._compiled:
@@ -366,7 +385,7 @@ class JobsApi:
             doc["handed_off"] = row.job_id in handed
         if receipts is not None and row.role == "submitter":
             raw = receipts.get(row.job_id) if row.state == "done" else None
-            receipt = None if raw is None else verify(raw, UsageReceipt)
+            receipt = None if raw is None else reopen_stored(raw, UsageReceipt)
         else:
             receipt = await self._receipt(row)
         if receipt is not None:
@@ -402,7 +421,7 @@ class JobsApi:
         if not wanted:
             return None
         env = await self.ctx.store.run(Store.envelope, wanted[-1].message_id)
-        return None if env is None else verify(env.raw, UsageReceipt)
+        return None if env is None else reopen_stored(env.raw, UsageReceipt)
 
     # --- results ---
 

@@ -42,7 +42,13 @@ from typing import Any
 import trio
 from e31.protocol.blobs import BlobRef
 from e31.protocol.codec import pack, unpack_canonical
-from e31.protocol.envelope import VerifiedEnvelope, check_fresh, sign_message, sign_verified, verify
+from e31.protocol.envelope import (
+    VerifiedEnvelope,
+    check_fresh,
+    reopen_stored,
+    sign_message,
+    sign_verified,
+)
 from e31.protocol.errors import InvalidMessage, Mismatch, ProtocolError
 from e31.protocol.ids import Digest
 from e31.protocol.jobs import FileRef, JobManifest
@@ -360,7 +366,7 @@ class Executor:
         stored = None if row is None else await self.ctx.store.run(Store.envelope, row.message_id)
         if stored is None:
             return False
-        msg = verify(stored.raw, UsageReceipt).message
+        msg = reopen_stored(stored.raw, UsageReceipt).message
         await self.ctx.store.run(
             Store.update_job, job_id, ROLE, self.ctx.now_s(), state="done",
             finished=msg.finished_at / 1000, fuel_used=msg.fuel_used,
@@ -596,7 +602,8 @@ class Executor:
         """This node's latest assignment of the job (a node that is also the submitter stores every
         assignment of its own jobs, those of other executors included)."""
         rows = await self.ctx.store.run(Store.envelopes_for_job, job_id, "assign")
-        mine = [e for e in (verify(r.raw, Assign) for r in rows) if e.message.executor == self.ctx.node]
+        stored = (reopen_stored(r.raw, Assign) for r in rows)
+        mine = [e for e in stored if e.message.executor == self.ctx.node]
         return max(mine, key=lambda e: e.message.attempt) if mine else None
 
     async def _release(self, assign: VerifiedEnvelope[Assign], reason: str, why: str) -> None:
@@ -626,7 +633,7 @@ class Executor:
             for row in await self.ctx.store.run(Store.receipts_due, now):
                 receipt = await self.ctx.store.run(Store.envelope, row.message_id)
                 results = await self.ctx.store.run(Store.envelopes_for_job, row.job_id, "result")
-                mine = (verify(x.raw, Result) for x in results)
+                mine = (reopen_stored(x.raw, Result) for x in results)
                 result = next((r for r in mine if r.message.receipt_id.raw == row.message_id), None)
                 if receipt is None or result is None:  # forgotten (pruned): nothing left to deliver
                     await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, math.inf)
@@ -638,7 +645,7 @@ class Executor:
                              row.job_id.hex()[:12])
                     await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, math.inf)
                     continue
-                submitter = verify(receipt.raw, UsageReceipt).message.submitter.raw
+                submitter = reopen_stored(receipt.raw, UsageReceipt).message.submitter.raw
                 await self._deliver(submitter, receipt.raw, result_raw)
                 delay = min(
                     settings.delivery_backoff_max,
@@ -661,7 +668,7 @@ class Executor:
             stored = await self.ctx.store.run(Store.envelope, row.message_id)
             if stored is None:
                 return
-            receipt = verify(stored.raw, UsageReceipt)
+            receipt = reopen_stored(stored.raw, UsageReceipt)
         try:
             check_ack(ack, receipt.message, receipt.message_id)
         except Mismatch as e:
@@ -724,7 +731,7 @@ class Executor:
             stored = await self.ctx.store.run(Store.envelope, row.message_id)
             if stored is None:
                 continue
-            receipt = verify(stored.raw, UsageReceipt)
+            receipt = reopen_stored(stored.raw, UsageReceipt)
             self._prove(receipt.message.submitter.raw, receipt.message_id.raw, receipt)
 
     # --- cancel ---

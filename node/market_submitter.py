@@ -33,7 +33,7 @@ from typing import Any
 
 import trio
 from e31.protocol.codec import pack
-from e31.protocol.envelope import VerifiedEnvelope, sign_verified, verify
+from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_verified, verify
 from e31.protocol.errors import Mismatch, ProtocolError
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest
@@ -195,10 +195,8 @@ class Submitter:
         """Record a new job (its blobs already stored) and start offering it; returns the job id."""
         job_id = manifest.job_id.raw
         added = await self.ctx.store.run(Store.add_job, **new_job(manifest, self.ctx.now_s()))
-        if added:
-            row = await self.ctx.store.run(Store.job, job_id, ROLE)
-            assert row is not None
-            self._start(row)
+        if added and job_id not in self.jobs:
+            self._drive_job(job_id, manifest)
         return job_id
 
     async def submit_batch(self, manifests: list[JobManifest]) -> str:
@@ -221,10 +219,13 @@ class Submitter:
         except ProtocolError as e:
             log.error("stored job %s has an unreadable manifest: %s", row.job_id.hex(), e)
             return
+        self._drive_job(row.job_id, manifest)
+
+    def _drive_job(self, job_id: bytes, manifest: JobManifest) -> None:
         job = _Job(manifest)
-        self.jobs[row.job_id] = job
+        self.jobs[job_id] = job
         assert self._nursery is not None
-        self._nursery.start_soon(self._drive, row.job_id, job)
+        self._nursery.start_soon(self._drive, job_id, job)
 
     def _transition(self, job_id: bytes, old: str, new: str, **changes: Any) -> Call:
         """`transition` of one of our submitted jobs (whoever runs it notifies waiters after)."""
@@ -302,7 +303,7 @@ class Submitter:
 
     async def _assigns(self, job_id: bytes) -> list[VerifiedEnvelope[Assign]]:
         rows = await self.ctx.store.run(Store.envelopes_for_job, job_id, "assign")
-        return [verify(r.raw, Assign) for r in rows]
+        return [reopen_stored(r.raw, Assign) for r in rows]
 
     # --- hand-off ---
 
@@ -320,7 +321,7 @@ class Submitter:
             stored = await self.ctx.store.run(Store.envelope, msg.assignment_id.raw)
             if stored is None or stored.kind != "assign":
                 return False
-            assign = verify(stored.raw, Assign).message
+            assign = reopen_stored(stored.raw, Assign).message
         if assign.job_id != msg.job_id or assign.executor != msg.executor:
             log.info("ignoring a %s from %s that does not match its assignment", msg.KIND, msg.executor)
             return False
@@ -633,7 +634,7 @@ class Submitter:
         rows = await self.ctx.store.run(Store.envelopes_for_job, job_id, "assign")
         if not rows:
             return 0.0
-        lease = max(verify(r.raw, Assign).message.lease_expires for r in rows)
+        lease = max(reopen_stored(r.raw, Assign).message.lease_expires for r in rows)
         return max(0.0, (lease - self.ctx.clock()) / 1000)
 
     def _unload(self, executor: bytes) -> None:
@@ -831,7 +832,7 @@ class Submitter:
                 if ("receipt", receipt_id) in heard:
                     return heard["receipt", receipt_id], result_env
             stored = await self.ctx.store.run(Store.envelope, receipt_id)
-            receipt_env = None if stored is None else verify(stored.raw, UsageReceipt)
+            receipt_env = None if stored is None else reopen_stored(stored.raw, UsageReceipt)
             return receipt_env, result_env
         receipt_env = env
         if heard is not None:
@@ -840,7 +841,7 @@ class Submitter:
                 return receipt_env, heard["result", env.message_id.raw]
         rows = await self.ctx.store.run(Store.envelopes_for_job, job_id, "result")
         for r in rows:
-            candidate = verify(r.raw, Result)
+            candidate = reopen_stored(r.raw, Result)
             if candidate.message.receipt_id == env.message_id:
                 return receipt_env, candidate
         return receipt_env, None
@@ -859,7 +860,7 @@ class Submitter:
             assign_row = await self.ctx.store.run(Store.envelope, receipt.assignment_id.raw)
             if assign_row is None or assign_row.kind != "assign":
                 raise Mismatch("the receipt names an assignment this node never made")
-            assign_env = verify(assign_row.raw, Assign)
+            assign_env = reopen_stored(assign_row.raw, Assign)
         check_receipt_manifest(receipt, job.manifest)
         check_receipt_assignment(receipt, assign_env.message, assign_env.message_id)
         if result.assignment_id != receipt.assignment_id or result.executor != receipt.executor:

@@ -17,6 +17,7 @@ from e31.protocol.envelope import (
     is_expired,
     message_id,
     node_id_of,
+    reopen_stored,
     sign,
     sign_message,
     signed_bytes,
@@ -89,6 +90,24 @@ def test_only_verify_builds_a_verified_envelope() -> None:
     env = verify(sign_message(Ping("net", ME, b"n" * 16, 1), KEY))
     with pytest.raises(errors.LocalProtocolError):
         VerifiedEnvelope(env.raw, env.kind, env.signer, env.message_id, env.message, object())
+
+
+def test_reopen_stored_is_verify_without_the_signature_check() -> None:
+    data = sign_message(Ping("net", ME, b"n" * 16, 1), KEY)
+    env, again = verify(data, Ping), reopen_stored(data, Ping)
+    assert (again.raw, again.kind, again.signer, again.message_id, again.message) == (
+        env.raw, env.kind, env.signer, env.message_id, env.message
+    )
+    forged = data[:-40] + bytes([data[-40] ^ 1]) + data[-39:]  # a flipped signature byte
+    with pytest.raises(errors.BadSignature):
+        verify(forged)
+    assert reopen_stored(forged).message == env.message  # what a node's own store holds is not re-checked
+    with pytest.raises(errors.UnknownKind):
+        reopen_stored(data, Offer)
+    for vector in INVALID:  # everything but the signature is checked as verify checks it
+        if vector["error"] != "BadSignature":
+            with pytest.raises(ProtocolError):
+                reopen_stored(bytes.fromhex(vector["envelope"]))
 
 
 def test_expect_narrows_the_kind() -> None:
