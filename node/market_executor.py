@@ -36,8 +36,9 @@ import os
 import shutil
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 from e31.protocol.blobs import BlobRef
@@ -79,7 +80,7 @@ from .market_rules import (
     plan_bid,
     run_estimate_ms,
 )
-from .scheduler import Scheduler
+from .scheduler import RunRecord, Scheduler
 from .store import Store, call
 from .transfer import BlobTransfer, FetchError
 
@@ -413,31 +414,24 @@ class Executor:
             await self._fetch_inputs(manifest)
             await self._set_state(job_id, "fetching", "queued")
             await self._accepted(assign)
-            spec = await trio.to_thread.run_sync(self._prepare, manifest, work)
             estimate = held.estimate_ms
 
             def started(at: int) -> None:
                 assert self._nursery is not None
                 self._nursery.start_soon(self._mark_running, job_id, at)
 
-            record = await self.scheduler.execute(
-                spec,
+            blobs = self.ctx.blobs
+            record = await self.scheduler.execute(  # the spec is read and the outputs stored in its threads
+                partial(self._prepare, manifest, work),
                 work / "output",
                 estimate_ms=estimate,
                 on_start=started,
                 streams_dir=work / "streams",
+                then=lambda result: _store_outputs(blobs, work, result),
             )
             held.ran = True
-            receipt = await self._outputs(
-                manifest,
-                assign,
-                record.result,
-                work,
-                record.queued_at,
-                record.started_at,
-                record.finished_at,
-                record.compute_ms,
-            )
+            stdout, stderr, outputs = cast(_Stored, record.after)
+            receipt = self._receipt(manifest, assign, record, stdout, stderr, outputs)
         except (JobFailed, FetchError, SandboxError, BlobError, OSError, InvalidMessage) as e:
             row = await self.ctx.store.run(Store.job, job_id, ROLE)
             await self._fail(job_id, row.state if row else "fetching", str(e))
@@ -488,19 +482,17 @@ class Executor:
     async def _mark_running(self, job_id: bytes, at: int) -> None:
         await self._set_state(job_id, "queued", "running", started=at / 1000)
 
-    async def _outputs(
+    def _receipt(
         self,
         manifest: JobManifest,
         assign: VerifiedEnvelope[Assign],
-        result: RunResult,
-        work: Path,
-        queued_at: int,
-        started_at: int,
-        finished_at: int,
-        compute_ms: int,
+        record: RunRecord,
+        stdout: BlobRef,
+        stderr: BlobRef,
+        outputs: tuple[FileRef, ...],
     ) -> VerifiedEnvelope[UsageReceipt]:
-        """Store the run's outputs as blobs and sign the receipt describing it."""
-        stdout, stderr, outputs = await trio.to_thread.run_sync(_store_outputs, self.ctx.blobs, work, result)
+        """The signed receipt of a run whose outputs are stored."""
+        result = record.result
         receipt = UsageReceipt(
             network=self.ctx.network,
             job_id=manifest.job_id,
@@ -518,10 +510,10 @@ class Executor:
             outcome=_outcome(result),
             fuel_used=result.fuel_used + _TEST_LIE,
             peak_memory=min(result.peak_memory_bytes, manifest.limits.memory_bytes),
-            compute_ms=compute_ms,
-            queued_at=queued_at,
-            started_at=started_at,
-            finished_at=finished_at,
+            compute_ms=record.compute_ms,
+            queued_at=record.queued_at,
+            started_at=record.started_at,
+            finished_at=record.finished_at,
         )
         return sign_verified(receipt, self.ctx.identity)
 
@@ -782,11 +774,13 @@ def _clip(text: str) -> str:
     return text.encode("utf-8", "replace")[:REASON_TEXT_MAX].decode("utf-8", "ignore")
 
 
-def _store_outputs(
-    blobs: BlobStore, work: Path, result: RunResult
-) -> tuple[BlobRef, BlobRef, tuple[FileRef, ...]]:
+_Stored = tuple[BlobRef, BlobRef, tuple[FileRef, ...]]
+"""A run's stdout, stderr and output files, stored."""
+
+
+def _store_outputs(blobs: BlobStore, work: Path, result: RunResult) -> _Stored:
     """Store a run's stdout, stderr and output files as blobs, each checked against the hash the run
-    reported (one thread hop for all of them)."""
+    reported (in the thread that waited for the run)."""
     streams = work / "streams"
     stdout = _put_checked(blobs, streams / "stdout", result.stdout_bytes, result.stdout_sha256)
     stderr = _put_checked(blobs, streams / "stderr", result.stderr_bytes, result.stderr_sha256)

@@ -64,6 +64,8 @@ class RunRecord:
     queued_at: int
     started_at: int
     finished_at: int
+    after: object = None
+    """What `execute`'s `then` returned (None without one)."""
 
     @property
     def compute_ms(self) -> int:
@@ -144,14 +146,20 @@ class Scheduler:
 
     async def execute(
         self,
-        spec: JobSpec,
+        spec: JobSpec | Callable[[], JobSpec],
         output_dir: Path,
         *,
         estimate_ms: int,
         on_start: Callable[[int], object] | None = None,
         streams_dir: Path | None = None,
+        then: Callable[[RunResult], object] | None = None,
     ) -> RunRecord:
-        """Queue the job, run it when a worker is free, return what it did and when."""
+        """Queue the job, run it when a worker is free, return what it did and when.
+
+        `spec` may be a function making the spec (reading the module, preparing directories): it is
+        called in the thread that starts the run, once the job has a worker; `then` is called with the
+        run's result in the thread that waited for it (storing its outputs), its return value kept as
+        the record's `after`. Either may raise: `execute` raises it. One thread hop each way."""
         entry = _Entry(estimate_ms)
         queued_at = self.clock()
         self._entries.add(entry)
@@ -166,24 +174,36 @@ class Scheduler:
                 if on_start is not None:
                     on_start(started_at)
                 entry.handle = await trio.to_thread.run_sync(
-                    partial(pool.start_job, spec, output_dir, streams_dir=streams_dir)
+                    partial(_start, pool, spec, output_dir, streams_dir)
                 )
                 entry.running = True
                 if self.suspended:
                     entry.handle.suspend()
-                result = await self._wait(entry.handle)
-                finished_at = max(self.clock(), started_at)
+                result, finished_at, after = await self._wait(entry.handle, started_at, then)
         finally:
             self._entries.discard(entry)
-        record = RunRecord(result, queued_at, started_at, finished_at)
+        record = RunRecord(result, queued_at, started_at, finished_at, after)
         self.completed += 1
         self.fuel_rate = measured_fuel_rate(self.fuel_rate, result.fuel_used, record.compute_ms)
         return record
 
-    @staticmethod
-    async def _wait(handle: Handle) -> RunResult:
+    async def _wait(
+        self, handle: Handle, started_at: int, then: Callable[[RunResult], object] | None
+    ) -> tuple[RunResult, int, object]:
+        def wait() -> tuple[RunResult, int, object]:
+            result = handle.wait()
+            finished_at = max(self.clock(), started_at)  # the run's end, before `then` works on it
+            return result, finished_at, None if then is None else then(result)
+
         try:
-            return await trio.to_thread.run_sync(handle.wait, abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(wait, abandon_on_cancel=True)
         except trio.Cancelled:
             handle.cancel()
             raise
+
+
+def _start(
+    pool: Pool, spec: JobSpec | Callable[[], JobSpec], output_dir: Path, streams_dir: Path | None
+) -> Handle:
+    job_spec = spec if isinstance(spec, JobSpec) else spec()
+    return pool.start_job(job_spec, output_dir, streams_dir=streams_dir)
