@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .store import Store
+from .market_rules import TERMINAL
+from .store import _JOB_COLUMNS, JobRow, Store
 
 PREFIX = "batch-"
 ID_HEX = 16
@@ -99,6 +100,31 @@ def get_batch(store: Store, bid: str) -> BatchRow | None:
     if not rows:
         return None
     return BatchRow(bid, rows[0][1], tuple(bytes(r[0]) for r in rows))
+
+
+def batch_jobs(store: Store, bid: str) -> list[JobRow]:
+    """The rows of the batch's jobs this node submitted, in batch order (one indexed query: the cost
+    follows the batch's size, not the store's)."""
+    columns = ", ".join(f"j.{name}" for name in _JOB_COLUMNS.split(", "))
+    with store.reading() as c:
+        rows = c.execute(
+            f"SELECT {columns} FROM batch_jobs b JOIN jobs j ON j.job_id = b.job_id AND j.role = 'submitter' "
+            "WHERE b.batch_id = ? ORDER BY b.seq", (bid,)
+        ).fetchall()
+    return [JobRow(*r) for r in rows]
+
+
+_ENDED = tuple(sorted(TERMINAL))
+
+
+def batch_unfinished(store: Store, bid: str) -> int:
+    """How many of the batch's jobs have not ended (a count, for waiting on a batch of thousands)."""
+    with store.reading() as c:
+        row = c.execute(
+            "SELECT count(*) FROM batch_jobs b JOIN jobs j ON j.job_id = b.job_id AND j.role = 'submitter' "
+            f"WHERE b.batch_id = ? AND j.state NOT IN ({', '.join('?' * len(_ENDED))})", (bid, *_ENDED)
+        ).fetchone()
+    return int(row[0])
 
 
 def forget_pruned_jobs(store: Store) -> int:

@@ -246,10 +246,7 @@ class JobsApi:
         return row
 
     async def _batch_rows(self, row: batch.BatchRow) -> list[JobRow]:
-        wanted = set(row.job_ids)
-        rows = await self.ctx.store.run(Store.jobs, role="submitter")
-        jobs = {r.job_id: r for r in rows if r.job_id in wanted}
-        return [jobs[j] for j in row.job_ids if j in jobs]
+        return await self.ctx.store.run(batch.batch_jobs, row.batch_id)
 
     async def _batch_doc(self, row: batch.BatchRow, brief: bool) -> dict[str, Any]:
         present = await self._batch_rows(row)
@@ -290,7 +287,7 @@ class JobsApi:
         with trio.move_on_after(timeout):
             while True:
                 changed = self.submitter.changed
-                if all(r.state in TERMINAL for r in await self._batch_rows(row)):
+                if not await self.ctx.store.run(batch.batch_unfinished, row.batch_id):
                     break
                 await changed.wait()
                 await trio.sleep(BATCH_POLL)  # let a burst of changes pass before scanning again

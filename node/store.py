@@ -315,7 +315,7 @@ class Store:
 
     def set_autocheckpoint(self, pages: int) -> None:
         """Checkpoint the WAL on commit once it holds `pages` pages (SQLite's default 1000); 0: never."""
-        with self._read() as c:
+        with self.reading() as c:
             c.execute(f"PRAGMA wal_autocheckpoint = {int(pages)}")
 
     def sync(self) -> int:
@@ -350,7 +350,7 @@ class Store:
 
     def checkpoint(self) -> None:
         """Copy the WAL into the database as far as readers allow (a passive checkpoint)."""
-        with self._read() as c:
+        with self.reading() as c:
             c.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def __enter__(self) -> Store:
@@ -361,12 +361,13 @@ class Store:
 
     @property
     def schema_version(self) -> int:
-        with self._read() as c:
+        with self.reading() as c:
             version: int = c.execute("PRAGMA user_version").fetchone()[0]
             return version
 
     @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """The connection for a read of one or more queries (no transaction is opened)."""
         with self._lock, _translate(self.path):
             yield self._conn
 
@@ -419,7 +420,7 @@ class Store:
     # --- kv ---
 
     def kv_get(self, key: str) -> bytes | None:
-        with self._read() as c:
+        with self.reading() as c:
             row = c.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
@@ -466,13 +467,13 @@ class Store:
         return 0 if row is None else int(row[0])
 
     def peer(self, node_id: str) -> PeerRow | None:
-        with self._read() as c:
+        with self.reading() as c:
             row = c.execute("SELECT * FROM peers WHERE node_id = ?", (node_id,)).fetchone()
         return None if row is None else _peer(row)
 
     def peers(self, network: str | None = None) -> list[PeerRow]:
         """Known peers, most recently seen first."""
-        with self._read() as c:
+        with self.reading() as c:
             rows = c.execute(
                 "SELECT * FROM peers WHERE ?1 IS NULL OR network = ?1 ORDER BY last_seen DESC, node_id",
                 (network,),
@@ -499,7 +500,7 @@ class Store:
             return cur.rowcount > 0
 
     def is_seen(self, message_id: bytes, now: float) -> bool:
-        with self._read() as c:
+        with self.reading() as c:
             row = c.execute("SELECT 1 FROM seen WHERE message_id = ? AND expires > ?",
                             (message_id, now)).fetchone()
         return row is not None
@@ -534,7 +535,7 @@ class Store:
             return cur.rowcount > 0
 
     def job(self, job_id: bytes, role: str) -> JobRow | None:
-        with self._read() as c:
+        with self.reading() as c:
             row = c.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ? AND role = ?",
                             (job_id, role)).fetchone()
         return None if row is None else JobRow(*row)
@@ -546,7 +547,7 @@ class Store:
         if states is not None:
             sql += f" AND state IN ({', '.join('?' * len(states))})"
             args += list(states)
-        with self._read() as c:
+        with self.reading() as c:
             rows = c.execute(sql + " ORDER BY created, job_id", args).fetchall()
         return [JobRow(*r) for r in rows]
 
@@ -584,13 +585,13 @@ class Store:
             return cur.rowcount > 0
 
     def envelope(self, message_id: bytes) -> EnvelopeRow | None:
-        with self._read() as c:
+        with self.reading() as c:
             row = c.execute("SELECT message_id, kind, raw, job_id, received FROM envelopes "
                             "WHERE message_id = ?", (message_id,)).fetchone()
         return None if row is None else EnvelopeRow(*row)
 
     def envelopes_for_job(self, job_id: bytes, kind: str | None = None) -> list[EnvelopeRow]:
-        with self._read() as c:
+        with self.reading() as c:
             rows = c.execute(
                 "SELECT message_id, kind, raw, job_id, received FROM envelopes "
                 "WHERE job_id = ?1 AND (?2 IS NULL OR kind = ?2) ORDER BY received, message_id",
@@ -613,7 +614,7 @@ class Store:
             return cur.rowcount > 0
 
     def results_for_job(self, job_id: bytes) -> list[ResultRow]:
-        with self._read() as c:
+        with self.reading() as c:
             rows = c.execute("SELECT * FROM results WHERE job_id = ? ORDER BY attempt, executor",
                              (job_id,)).fetchall()
         return [_result(r) for r in rows]
@@ -630,19 +631,19 @@ class Store:
             return cur.rowcount > 0
 
     def receipt(self, digest: bytes) -> ReceiptRow | None:
-        with self._read() as c:
+        with self.reading() as c:
             row = c.execute(f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE digest = ?", (digest,)).fetchone()
         return None if row is None else ReceiptRow(*row)
 
     def receipts_for_job(self, job_id: bytes) -> list[ReceiptRow]:
-        with self._read() as c:
+        with self.reading() as c:
             rows = c.execute(f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE job_id = ? "
                              "ORDER BY attempt, executor", (job_id,)).fetchall()
         return [ReceiptRow(*r) for r in rows]
 
     def receipts_due(self, now: float, limit: int = 100) -> list[ReceiptRow]:
         """Unacknowledged receipts whose next delivery attempt is due."""
-        with self._read() as c:
+        with self.reading() as c:
             rows = c.execute(
                 f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE delivered IS NULL "
                 "AND next_delivery IS NOT NULL AND next_delivery <= ? ORDER BY next_delivery LIMIT ?",
@@ -653,7 +654,7 @@ class Store:
     def acked_unlogged(self, executor: str) -> list[ReceiptRow]:
         """`executor`'s acknowledged receipts not yet in its receipt log (the node stopped between the
         ack and the append), oldest first."""
-        with self._read() as c:
+        with self.reading() as c:
             rows = c.execute(
                 f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE executor = ? AND delivered IS NOT NULL "
                 "AND log_index IS NULL ORDER BY delivered",
@@ -694,7 +695,7 @@ class Store:
             self.put_ack(receipt_digest, ack_id, now)
 
     def ack_for(self, receipt_digest: bytes) -> EnvelopeRow | None:
-        with self._read() as c:
+        with self.reading() as c:
             row = c.execute(
                 "SELECT e.message_id, e.kind, e.raw, e.job_id, e.received FROM acks a "
                 "JOIN envelopes e ON e.message_id = a.message_id WHERE a.receipt_digest = ?",
@@ -716,7 +717,7 @@ class Store:
 
     def live_blobs(self, now: float) -> set[str]:
         """Hashes still referenced (no end of retention, or one in the future): not to be collected."""
-        with self._read() as c:
+        with self.reading() as c:
             rows = c.execute("SELECT DISTINCT blob_hash FROM blob_refs "
                              "WHERE retain_until IS NULL OR retain_until > ?", (now,)).fetchall()
         return {r[0] for r in rows}

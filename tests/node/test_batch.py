@@ -65,6 +65,22 @@ def test_a_batch_and_its_jobs_are_stored_in_one_go_under_an_id_no_job_id_can_loo
         store.close()
 
 
+def test_a_batch_reads_only_its_own_jobs_in_order_and_counts_the_unfinished(tmp_path: Path) -> None:
+    with Store(tmp_path / "db") as store:
+        for i in range(10, 20):  # history: jobs of no batch, or of another batch
+            store.add_job(**_job(i))
+        other = batch.store_batch(store, [_job(i) for i in range(20, 23)], 1.0)
+        jobs = [_job(i) for i in (3, 1, 2)]
+        bid = batch.store_batch(store, jobs, 1.0)
+        assert [r.job_id for r in batch.batch_jobs(store, bid)] == [j["job_id"] for j in jobs]
+        assert batch.batch_unfinished(store, bid) == 3 and batch.batch_unfinished(store, other) == 3
+        store.update_job(bytes([1]) * 32, "submitter", 2.0, state="done")
+        store.update_job(bytes([2]) * 32, "submitter", 2.0, state="disputed")
+        assert batch.batch_unfinished(store, bid) == 1
+        assert [r.state for r in batch.batch_jobs(store, bid)] == ["queued", "done", "disputed"]
+        assert batch.batch_unfinished(store, other) == 3
+
+
 def _job(i: int) -> dict[str, Any]:
     return {
         "job_id": bytes([i]) * 32,
