@@ -44,6 +44,7 @@ from .cache import load_or_create_key
 from .errors import SandboxError
 from .job import JobSpec
 from .limits import Limits, RunResult, Status
+from .orphans import kill_orphaned_workers
 from .profile import PROFILE
 from .worker import (
     _LEN,
@@ -597,7 +598,10 @@ class WorkerPool:
         self.start_timeout = start_timeout
         self.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         load_or_create_key(self.cache_dir / "key")  # once here, so workers never race to create it
-        self._worker_args = ["--cache-dir", os.fspath(self.cache_dir)]
+        cache = os.fspath(self.cache_dir.absolute())
+        self.orphans_killed = kill_orphaned_workers(cache)
+        """Workers of a dead pool of this cache that were still there (stopped) and were killed."""
+        self._worker_args = ["--cache-dir", cache, "--parent", str(os.getpid())]
         if data_limit_bytes is not None:
             self._worker_args += ["--data-limit", str(int(data_limit_bytes))]
         if file_size_limit_bytes is not None:

@@ -251,13 +251,15 @@ def _decode_dir(raw: object, what: str) -> Path | None:
     return Path(os.fsdecode(raw))
 
 
-def watch_parent(interval: float = PARENT_CHECK_SECONDS) -> threading.Thread:
+def watch_parent(interval: float = PARENT_CHECK_SECONDS, parent: int | None = None) -> threading.Thread:
     """Exit at once when the process that started this worker dies (a node killed with SIGKILL), even
     in the middle of a job: its restarted node runs the job again, and two runs of it must not overlap.
     Workers live in their own session (so a terminal's ^C reaches only the node), which is why the kernel
     would not stop them; PR_SET_PDEATHSIG cannot be used either, as it fires when the *thread* that
-    spawned the worker ends, and the pool spawns from short-lived threads."""
-    parent = os.getppid()
+    spawned the worker ends, and the pool spawns from short-lived threads. `parent` is the pool's pid as
+    it passed it (`--parent`), so a pool that died before this line ran is noticed too; a worker that
+    is stopped cannot notice at all, and the next pool kills it (sandbox/orphans.py)."""
+    parent = os.getppid() if parent is None else parent
 
     def loop() -> None:
         while os.getppid() == parent:
@@ -278,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-dir", type=Path, required=True)
     p.add_argument("--data-limit", type=int)
     p.add_argument("--file-size-limit", type=int)
+    p.add_argument("--parent", type=int, help="the pid of the pool process (default: the parent)")
     args = p.parse_args(argv)
-    watch_parent()
+    watch_parent(parent=args.parent)
     apply_limits(args.data_limit, args.file_size_limit)
     shm = mmap.mmap(args.paused_fd, SHM_BYTES, mmap.MAP_SHARED, mmap.PROT_READ)
     os.close(args.paused_fd)

@@ -7,6 +7,7 @@ import dataclasses
 import io
 import mmap
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,9 +19,12 @@ import msgpack
 import pytest
 from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import Limits, RunResult, Status
+from e31.sandbox.orphans import orphaned_workers
+from e31.sandbox.pool import WorkerPool
 from e31.sandbox.worker import (
     EXIT_PROTOCOL,
     MAX_FRAME,
+    PARENT_CHECK_SECONDS,
     SHM_BYTES,
     ProtocolViolation,
     decode_result,
@@ -218,3 +222,45 @@ def test_a_worker_stops_its_job_when_its_pool_process_is_killed(tmp_path: Path) 
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="processes are found in /proc")
+def test_a_stopped_worker_of_a_killed_pool_is_killed_by_the_next_pool_of_its_cache(tmp_path: Path) -> None:
+    # A worker suspended for the machine's owner (SIGSTOP) cannot notice that its node died: it would
+    # stay, holding its memory, unless the node's next pool finds it.
+    cache = tmp_path / "cache"
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from e31.sandbox.pool import WorkerPool\n"
+        "pool = WorkerPool(1, Path(sys.argv[1]))\n"
+        "print(pool.worker_pids()[0], flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script, str(cache)], stdout=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        assert parent.stdout is not None
+        worker = int(parent.stdout.readline())
+        os.kill(worker, signal.SIGSTOP)
+        parent.kill()
+        parent.wait(timeout=30)
+        time.sleep(PARENT_CHECK_SECONDS * 3)
+        assert not _gone(worker), "a stopped worker cannot notice its pool died"
+        assert orphaned_workers(cache) == [worker]
+        with WorkerPool(1, cache) as live:
+            assert live.orphans_killed == [worker]
+            deadline = time.monotonic() + 30
+            while not _gone(worker) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _gone(worker)
+            # a live pool's own workers are not orphans, for another pool of the same cache either
+            assert orphaned_workers(cache) == []
+            with WorkerPool(1, cache) as second:
+                assert second.orphans_killed == []
+                assert all(not _gone(pid) for pid in live.worker_pids())
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if worker is not None and not _gone(worker):
+            os.kill(worker, signal.SIGKILL)
