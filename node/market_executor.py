@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import trio
-from e31.protocol.blobs import BlobRef
+from e31.protocol.blobs import PUSH_MAX, BlobRef
 from e31.protocol.codec import pack, unpack_canonical
 from e31.protocol.envelope import (
     VerifiedEnvelope,
@@ -430,13 +430,13 @@ class Executor:
                 then=lambda result: _store_outputs(blobs, work, result),
             )
             held.ran = True
-            stdout, stderr, outputs = cast(_Stored, record.after)
-            receipt = self._receipt(manifest, assign, record, stdout, stderr, outputs)
+            stored = cast(_Stored, record.after)
+            receipt = self._receipt(manifest, assign, record, stored.stdout, stored.stderr, stored.outputs)
         except (JobFailed, FetchError, SandboxError, BlobError, OSError, InvalidMessage) as e:
             row = await self.ctx.store.run(Store.job, job_id, ROLE)
             await self._fail(job_id, row.state if row else "fetching", str(e))
             return
-        await self._finish(job_id, manifest, assign, receipt)
+        await self._finish(job_id, manifest, assign, receipt, stored.small)
 
     async def _accepted(self, assign: VerifiedEnvelope[Assign]) -> None:
         """Tell the submitter this node holds the job's data and has queued it: the hand-off."""
@@ -523,7 +523,9 @@ class Executor:
         manifest: JobManifest,
         assign: VerifiedEnvelope[Assign],
         receipt: VerifiedEnvelope[UsageReceipt],
+        small: tuple[tuple[BlobRef, bytes], ...] = (),
     ) -> None:
+        """Keep the outcome, deliver it, and push the small outputs the submitter will ask for next."""
         now = self.ctx.now_s()
         available = self.ctx.clock() + min(
             manifest.retention_ms or self.ctx.settings.retention_ms, self.ctx.settings.retention_ms
@@ -575,7 +577,9 @@ class Executor:
         self._unacked[receipt.message_id.raw] = receipt
         if len(self._unacked) > UNACKED_KEPT:
             del self._unacked[next(iter(self._unacked))]
-        await self._deliver(manifest.submitter.raw, receipt.raw, result_raw)
+        submitter = manifest.submitter.raw
+        if await self._deliver(submitter, receipt.raw, result_raw) and small and submitter != self.ctx.local:
+            await self.transfer.push(submitter, list(small))
 
     async def _fail(self, job_id: bytes, state: str, why: str, *, reason: str = "failed") -> None:
         """Give up a job this node cannot run: record why, and give the assignment back to the submitter
@@ -774,32 +778,45 @@ def _clip(text: str) -> str:
     return text.encode("utf-8", "replace")[:REASON_TEXT_MAX].decode("utf-8", "ignore")
 
 
-_Stored = tuple[BlobRef, BlobRef, tuple[FileRef, ...]]
-"""A run's stdout, stderr and output files, stored."""
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """A run's stdout, stderr and output files, stored; and the bytes of those small enough to be pushed
+    to the submitter with the result (protocol PUSH_MAX)."""
+
+    stdout: BlobRef
+    stderr: BlobRef
+    outputs: tuple[FileRef, ...]
+    small: tuple[tuple[BlobRef, bytes], ...]
 
 
 def _store_outputs(blobs: BlobStore, work: Path, result: RunResult) -> _Stored:
     """Store a run's stdout, stderr and output files as blobs, each checked against the hash the run
     reported (in the thread that waited for the run)."""
     streams = work / "streams"
-    stdout = _put_checked(blobs, streams / "stdout", result.stdout_bytes, result.stdout_sha256)
-    stderr = _put_checked(blobs, streams / "stderr", result.stderr_bytes, result.stderr_sha256)
+    small: list[tuple[BlobRef, bytes]] = []
+    stdout = _put_checked(blobs, streams / "stdout", result.stdout_bytes, result.stdout_sha256, small)
+    stderr = _put_checked(blobs, streams / "stderr", result.stderr_bytes, result.stderr_sha256, small)
     outputs = []
     for name, sha in sorted(result.output_files.items()):
         data = (work / "output" / name).read_bytes()
         if hashlib.sha256(data).hexdigest() != sha:
             raise JobFailed(f"output file {name!r} changed after the run")
-        outputs.append(FileRef(name, BlobRef(Digest(bytes.fromhex(blobs.put(data))), len(data))))
-    return (BlobRef(Digest(bytes.fromhex(stdout)), result.stdout_bytes),
-            BlobRef(Digest(bytes.fromhex(stderr)), result.stderr_bytes), tuple(outputs))
+        ref = BlobRef(Digest(bytes.fromhex(blobs.put(data))), len(data))
+        outputs.append(FileRef(name, ref))
+        if 0 < len(data) <= PUSH_MAX:
+            small.append((ref, data))
+    return _Stored(stdout, stderr, tuple(outputs), tuple(small))
 
 
 SMALL_STREAM = 1 << 20
 """A stream up to this size is read whole, so one already stored (an empty stderr) is not written again."""
 
 
-def _put_checked(blobs: BlobStore, path: Path, total: int, sha: str) -> str:
-    """Store the file at `path` as a blob if it holds exactly `total` bytes hashing to `sha`."""
+def _put_checked(
+    blobs: BlobStore, path: Path, total: int, sha: str, small: list[tuple[BlobRef, bytes]]
+) -> BlobRef:
+    """Store the file at `path` as a blob if it holds exactly `total` bytes hashing to `sha` (adding it
+    to `small` when it can be pushed)."""
     if total <= SMALL_STREAM:
         try:
             with open(path, "rb") as f:
@@ -809,7 +826,10 @@ def _put_checked(blobs: BlobStore, path: Path, total: int, sha: str) -> str:
         if len(data) != total or hashlib.sha256(data).hexdigest() != sha:
             raise JobFailed(f"the {path.name} stream holds {len(data)} bytes that do not match the {total} "
                             "bytes the run reported")
-        return blobs.put(data)
+        ref = BlobRef(Digest(bytes.fromhex(blobs.put(data))), total)
+        if 0 < total <= PUSH_MAX:
+            small.append((ref, data))
+        return ref
     digest = hashlib.sha256()
     size = 0
 
@@ -829,7 +849,7 @@ def _put_checked(blobs: BlobStore, path: Path, total: int, sha: str) -> str:
         raise JobFailed(
             f"the {path.name} stream holds {size} bytes that do not match the {total} bytes the run reported"
         )
-    return root
+    return BlobRef(Digest(bytes.fromhex(root)), total)
 
 
 def _fresh_dir(path: Path) -> None:

@@ -11,7 +11,10 @@ to the root. No unverified byte is ever kept.
 
 Serving answers each `blobreq` with a `blobchunk` read from the blob store; chunk lists are computed
 once per blob (the whole blob is checked then) and cached. Replies are matched to requests by
-(peer, root, index); a chunk nobody asked for is dropped.
+(peer, root, index). A chunk nobody asked for is dropped, except a pushed one: an executor sends the
+small outputs of a job (a single chunk of at most PUSH_MAX bytes) unasked, right after the result, and
+such a chunk 0 is kept in memory for a while (PUSHED_KEPT bytes in all, oldest dropped first) as the
+answer to the request for it that would follow; it is checked like any answer when it is used.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 
 import nacl.signing
 import trio
-from e31.protocol.blobs import CHUNK_SIZE, BlobRef, ChunkList, blob_ref
+from e31.protocol.blobs import CHUNK_SIZE, PUSH_MAX, BlobRef, ChunkList, blob_ref
 from e31.protocol.envelope import VerifiedEnvelope, check_fresh, sign_message
 from e31.protocol.errors import BadBlob, ProtocolError
 from e31.protocol.ids import Digest, NodeId
@@ -35,6 +38,10 @@ log = logging.getLogger("e31.transfer")
 
 SendTo = Callable[[bytes, bytes], Awaitable[bool]]
 """Send a signed envelope to a peer (32-byte key); False when there is no link to it."""
+
+
+PUSHED_KEPT = 4 * 1024 * 1024
+"""Bytes of pushed chunks kept waiting to be used, from all peers together."""
 
 
 class FetchError(Exception):
@@ -80,6 +87,9 @@ class BlobTransfer:
         self._waiters: dict[tuple[bytes, bytes, int | None], _Waiter] = {}
         self._locks: dict[bytes, trio.Lock] = {}
         self._lists: OrderedDict[bytes, bytes] = OrderedDict()
+        self._pushed: OrderedDict[tuple[bytes, bytes], bytes] = OrderedDict()
+        """Pushed chunks not yet used, by (peer, root)."""
+        self._pushed_bytes = 0
         self._serve_limit = trio.CapacityLimiter(self.settings.serve_concurrency)
         self._nursery: trio.Nursery | None = None
         self.served_chunks = 0
@@ -108,9 +118,37 @@ class BlobTransfer:
         if env.signer.raw != peer or msg.network != self.network:
             return
         waiter = self._waiters.get((peer, msg.blob.raw, msg.index))
-        if waiter is not None and waiter.data is None:
-            waiter.data = msg.data
-            waiter.event.set()
+        if waiter is not None:
+            if waiter.data is None:
+                waiter.data = msg.data
+                waiter.event.set()
+        elif msg.index == 0 and 0 < len(msg.data) <= PUSH_MAX:
+            self._keep_pushed((peer, msg.blob.raw), msg.data)
+
+    def _keep_pushed(self, key: tuple[bytes, bytes], data: bytes) -> None:
+        old = self._pushed.pop(key, None)
+        if old is not None:
+            self._pushed_bytes -= len(old)
+        self._pushed[key] = data
+        self._pushed_bytes += len(data)
+        while self._pushed_bytes > PUSHED_KEPT:
+            _, dropped = self._pushed.popitem(last=False)
+            self._pushed_bytes -= len(dropped)
+
+    def _take_pushed(self, peer: bytes, root: bytes) -> bytes | None:
+        data = self._pushed.pop((peer, root), None)
+        if data is not None:
+            self._pushed_bytes -= len(data)
+        return data
+
+    async def push(self, peer: bytes, blobs: list[tuple[BlobRef, bytes]]) -> None:
+        """Send `peer` the blobs it is about to ask for, unasked: those of one chunk of at most
+        PUSH_MAX bytes (others, and empty ones, it fetches or needs not)."""
+        for ref, data in blobs:
+            if 0 < ref.size <= PUSH_MAX and len(data) == ref.size:
+                chunk = BlobChunk(self.network, NodeId(self.local), ref.root, 0, data)
+                if not await self.send(peer, sign_message(chunk, self.identity)):
+                    return
 
     # --- serving ---
 
@@ -163,9 +201,13 @@ class BlobTransfer:
                 self._locks.pop(root, None)
 
     async def _fetch_one_chunk(self, peer: bytes, ref: BlobRef) -> None:
-        data = await self._ask(peer, ref.root, 0)
-        if len(data) != ref.size or blob_ref(data) != ref:
-            raise FetchError(f"{NodeId(peer)} sent a bad chunk of {ref.root}: it does not hash to its root")
+        data = self._take_pushed(peer, ref.root.raw)
+        if data is None or len(data) != ref.size or blob_ref(data) != ref:  # not pushed, or pushed wrong
+            data = await self._ask(peer, ref.root, 0)
+            if len(data) != ref.size or blob_ref(data) != ref:
+                raise FetchError(
+                    f"{NodeId(peer)} sent a bad chunk of {ref.root}: it does not hash to its root"
+                )
         try:
             await trio.to_thread.run_sync(self.blobs.put_stream, [data], ref.root.raw)
         except (BlobError, OSError) as e:
