@@ -33,7 +33,9 @@ import hashlib
 import logging
 import math
 import os
+import secrets
 import shutil
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -124,6 +126,8 @@ class _Held:
 
 ANSWERED_PRUNE_MIN = 1024
 UNACKED_KEPT = 4096
+TRASH_PREFIX = ".trash-"
+"""Run directories moved aside to be deleted are named so (never a job id: GC removes them too)."""
 """Answered offers held before the expired ones are first forgotten (an expired offer is refused anyway)."""
 LEASE_LOST_TEXT = "the node stopped while holding the job and its lease ran out"
 GIVE_BACK_TEXT = "the machine's owner needs it back and the job would miss its deadline here"
@@ -164,6 +168,8 @@ class Executor:
         """Receipts (message id) whose proof is due: the peer to send it to, and the receipt when it is
         still to be appended to the log."""
         self._prove_now = trio.Event()
+        self._trash: deque[Path] = deque()
+        """Run directories moved aside, to delete (_discard)."""
         self._unacked: dict[bytes, VerifiedEnvelope[UsageReceipt]] = {}
         """Receipts signed here and not yet acknowledged (at most UNACKED_KEPT, oldest dropped first):
         their ack needs no store read and no re-verify. The store has them all."""
@@ -391,8 +397,24 @@ class Executor:
         finally:
             self._active.discard(job_id)
             self._held.pop(job_id, None)
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(shutil.rmtree, work, True)
+            self._discard(work)
+
+    def _discard(self, work: Path) -> None:
+        """Move a finished run's directory aside (one rename, here); the delivery loop deletes what was
+        moved aside at its next turn, in one thread hop for all (GC would too, after a stop)."""
+        trash = work.with_name(f"{TRASH_PREFIX}{work.name}-{secrets.token_hex(4)}")
+        try:
+            os.rename(work, trash)
+        except FileNotFoundError:
+            return
+        except OSError as e:  # left for GC, which removes run directories of jobs not running
+            log.warning("cannot move the run directory %s aside: %s", work, e)
+            return
+        self._trash.append(trash)
+
+    def _empty_trash(self) -> None:
+        while self._trash:
+            shutil.rmtree(self._trash.popleft(), ignore_errors=True)
 
     async def give_back_late(self) -> int:
         """Hand back every job held here that would now miss its deadline (called while this node is
@@ -625,6 +647,8 @@ class Executor:
             with trio.move_on_after(settings.delivery_interval):
                 await self._deliver_now.wait()
             self._deliver_now = trio.Event()
+            if self._trash:
+                await trio.to_thread.run_sync(self._empty_trash)
             now = self.ctx.now_s()
             for row in await self.ctx.store.run(Store.receipts_due, now):
                 receipt = await self.ctx.store.run(Store.envelope, row.message_id)

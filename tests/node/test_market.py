@@ -285,6 +285,13 @@ async def test_a_job_runs_on_another_node_and_comes_back_verified_and_acknowledg
     assert executed is not None and executed.state == "done"
     # B's copy of the module arrived by chunked transfer and is the submitter's exact blob.
     assert b.blobs.has(receipt.message.module.root.raw)
+    # The run's directory is moved aside when the run ends and deleted at the delivery loop's next turn.
+    runs = tmp_path / "b-runs"
+    for _ in range(100):
+        if not any(runs.iterdir()):
+            break
+        await trio.sleep(0.05)
+    assert list(runs.iterdir()) == []
 
 
 async def test_receipts_acknowledged_but_not_logged_at_a_stop_are_logged_at_the_next_start(
