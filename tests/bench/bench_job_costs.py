@@ -1,0 +1,146 @@
+"""What one tiny job costs, counted: messages, signatures, thread hops, store calls and commits.
+
+    .venv/bin/python tests/bench/bench_job_costs.py [--jobs N]
+
+Runs a submitting node and an executing node in one process (the market harness of
+tests/node/test_market.py: real stores, blob stores, sandbox pool and signatures; messages handed
+over in memory), first N jobs one after another, then N at once, and prints per job how many times
+each costly operation happened. Unlike timings on a shared machine these counts do not drift with the
+host's load, so they show what a change to the job path saved (docs/benchmarks.md, "Jobs at scale").
+Not counted: gossip (offers reach the executor in memory), the HTTP API, and the receipt log and its
+proofs (the harness has none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import nacl.signing
+import trio
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "node"))
+
+import e31.protocol.envelope as envelope  # noqa: E402
+import test_market as harness  # noqa: E402
+from e31.node.store import AsyncStore, Store  # noqa: E402
+
+COUNTS: collections.Counter[str] = collections.Counter()
+
+
+def _instrument() -> None:
+    """Count the operations (wrapping the functions that do them)."""
+    check = envelope.signature_ok_trusted
+
+    def counted_check(*args: Any) -> bool:
+        COUNTS["signature checks"] += 1
+        return check(*args)
+
+    envelope.signature_ok_trusted = counted_check  # type: ignore[assignment]
+    sign = nacl.signing.SigningKey.sign
+
+    def counted_sign(self: nacl.signing.SigningKey, *args: Any, **kwargs: Any) -> Any:
+        COUNTS["signatures made"] += 1
+        return sign(self, *args, **kwargs)
+
+    nacl.signing.SigningKey.sign = counted_sign  # type: ignore[method-assign]
+    hop = trio.to_thread.run_sync
+
+    async def counted_hop(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        COUNTS["thread hops"] += 1
+        return await hop(fn, *args, **kwargs)
+
+    trio.to_thread.run_sync = counted_hop  # type: ignore[assignment]
+    transaction = Store.transaction
+
+    @contextlib.contextmanager
+    def counted_transaction(self: Store, *, durable: bool = True) -> Iterator[Any]:
+        if not self._depth:
+            COUNTS["commits"] += 1
+        with transaction(self, durable=durable) as c:
+            yield c
+
+    Store.transaction = counted_transaction  # type: ignore[method-assign]
+    run = AsyncStore.run
+
+    async def counted_run(self: AsyncStore, method: Any, *args: Any, **kwargs: Any) -> Any:
+        COUNTS["store calls"] += 1
+        return await run(self, method, *args, **kwargs)
+
+    AsyncStore.run = counted_run  # type: ignore[method-assign]
+    sender = harness.Net.sender
+
+    def counted_sender(self: harness.Net, me: bytes) -> Callable[[bytes, bytes], Awaitable[bool]]:
+        inner = sender(self, me)
+
+        async def send(peer: bytes, raw: bytes) -> bool:
+            COUNTS["direct messages"] += 1
+            COUNTS[f"  {envelope.claimed_kind(raw)}"] += 1
+            result: bool = await inner(peer, raw)
+            return result
+
+        return send
+
+    harness.Net.sender = counted_sender  # type: ignore[method-assign]
+
+
+async def _measure(jobs: int) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    async with trio.open_nursery() as nursery:
+        net = harness.Net()
+        net.nursery = nursery
+        tmp = Path(tempfile.mkdtemp(prefix="e31-costs-"))
+        a, b = harness.RealNode(net, tmp, "a", 1), harness.RealNode(net, tmp, "b", 2)
+        await harness.start(nursery, a, b)
+        await harness.wait_state(a, await a.submitter.submit(a.manifest(("0", "1000"))), "done")  # warm-up
+        await trio.sleep(1.0)
+        seed = 1
+        for mode in ("one at a time", "all at once"):
+            COUNTS.clear()
+            if mode == "one at a time":
+                for _ in range(jobs):
+                    job = await a.submitter.submit(a.manifest((str(seed), "1000"), deadline_s=3600))
+                    seed += 1
+                    await harness.wait_state(a, job, "done", 120)
+            else:
+                ids = []
+                for _ in range(jobs):
+                    ids.append(await a.submitter.submit(a.manifest((str(seed), "1000"), deadline_s=3600)))
+                    seed += 1
+                for job in ids:
+                    await harness.wait_state(a, job, "done", 300)
+            await trio.sleep(1.0)  # the acknowledgements' proofs (batched) are part of the job
+            out[mode] = {k: v / jobs for k, v in COUNTS.items()}
+        nursery.cancel_scope.cancel()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=50, help="jobs in each of the two runs")
+    args = parser.parse_args()
+    # production intervals: the harness re-sends every 0.2 s, which would count its own retries
+    harness.SETTINGS = dataclasses.replace(harness.SETTINGS, delivery_interval=2.0)
+    _instrument()
+    results = trio.run(_measure, args.jobs)
+    modes = list(results)
+    totals = sorted(k for k in {k for r in results.values() for k in r} if not k.startswith(" "))
+    kinds = sorted(k for k in {k for r in results.values() for k in r} if k.startswith(" "))
+    names = [n for t in totals for n in ([t, *kinds] if t == "direct messages" else [t])]
+    print(f"per tiny job (montecarlo 1,000 samples), submitter and executor together, {args.jobs} jobs each")
+    print(f"  {'':18}" + "".join(f"{m:>16}" for m in modes))
+    for name in names:
+        print(f"  {name:18}" + "".join(f"{results[m].get(name, 0.0):16.1f}" for m in modes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
