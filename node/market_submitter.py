@@ -788,7 +788,11 @@ class Submitter:
         await self.ctx.store.run(
             Store.put_envelope, env.message_id.raw, env.kind, env.raw, self.ctx.now_s(), job_id
         )
-        receipt_env, result_env = await self._outcome_pair(job_id, env)
+        try:
+            receipt_env, result_env = await self._outcome_pair(job_id, env)
+        except ProtocolError as e:  # a stored envelope that does not read back: never a peer's to crash
+            log.warning("job %s: cannot pair the %s from %s: %s", job_id.hex()[:12], env.kind, env.signer, e)
+            return
         if receipt_env is None or result_env is None:
             return
         if row.state == "done":
@@ -812,9 +816,13 @@ class Submitter:
             log.warning(
                 "job %s: the outcome from %s is refused: %s", job_id.hex()[:12], receipt_env.signer, e
             )
-            job.rejected.add(receipt_env.signer.raw)
-            job.refusal = f"its outcome was refused: {e}"
-            job.outcome_failed.set()
+            signer = receipt_env.signer.raw
+            job.rejected.add(signer)
+            # Only the current executor's own outcome for the current assignment ends its attempt: a
+            # stranger (or an earlier attempt's executor) sending a bad one must not take the job away.
+            if signer == job.assigned_to and receipt_env.message.assignment_id.raw == job.assignment:
+                job.refusal = f"its outcome was refused: {e}"
+                job.outcome_failed.set()
         finally:
             job.completing = False
             job.settled.set()
@@ -822,27 +830,34 @@ class Submitter:
     async def _outcome_pair(
         self, job_id: bytes, env: VerifiedEnvelope[Any]
     ) -> tuple[VerifiedEnvelope[UsageReceipt] | None, VerifiedEnvelope[Result] | None]:
+        """The receipt and the result naming it, once both are in (either may come first): only a pair
+        of the same job signed by the same executor."""
         job = self.jobs.get(job_id)
         heard = None if job is None else job.heard
         if isinstance(env.message, Result):
-            result_env: VerifiedEnvelope[Result] | None = env
+            result_env: VerifiedEnvelope[Result] = env
             receipt_id = env.message.receipt_id.raw
             if heard is not None:
                 heard["result", receipt_id] = env
-                if ("receipt", receipt_id) in heard:
-                    return heard["receipt", receipt_id], result_env
-            stored = await self.ctx.store.run(Store.envelope, receipt_id)
-            receipt_env = None if stored is None else reopen_stored(stored.raw, UsageReceipt)
+            receipt_env = None if heard is None else heard.get(("receipt", receipt_id))
+            if receipt_env is None:
+                stored = await self.ctx.store.run(Store.envelope, receipt_id)
+                if stored is None or stored.kind != "receipt":
+                    return None, result_env
+                receipt_env = reopen_stored(stored.raw, UsageReceipt)
+            if receipt_env.message.job_id.raw != job_id or receipt_env.signer != result_env.signer:
+                return None, result_env
             return receipt_env, result_env
         receipt_env = env
         if heard is not None:
             heard["receipt", env.message_id.raw] = env
-            if ("result", env.message_id.raw) in heard:
-                return receipt_env, heard["result", env.message_id.raw]
+            pending = heard.get(("result", env.message_id.raw))
+            if pending is not None and pending.signer == receipt_env.signer:
+                return receipt_env, pending
         rows = await self.ctx.store.run(Store.envelopes_for_job, job_id, "result")
         for r in rows:
             candidate = reopen_stored(r.raw, Result)
-            if candidate.message.receipt_id == env.message_id:
+            if candidate.message.receipt_id == env.message_id and candidate.signer == receipt_env.signer:
                 return receipt_env, candidate
         return receipt_env, None
 

@@ -599,3 +599,34 @@ async def test_a_release_lost_on_the_way_is_sent_again_when_the_assignment_comes
     assert lost and verify(lost[0], Release).message.reason == "failed"
     assert "every node that could run it failed" in (row.reason or "")
     assert not await a.store.run(Store.envelopes_for_job, job_id, "accepted")
+
+
+async def test_a_strangers_outcomes_neither_crash_the_submitter_nor_take_the_job_away(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    manifest = a.manifest(("5", "3000000"))  # long enough to be still running when the forgeries come
+    job_id = await a.submitter.submit(manifest)
+    await wait_state(a, job_id, "assigned")
+    evil = nacl.signing.SigningKey(b"\x77" * 32)
+    eid = NodeId(bytes(evil.verify_key))
+    now = wall_ms()
+    # A result naming, as its receipt, a stored envelope that is no receipt (the job's offer).
+    offer_id = (await a.store.run(Store.envelopes_for_job, job_id, "offer"))[0].message_id
+    odd = Result(NETWORK, Digest(job_id), Digest(b"\x05" * 32), eid, Digest(offer_id), now + 60_000)
+    await a.market.message(eid.raw, sign_message(odd, evil))
+    # A well-formed receipt and result for the job, signed by a node it was never assigned to.
+    empty = blob_ref(b"")
+    forged = UsageReceipt(
+        NETWORK, Digest(job_id), Digest(b"\x09" * 32), manifest.submitter, eid, manifest.module, (), None,
+        empty, empty, (), Digest(PROFILE.digest), manifest.limits, Outcome("exited", 0, None), 1, 0, 1,
+        now, now, now,
+    )
+    forged_raw = sign_message(forged, evil)
+    forged_id = verify(forged_raw).message_id
+    claim = Result(NETWORK, Digest(job_id), Digest(b"\x09" * 32), eid, forged_id, now + 60_000)
+    await a.market.message(eid.raw, forged_raw)
+    await a.market.message(eid.raw, sign_message(claim, evil))
+    row = await wait_state(a, job_id, "done")
+    assert row.executor == str(NodeId(b.id)) and row.attempt == 1, "the honest executor kept its job"
