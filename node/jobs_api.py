@@ -90,9 +90,10 @@ class JobsApi:
     """Compiles a module under this node's profile; returns why it is refused, or None."""
     _compiled: set[bytes] = field(default_factory=set)
     """SHA-256 of modules that compiled here: a sweep of one module is compiled once."""
-    _modules: dict[Path, tuple[tuple[int, int, int, int], BlobRef]] = field(default_factory=dict)
-    """Module files already stored, by path, with the (device, inode, size, mtime in ns) they had: a
-    sweep of one module file is read, hashed and stored once, not once a job."""
+    _modules: dict[Path, tuple[tuple[int, ...], BlobRef]] = field(default_factory=dict)
+    """Module files already stored, by path, with the (device, inode, size, mtime, ctime) they had: a
+    sweep of one module file is read, hashed and stored once, not once a job. The ctime changes with
+    any write, even one that puts the mtime back (`cp -p`, `rsync --inplace -t`)."""
 
     def register(self, router: Router) -> None:
         router.add("POST", "/v1/jobs", self.submit)
@@ -156,7 +157,7 @@ class JobsApi:
     async def _module(self, module_path: Path) -> BlobRef:
         try:
             st = os.stat(module_path)  # microseconds; the read, when needed, runs in a thread
-            key: tuple[int, int, int, int] | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            key: tuple[int, ...] | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         except OSError:
             key = None  # _read_module says why
         known = self._modules.get(module_path)

@@ -84,7 +84,7 @@ from .market_rules import (
 )
 from .scheduler import RunRecord, Scheduler
 from .store import Store, call
-from .transfer import BlobTransfer, FetchError
+from .transfer import PUSH_PER_JOB, BlobTransfer, FetchError
 
 FINISHED_HERE = ("done", "failed", "cancelled")
 
@@ -100,7 +100,9 @@ OnAcked = Callable[[list[VerifiedEnvelope[UsageReceipt]]], Awaitable[object]]
 Prover = Callable[[list[bytes], int], list[bytes | None]]
 """(receipt message ids, now in ms) -> a signed `proof` envelope each from this node's receipt log, all
 against one signed tree head, or None for a receipt not in the log (blocking)."""
-_ProofsDue = dict[bytes, tuple[bytes, VerifiedEnvelope[UsageReceipt] | None]]
+_ProofsDue = dict[bytes, tuple[frozenset[bytes], VerifiedEnvelope[UsageReceipt] | None]]
+"""Receipts (message id) whose proof is due: the peers to send it to, and the receipt when it is still
+to be appended to the log."""
 
 
 class JobFailed(Exception):
@@ -125,10 +127,18 @@ class _Held:
 
 
 ANSWERED_PRUNE_MIN = 1024
+"""Answered offers held before the expired ones are first forgotten (an expired offer is refused anyway)."""
 UNACKED_KEPT = 4096
+"""Unacknowledged receipts kept in memory (the store has them all)."""
+STORE_IN_SLOT_MAX = 1 << 20
+"""A run's outputs up to this size in all are stored in the thread that waited for it, while its worker
+is still reserved (a millisecond or so); larger ones in a hop of their own once the worker is free."""
+PROVE_BACKOFF_MAX = 60.0
+"""Seconds between tries at most when appending to the receipt log keeps failing."""
+PROOFS_WAITING_KEPT = 4096
+"""Proofs kept per peer for when its link comes up (the oldest dropped first)."""
 TRASH_PREFIX = ".trash-"
 """Run directories moved aside to be deleted are named so (never a job id: GC removes them too)."""
-"""Answered offers held before the expired ones are first forgotten (an expired offer is refused anyway)."""
 LEASE_LOST_TEXT = "the node stopped while holding the job and its lease ran out"
 GIVE_BACK_TEXT = "the machine's owner needs it back and the job would miss its deadline here"
 
@@ -165,9 +175,9 @@ class Executor:
         self._nursery: trio.Nursery | None = None
         self._deliver_now = trio.Event()
         self._to_prove: _ProofsDue = {}
-        """Receipts (message id) whose proof is due: the peer to send it to, and the receipt when it is
-        still to be appended to the log."""
         self._prove_now = trio.Event()
+        self._proofs_waiting: dict[bytes, dict[bytes, None]] = {}
+        """Proofs (by receipt id) a peer could not be sent for want of a link, sent when it comes up."""
         self._trash: deque[Path] = deque()
         """Run directories moved aside, to delete (_discard)."""
         self._unacked: dict[bytes, VerifiedEnvelope[UsageReceipt]] = {}
@@ -189,6 +199,8 @@ class Executor:
 
     def on_link_up(self, peer: bytes) -> None:
         self._deliver_now.set()
+        for receipt_id in self._proofs_waiting.pop(peer, {}):
+            self._prove(peer, receipt_id, None)
 
     # --- offers ---
 
@@ -264,9 +276,10 @@ class Executor:
         await self.ctx.send_to(manifest.submitter.raw, raw)
 
     def _forget_old_promises(self, now: int) -> None:
-        """Drop lapsed bids from the front: bids are made with one TTL, so the dict (in insertion
-        order) is in expiry order, and this costs O(1) a bid instead of a scan of every live one. A
-        lapsed bid left behind by a clock step is refused by `_on_assign` all the same."""
+        """Drop lapsed bids from the front: bids are made with one TTL (or expire earlier, with their
+        job's deadline), so the dict, in insertion order, is nearly in expiry order, and this costs O(1)
+        a bid instead of a scan of every live one. A lapsed bid kept a little longer (behind a live one,
+        or after a clock step) is refused by `_on_assign` all the same."""
         promises = self._promises
         while promises:
             bid_id = next(iter(promises))
@@ -443,16 +456,25 @@ class Executor:
                 self._nursery.start_soon(self._mark_running, job_id, at)
 
             blobs = self.ctx.blobs
-            record = await self.scheduler.execute(  # the spec is read and the outputs stored in its threads
+
+            def then(result: RunResult) -> _Stored | None:
+                held.ran = True  # the run is over: giving the job back now would waste it
+                if result.stdout_bytes + result.stderr_bytes + result.output_bytes > STORE_IN_SLOT_MAX:
+                    return None  # stored below, once the worker is free for the next job
+                return _store_outputs(blobs, work, result)
+
+            record = await self.scheduler.execute(  # the spec is read and small outputs stored in its threads
                 partial(self._prepare, manifest, work),
                 work / "output",
                 estimate_ms=estimate,
                 on_start=started,
                 streams_dir=work / "streams",
-                then=lambda result: _store_outputs(blobs, work, result),
+                then=then,
             )
             held.ran = True
-            stored = cast(_Stored, record.after)
+            stored = cast("_Stored | None", record.after)
+            if stored is None:
+                stored = await trio.to_thread.run_sync(_store_outputs, blobs, work, record.result)
             receipt = self._receipt(manifest, assign, record, stored.stdout, stored.stderr, stored.outputs)
         except (JobFailed, FetchError, SandboxError, BlobError, OSError, InvalidMessage) as e:
             row = await self.ctx.store.run(Store.job, job_id, ROLE)
@@ -707,43 +729,68 @@ class Executor:
 
     def _prove(self, peer: bytes, receipt_id: bytes, to_log: VerifiedEnvelope[UsageReceipt] | None) -> None:
         """Send `peer` the receipt's inclusion proof with the next batch (appending it to the log first
-        when `to_log` is given)."""
-        queued = self._to_prove.get(receipt_id)
-        if to_log is None and queued is not None:
-            to_log = queued[1]
-        self._to_prove[receipt_id] = (peer, to_log)
+        when `to_log` is given). Every peer that asked meanwhile gets it."""
+        peers, queued = self._to_prove.get(receipt_id, (frozenset(), None))
+        self._to_prove[receipt_id] = (peers | {peer}, to_log or queued)
         self._prove_now.set()
 
     async def _prove_loop(self) -> None:
         """Every `proof_batch_s` while proofs are due: one append to the receipt log for the receipts
-        acknowledged meanwhile, one signed tree head, a proof each (node/receiptlog.py)."""
+        acknowledged meanwhile, one signed tree head, a proof each (node/receiptlog.py). A batch that
+        fails (the disk) is tried again, backing off."""
+        failures = 0
         while True:
             await self._prove_now.wait()
-            await trio.sleep(self.ctx.settings.proof_batch_s)
+            delay = self.ctx.settings.proof_batch_s
+            await trio.sleep(delay if not failures else min(PROVE_BACKOFF_MAX, delay * 2**failures))
             self._prove_now = trio.Event()
             batch, self._to_prove = self._to_prove, {}
-            await self._prove_batch(batch)
+            if await self._prove_batch(batch):
+                failures = 0
+                continue
+            failures += 1
+            for receipt_id, (peers, to_log) in batch.items():  # back in line, with anything new
+                for peer in peers:
+                    self._prove(peer, receipt_id, to_log)
 
-    async def _prove_batch(self, batch: _ProofsDue) -> None:
+    async def _prove_batch(self, batch: _ProofsDue) -> bool:
+        """Log and prove a batch; False if it must be tried again."""
         to_log = [receipt for _, receipt in batch.values() if receipt is not None]
         if to_log and self.on_acked is not None:
             try:
                 await self.on_acked(to_log)
-            except Exception:  # they stay unlogged (acked_unlogged finds them at the next start)
-                log.exception("appending %d receipts to the receipt log failed", len(to_log))
-                return
+            except Exception:
+                log.exception("appending %d receipts to the receipt log failed; trying again", len(to_log))
+                return False
         if self.prover is None:
-            return
+            return True
         try:
             proofs = await trio.to_thread.run_sync(self.prover, list(batch), self.ctx.clock())
         except Exception:
-            log.exception("proving %d receipts failed", len(batch))
-            return
-        for (receipt_id, (peer, _)), raw in zip(batch.items(), proofs, strict=True):
+            log.exception("proving %d receipts failed; trying again", len(batch))
+            return False
+        by_peer: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        for (receipt_id, (peers, _)), raw in zip(batch.items(), proofs, strict=True):
             if raw is None:  # not in the log: the asker learns nothing, as the protocol says
                 log.debug("no inclusion proof for receipt %s", receipt_id.hex()[:12])
                 continue
-            await self.ctx.send_to(peer, raw)
+            for peer in peers:
+                by_peer.setdefault(peer, []).append((receipt_id, raw))
+        assert self._nursery is not None
+        for peer, proofs_for_peer in by_peer.items():  # a stalled link holds up only its own proofs
+            self._nursery.start_soon(self._send_proofs, peer, proofs_for_peer)
+        return True
+
+    async def _send_proofs(self, peer: bytes, proofs: list[tuple[bytes, bytes]]) -> None:
+        """Send proofs to a peer; those it cannot take now (no link) go again when its link comes up."""
+        for i, (_, raw) in enumerate(proofs):
+            if not await self.ctx.send_to(peer, raw):
+                waiting = self._proofs_waiting.setdefault(peer, {})
+                for receipt_id, _ in proofs[i:]:
+                    waiting[receipt_id] = None
+                while len(waiting) > PROOFS_WAITING_KEPT:
+                    del waiting[next(iter(waiting))]
+                return
 
     async def _log_acked_unlogged(self) -> None:
         """Receipts acknowledged before a stop but not yet in the log: log and prove them now."""
@@ -827,9 +874,14 @@ def _store_outputs(blobs: BlobStore, work: Path, result: RunResult) -> _Stored:
             raise JobFailed(f"output file {name!r} changed after the run")
         ref = BlobRef(Digest(bytes.fromhex(blobs.put(data))), len(data))
         outputs.append(FileRef(name, ref))
-        if 0 < len(data) <= PUSH_MAX:
-            small.append((ref, data))
+        _maybe_push(small, ref, data)
     return _Stored(stdout, stderr, tuple(outputs), tuple(small))
+
+
+def _maybe_push(small: list[tuple[BlobRef, bytes]], ref: BlobRef, data: bytes) -> None:
+    """Keep a small output's bytes to push with the result, within the per-job budget."""
+    if 0 < len(data) <= PUSH_MAX and len(small) < PUSH_PER_JOB:
+        small.append((ref, data))
 
 
 SMALL_STREAM = 1 << 20
@@ -851,8 +903,7 @@ def _put_checked(
             raise JobFailed(f"the {path.name} stream holds {len(data)} bytes that do not match the {total} "
                             "bytes the run reported")
         ref = BlobRef(Digest(bytes.fromhex(blobs.put(data))), total)
-        if 0 < total <= PUSH_MAX:
-            small.append((ref, data))
+        _maybe_push(small, ref, data)
         return ref
     digest = hashlib.sha256()
     size = 0

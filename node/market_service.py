@@ -8,6 +8,7 @@ receipts are appended to the receipt log when one is given.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -26,9 +27,12 @@ from .jobs_api import JobsApi, compile_check
 from .market import Market, MarketContext, MarketSettings
 from .market_executor import Executor
 from .market_submitter import Submitter
+from .receiptlog import ReceiptLogError
 from .scheduler import Scheduler
 from .store import AsyncStore
 from .transfer import BlobTransfer
+
+log = logging.getLogger("e31.market")
 
 MODULE_CACHE_DIR = "module-cache"
 RUNS_DIR = "runs"
@@ -93,9 +97,21 @@ async def run_jobs(
 
     scheduler = Scheduler(workers, pool)
 
+    def append(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
+        assert receipt_log is not None
+        try:  # marks each receipt's row with its log index, in the same commit
+            receipt_log.append_many(receipts)
+        except ReceiptLogError:  # one of them cannot go in: the others still do
+            for receipt in receipts:
+                try:
+                    receipt_log.append(receipt)
+                except ReceiptLogError as e:
+                    log.warning("receipt %s stays out of the receipt log: %s",
+                                receipt.message_id.hex()[:12], e)
+
     async def acked(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
-        if receipt_log is not None:  # marks each receipt's row with its log index, in the same commit
-            await trio.to_thread.run_sync(receipt_log.append_many, receipts)
+        if receipt_log is not None:
+            await trio.to_thread.run_sync(append, receipts)
 
     executor = Executor(
         ctx,

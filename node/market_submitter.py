@@ -173,8 +173,8 @@ class Submitter:
         self._offer_line = trio.Lock()
         self._in_flight = trio.Semaphore(IN_FLIGHT)
         self._heads: dict[bytes, VerifiedEnvelope[TreeHead]] = {}
-        """Signed tree heads already verified, by their bytes (HEADS_KEPT, oldest dropped first): an
-        executor proves a batch of receipts against one head."""
+        """Signed tree heads already verified, by their bytes (HEADS_KEPT, least recently used dropped
+        first): an executor proves a batch of receipts against one head."""
         self.changed = trio.Event()
         self._job_changed: dict[bytes, trio.Event] = {}
         """Set (and replaced) whenever a job's state changes: `e31 wait` long-polls on it."""
@@ -959,8 +959,10 @@ class Submitter:
         if stored is None:
             return
         try:
-            head = self._heads.get(proof.treehead)
-            if head is None:
+            head = self._heads.pop(proof.treehead, None)
+            if head is not None:
+                self._heads[proof.treehead] = head  # most recently used last
+            else:
                 head = verify(proof.treehead, TreeHead)
                 self._heads[proof.treehead] = head
                 if len(self._heads) > HEADS_KEPT:

@@ -116,6 +116,7 @@ class ReceiptLog:
                     if known is None:
                         known = _index_of(c, receipt_id)
                     if known is not None:
+                        _mark_receipt(c, receipt_id, known)  # heals a row whose index was not set
                         out.append(known)
                         continue
                     idx = grown.size

@@ -162,9 +162,11 @@ class Scheduler:
         """Queue the job, run it when a worker is free, return what it did and when.
 
         `spec` may be a function making the spec (reading the module, preparing directories): it is
-        called in the thread that starts the run, once the job has a worker; `then` is called with the
-        run's result in the thread that waited for it (storing its outputs), its return value kept as
-        the record's `after`. Either may raise: `execute` raises it. One thread hop each way."""
+        called in the thread that starts the run, once the job has a worker; `on_start` once the run
+        has started. `then` is called with the run's result in the thread that waited for it (storing
+        small outputs; the worker stays reserved meanwhile), its return value kept as the record's
+        `after`; not once the wait was cancelled. Either may raise: `execute` raises it. One thread
+        hop each way."""
         entry = _Entry(estimate_ms)
         queued_at = self.clock()
         self._entries.add(entry)
@@ -176,11 +178,11 @@ class Scheduler:
                 if pool is None:
                     raise trio.ClosedResourceError("the scheduler has stopped")
                 started_at = max(self.clock(), queued_at)
-                if on_start is not None:
-                    on_start(started_at)
                 entry.handle = await trio.to_thread.run_sync(
                     partial(_start, pool, spec, output_dir, streams_dir)
                 )
+                if on_start is not None:
+                    on_start(started_at)
                 entry.running = True
                 if self.suspended:
                     entry.handle.suspend()
@@ -195,14 +197,19 @@ class Scheduler:
     async def _wait(
         self, handle: Handle, started_at: int, then: Callable[[RunResult], object] | None
     ) -> tuple[RunResult, int, object]:
+        cancelled = False
+
         def wait() -> tuple[RunResult, int, object]:
             result = handle.wait()
             finished_at = max(self.clock(), started_at)  # the run's end, before `then` works on it
-            return result, finished_at, None if then is None else then(result)
+            if then is None or cancelled:  # nobody waits for a cancelled run's `then` any more
+                return result, finished_at, None
+            return result, finished_at, then(result)
 
         try:
             return await trio.to_thread.run_sync(wait, abandon_on_cancel=True)
         except trio.Cancelled:
+            cancelled = True
             handle.cancel()
             raise
 

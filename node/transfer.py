@@ -41,7 +41,12 @@ SendTo = Callable[[bytes, bytes], Awaitable[bool]]
 
 
 PUSHED_KEPT = 4 * 1024 * 1024
-"""Bytes of pushed chunks kept waiting to be used, from all peers together."""
+"""Bytes of pushed chunks kept waiting to be used, from all peers together (each counted with
+PUSHED_OVERHEAD more for its keeping, so many tiny ones cannot hold more memory than big ones)."""
+PUSHED_OVERHEAD = 512
+"""Bytes a kept chunk is counted for beyond its data (its key, entry and object headers)."""
+PUSH_PER_JOB = 16
+"""At most this many blobs pushed for one job (1 MiB at most): well inside what a receiver keeps."""
 
 
 class FetchError(Exception):
@@ -128,27 +133,27 @@ class BlobTransfer:
     def _keep_pushed(self, key: tuple[bytes, bytes], data: bytes) -> None:
         old = self._pushed.pop(key, None)
         if old is not None:
-            self._pushed_bytes -= len(old)
+            self._pushed_bytes -= len(old) + PUSHED_OVERHEAD
         self._pushed[key] = data
-        self._pushed_bytes += len(data)
+        self._pushed_bytes += len(data) + PUSHED_OVERHEAD
         while self._pushed_bytes > PUSHED_KEPT:
             _, dropped = self._pushed.popitem(last=False)
-            self._pushed_bytes -= len(dropped)
+            self._pushed_bytes -= len(dropped) + PUSHED_OVERHEAD
 
     def _take_pushed(self, peer: bytes, root: bytes) -> bytes | None:
         data = self._pushed.pop((peer, root), None)
         if data is not None:
-            self._pushed_bytes -= len(data)
+            self._pushed_bytes -= len(data) + PUSHED_OVERHEAD
         return data
 
     async def push(self, peer: bytes, blobs: list[tuple[BlobRef, bytes]]) -> None:
-        """Send `peer` the blobs it is about to ask for, unasked: those of one chunk of at most
-        PUSH_MAX bytes (others, and empty ones, it fetches or needs not)."""
-        for ref, data in blobs:
-            if 0 < ref.size <= PUSH_MAX and len(data) == ref.size:
-                chunk = BlobChunk(self.network, NodeId(self.local), ref.root, 0, data)
-                if not await self.send(peer, sign_message(chunk, self.identity)):
-                    return
+        """Send `peer` the blobs of one job it is about to ask for, unasked: the first PUSH_PER_JOB of
+        one chunk of at most PUSH_MAX bytes (it fetches the others)."""
+        pushable = [(ref, data) for ref, data in blobs if 0 < ref.size <= PUSH_MAX and len(data) == ref.size]
+        for ref, data in pushable[:PUSH_PER_JOB]:
+            chunk = BlobChunk(self.network, NodeId(self.local), ref.root, 0, data)
+            if not await self.send(peer, sign_message(chunk, self.identity)):
+                return
 
     # --- serving ---
 

@@ -630,3 +630,110 @@ async def test_a_strangers_outcomes_neither_crash_the_submitter_nor_take_the_job
     await a.market.message(eid.raw, sign_message(claim, evil))
     row = await wait_state(a, job_id, "done")
     assert row.executor == str(NodeId(b.id)) and row.attempt == 1, "the honest executor kept its job"
+
+
+async def test_a_job_whose_run_has_ended_is_not_handed_back_while_its_outputs_are_stored(
+    net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    import e31.node.market_executor as executor_module
+
+    real, storing, release = executor_module._store_outputs, trio.Event(), threading.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def slow(blobs: BlobStore, work: Path, result: Any) -> Any:
+        trio.from_thread.run_sync(storing.set, trio_token=token)
+        release.wait(30)  # a large output being hashed and stored
+        return real(blobs, work, result)
+
+    monkeypatch.setattr(executor_module, "_store_outputs", slow)
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    # estimated at 1 s (its fuel at the default rate) against a deadline 2.5 s away: soon "late"
+    limits = Limits(10**9, 64 << 20, 30_000, 1 << 20)
+    manifest = replace(a.manifest(("5", "1000"), deadline_s=2.5), limits=limits)
+    job_id = await a.submitter.submit(manifest)
+    await storing.wait()
+    try:
+        for _ in range(14):  # past the moment it would miss its deadline by its estimate
+            assert await b.executor.give_back_late() == 0, "a job that has run was handed back"
+            await trio.sleep(0.2)
+    finally:
+        release.set()
+    for _ in range(200):  # the executor finishes it (the submitter's deadline has passed meanwhile)
+        row = await b.store.run(Store.job, job_id, "executor")
+        if row is not None and row.state == "done":
+            break
+        await trio.sleep(0.05)
+    assert row is not None and row.state == "done"
+
+
+async def test_a_receipt_log_append_that_fails_is_tried_again(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    calls: list[int] = []
+    logged: list[bytes] = []
+
+    async def flaky(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
+        calls.append(len(receipts))
+        if len(calls) == 1:
+            raise OSError("disk full")
+        logged.extend(r.message_id.raw for r in receipts)
+
+    b.executor.on_acked = flaky
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(a.manifest(("5", "1000")))
+    await wait_state(a, job_id, "done")
+    receipt = (await a.store.run(Store.receipts_for_job, job_id))[0]
+    for _ in range(100):
+        if logged:
+            break
+        await trio.sleep(0.05)
+    assert logged == [receipt.message_id] and len(calls) == 2
+
+
+async def test_proofs_go_to_every_asker_and_wait_for_a_link_that_is_down(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    proved: list[list[bytes]] = []
+
+    def prover(receipt_ids: list[bytes], now: int) -> list[bytes | None]:
+        proved.append(list(receipt_ids))
+        return [b"proof of " + r for r in receipt_ids]
+
+    b.executor.prover = prover
+    sent: list[tuple[bytes, bytes]] = []
+    down = {b"\x01" * 32}
+    send = b.ctx.peer_send
+    assert send is not None
+
+    async def tracking(peer: bytes, raw: bytes) -> bool:
+        if raw.startswith(b"proof of "):
+            if peer in down:
+                return False
+            sent.append((peer, raw))
+            return True
+        return await send(peer, raw)
+
+    b.ctx.peer_send = tracking
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(a.manifest(("5", "1000")))
+    await wait_state(a, job_id, "done")
+    receipt_id = (await a.store.run(Store.receipts_for_job, job_id))[0].message_id
+    b.executor._prove(b"\x01" * 32, receipt_id, None)  # a second asker, whose link is down
+    for _ in range(100):
+        if sent:
+            break
+        await trio.sleep(0.05)
+    await trio.sleep(0.3)
+    assert sent == [(a.id, b"proof of " + receipt_id)], "the submitter gets its proof, once"
+    down.clear()
+    b.executor.on_link_up(b"\x01" * 32)
+    for _ in range(100):
+        if len(sent) == 2:
+            break
+        await trio.sleep(0.05)
+    assert sent[1] == (b"\x01" * 32, b"proof of " + receipt_id)

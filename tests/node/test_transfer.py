@@ -11,7 +11,14 @@ import nacl.signing
 import pytest
 import trio
 from e31.node.blobs import BlobStore
-from e31.node.transfer import PUSHED_KEPT, BlobTransfer, FetchError, TransferSettings
+from e31.node.transfer import (
+    PUSH_PER_JOB,
+    PUSHED_KEPT,
+    PUSHED_OVERHEAD,
+    BlobTransfer,
+    FetchError,
+    TransferSettings,
+)
 from e31.protocol.blobs import CHUNK_SIZE, PUSH_MAX, BlobRef, blob_ref, chunk_list
 from e31.protocol.envelope import sign_message, verify
 from e31.protocol.ids import NodeId
@@ -160,10 +167,25 @@ async def test_a_wrong_or_unwanted_pushed_chunk_is_never_used(pair: Pair) -> Non
 
 async def test_pushed_chunks_kept_are_bounded_oldest_dropped_first(pair: Pair) -> None:
     blobs = [blob(PUSH_MAX) for _ in range(PUSHED_KEPT // PUSH_MAX + 3)]
-    await pair.nodes["a"].push(pair.ids["b"], [(blob_ref(d), d) for d in blobs])
+    for i in range(0, len(blobs), 8):  # jobs of 8 outputs each
+        await pair.nodes["a"].push(pair.ids["b"], [(blob_ref(d), d) for d in blobs[i:i + 8]])
     kept = pair.nodes["b"]._pushed
-    assert sum(map(len, kept.values())) <= PUSHED_KEPT
-    assert [root for _, root in kept] == [blob_ref(d).root.raw for d in blobs[3:]]
+    assert sum(len(d) + PUSHED_OVERHEAD for d in kept.values()) <= PUSHED_KEPT
+    assert [root for _, root in kept] == [blob_ref(d).root.raw for d in blobs[-len(kept):]]
+    assert len(kept) == PUSHED_KEPT // (PUSH_MAX + PUSHED_OVERHEAD)
+    # many tiny pushes cannot hold more than the same bound, bookkeeping counted
+    tiny = [os.urandom(8) for _ in range(20_000)]
+    for d in tiny:
+        pair.nodes["b"]._keep_pushed((pair.ids["a"], blob_ref(d).root.raw), d)
+    assert len(kept) == PUSHED_KEPT // (8 + PUSHED_OVERHEAD)
+
+
+async def test_one_job_pushes_at_most_its_first_small_outputs(pair: Pair) -> None:
+    small = [blob(PUSH_MAX // 2) for _ in range(PUSH_PER_JOB + 2)]
+    mixed = [blob(PUSH_MAX + 1), blob(0), *small]  # too big to push, empty: skipped
+    await pair.nodes["a"].push(pair.ids["b"], [(blob_ref(d), d) for d in mixed])
+    kept = pair.nodes["b"]._pushed
+    assert [root for _, root in kept] == [blob_ref(d).root.raw for d in small[:PUSH_PER_JOB]]
 
 
 async def test_a_single_chunk_blob_that_does_not_hash_to_its_root_is_refused(pair: Pair) -> None:
