@@ -12,8 +12,9 @@
   the receipt (protocol/receipts.check_ack) and stored; acknowledged receipts are gathered for
   `proof_batch_s`, handed to `on_acked` (the receipt log: one append for the batch), and each one's
   inclusion proof (a signed `proof`, all against one new tree head) goes to its submitter; again on
-  request (`proofreq`) or on a repeated ack. Receipts acknowledged but not yet logged when the node
-  stopped are logged (and proved) when it starts.
+  request (`proofreq`) or on a repeated ack; a proof that finds no link goes when the link comes up.
+  Receipts acknowledged but not yet logged when the node stopped are logged when it starts. Small
+  outputs are pushed to the submitter right after the result (transfer.push).
 
 The job's seed (WASI random_get) is its 32-byte job id, so a re-run anywhere reproduces the run.
 The sandbox writes the job's whole stdout and stderr to files (runner `streams_dir`); they are stored
