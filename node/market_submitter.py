@@ -33,7 +33,7 @@ from typing import Any
 
 import trio
 from e31.protocol.codec import pack
-from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_verified, verify
+from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_message, sign_verified, verify
 from e31.protocol.errors import Mismatch, ProtocolError
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest
@@ -46,6 +46,7 @@ from e31.protocol.messages import (
     Decline,
     InclusionProof,
     Offer,
+    ProofRequest,
     Release,
     Result,
     TreeHead,
@@ -85,6 +86,9 @@ CANCEL_TTL_MS = 3600 * 1000
 """How long a cancel of a job whose deadline has passed stays on gossip."""
 HEADS_KEPT = 64
 """Verified signed tree heads kept (executors' latest heads)."""
+PROOFS_ASKED = 100
+"""Missing inclusion proofs asked of an executor each time its link comes up (the newest first)."""
+PROOF_REQUEST_TTL_MS = 60_000
 RETRYABLE_RELEASES = frozenset({"unknown", "lease"})
 """Release reasons that say nothing against the executor: it may bid for the job again (once)."""
 
@@ -352,9 +356,19 @@ class Submitter:
 
     def on_link_up(self, peer: bytes) -> None:
         """A peer is reachable (again): re-send it the assignments of jobs still waiting on it, so it
-        delivers their outcomes now (the pull of a submitter that was away)."""
+        delivers their outcomes now (the pull of a submitter that was away), and ask it for the
+        inclusion proofs of its receipts that this node acknowledged but holds no proof of."""
         if self._nursery is not None:
             self._nursery.start_soon(self._pull, peer)
+            self._nursery.start_soon(self._ask_proofs, peer)
+
+    async def _ask_proofs(self, peer: bytes) -> None:
+        rows = await self.ctx.store.run(Store.acked_without_proof, str(NodeId(peer)), PROOFS_ASKED)
+        expires = self.ctx.clock() + PROOF_REQUEST_TTL_MS
+        for row in rows:
+            ask = ProofRequest(self.ctx.network, self.ctx.node, NodeId(peer), Digest(row.message_id), expires)
+            if not await self.ctx.send_to(peer, sign_message(ask, self.ctx.identity)):
+                return
 
     async def _pull(self, peer: bytes) -> None:
         executor = str(NodeId(peer))

@@ -651,6 +651,20 @@ class Store:
             ).fetchall()
         return [ReceiptRow(*r) for r in rows]
 
+    def acked_without_proof(self, executor: str, limit: int = 100) -> list[ReceiptRow]:
+        """Receipts by `executor` this node acknowledged (as their submitter) for jobs it still holds
+        and no inclusion proof of which it keeps, newest first. (A job's proofs are looked up by job:
+        one proof of a job with replicas counts for all of them.)"""
+        with self.reading() as c:
+            rows = c.execute(
+                f"SELECT {_RECEIPT_COLUMNS} FROM receipts r WHERE r.executor = ? AND r.delivered IS NOT NULL "
+                "AND EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = r.job_id AND j.role = 'submitter') "
+                "AND NOT EXISTS (SELECT 1 FROM envelopes e WHERE e.job_id = r.job_id AND e.kind = 'proof') "
+                "ORDER BY r.delivered DESC LIMIT ?",
+                (executor, limit),
+            ).fetchall()
+        return [ReceiptRow(*r) for r in rows]
+
     def acked_unlogged(self, executor: str) -> list[ReceiptRow]:
         """`executor`'s acknowledged receipts not yet in its receipt log (the node stopped between the
         ack and the append), oldest first."""

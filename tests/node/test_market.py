@@ -737,3 +737,35 @@ async def test_proofs_go_to_every_asker_and_wait_for_a_link_that_is_down(
             break
         await trio.sleep(0.05)
     assert sent[1] == (b"\x01" * 32, b"proof of " + receipt_id)
+
+
+async def test_a_submitter_asks_again_for_a_proof_it_never_got_when_the_link_comes_up(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    from e31.node.receiptlog import ReceiptLog
+    from e31.protocol.messages import InclusionProof
+
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    log = ReceiptLog(b.store.store, b.key, NETWORK)
+
+    async def append(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
+        await trio.to_thread.run_sync(log.append_many, receipts)
+
+    b.executor.on_acked, b.executor.prover = append, log.inclusions
+    lost = lose_first(net, a.id, InclusionProof)
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(a.manifest(("5", "1000")))
+    await wait_state(a, job_id, "done")
+    for _ in range(100):
+        if lost:
+            break
+        await trio.sleep(0.05)
+    assert lost and await a.store.run(Store.envelopes_for_job, job_id, "proof") == []
+    assert await a.store.run(Store.acked_without_proof, str(NodeId(b.id))) != []
+    a.submitter.on_link_up(b.id)  # b is back: a asks it for the proofs it lacks
+    for _ in range(100):
+        if await a.store.run(Store.envelopes_for_job, job_id, "proof"):
+            break
+        await trio.sleep(0.05)
+    assert len(await a.store.run(Store.envelopes_for_job, job_id, "proof")) == 1
+    assert await a.store.run(Store.acked_without_proof, str(NodeId(b.id))) == []
