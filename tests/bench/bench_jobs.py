@@ -149,6 +149,20 @@ def cpu_seconds(roots: list[int]) -> float:
     return total
 
 
+def host_speed(rounds: int = 20_000) -> float:
+    """CPU microseconds one trio checkpoint takes here now: on a shared host every figure above moves
+    with it (about 5 on a quiet machine of this kind, 9-13 when the host is busy)."""
+    import trio
+
+    async def spin() -> float:
+        t0 = time.process_time()
+        for _ in range(rounds):
+            await trio.lowlevel.checkpoint()
+        return (time.process_time() - t0) / rounds * 1e6
+
+    return float(min(trio.run(spin) for _ in range(3)))
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -164,6 +178,7 @@ def main() -> int:
     args = parser.parse_args()
     jobs = args.jobs or (200 if args.quick else 1000)
     lat_jobs = args.latency_jobs or (40 if args.quick else 200)
+    speed_before = host_speed()
     try:
         with net(cores=args.cores) as network:
             api = network.nodes[0].api(timeout=60)
@@ -190,6 +205,8 @@ def main() -> int:
           f"({os.cpu_count()} cores: at most {(os.cpu_count() or 1) / cpu:.0f} jobs/s at that cost)"
           if cpu > 0 else "  CPU per job: not measured (no /proc)")
     print(f"  jobs per executor: {sorted(by_node.values(), reverse=True)}")
+    print(f"  host speed: a trio checkpoint took {speed_before:.1f} µs of CPU before the runs, "
+          f"{host_speed():.1f} after (about 5 on a quiet host; the figures above scale with it)")
     failed = []
     if rates["sustained"] < FLOOR_JOBS_PER_S:
         failed.append(f"sustained {rates['sustained']:.1f} jobs/s < {FLOOR_JOBS_PER_S:g}")
