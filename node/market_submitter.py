@@ -89,6 +89,7 @@ HEADS_KEPT = 64
 PROOFS_ASKED = 100
 """Missing inclusion proofs asked of an executor each time its link comes up (the newest first)."""
 PROOF_REQUEST_TTL_MS = 60_000
+"""How long such a `proofreq` stays valid."""
 RETRYABLE_RELEASES = frozenset({"unknown", "lease"})
 """Release reasons that say nothing against the executor: it may bid for the job again (once)."""
 
