@@ -452,9 +452,11 @@ class Executor:
             await self._accepted(assign)
             estimate = held.estimate_ms
 
+            marked = trio.Event()
+
             def started(at: int) -> None:
                 assert self._nursery is not None
-                self._nursery.start_soon(self._mark_running, job_id, at)
+                self._nursery.start_soon(self._mark_running, job_id, at, marked)
 
             blobs = self.ctx.blobs
 
@@ -473,6 +475,7 @@ class Executor:
                 then=then,
             )
             held.ran = True
+            await marked.wait()  # `running` is in the store before `done` can be (a short run ends first)
             stored = cast("_Stored | None", record.after)
             if stored is None:
                 stored = await trio.to_thread.run_sync(_store_outputs, blobs, work, record.result)
@@ -524,8 +527,11 @@ class Executor:
         except SandboxError as e:
             raise JobFailed(f"the sandbox refuses the job: {e}") from None
 
-    async def _mark_running(self, job_id: bytes, at: int) -> None:
-        await self._set_state(job_id, "queued", "running", started=at / 1000)
+    async def _mark_running(self, job_id: bytes, at: int, marked: trio.Event) -> None:
+        try:
+            await self._set_state(job_id, "queued", "running", started=at / 1000)
+        finally:
+            marked.set()
 
     def _receipt(
         self,

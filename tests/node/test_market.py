@@ -769,3 +769,26 @@ async def test_a_submitter_asks_again_for_a_proof_it_never_got_when_the_link_com
         await trio.sleep(0.05)
     assert len(await a.store.run(Store.envelopes_for_job, job_id, "proof")) == 1
     assert await a.store.run(Store.acked_without_proof, str(NodeId(b.id))) == []
+
+
+async def test_a_run_that_ends_before_its_start_is_recorded_still_ends_done_at_the_executor(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    set_state = b.executor._set_state
+
+    async def slow_to_record_running(job_id: bytes, old: str, new: str, **changes: Any) -> None:
+        if new == "running":  # the store busy: the run is over before `running` is written
+            await trio.sleep(0.5)
+        await set_state(job_id, old, new, **changes)
+
+    b.executor._set_state = slow_to_record_running  # type: ignore[method-assign]
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(a.manifest(("5", "1000")))
+    await wait_state(a, job_id, "done")
+    for _ in range(100):
+        row = await b.store.run(Store.job, job_id, "executor")
+        if row is not None and row.state == "done":
+            break
+        await trio.sleep(0.05)
+    assert row is not None and row.state == "done" and row.started is not None
