@@ -136,6 +136,8 @@ STORE_IN_SLOT_MAX = 1 << 20
 is still reserved (a millisecond or so); larger ones in a hop of their own once the worker is free."""
 PROVE_BACKOFF_MAX = 60.0
 """Seconds between tries at most when appending to the receipt log keeps failing."""
+PROOFS_DUE_KEPT = 10_000
+"""Proofs due kept while appending to the receipt log keeps failing (the oldest are dropped)."""
 PROOFS_WAITING_KEPT = 4096
 """Proofs kept per peer for when its link comes up (the oldest dropped first)."""
 TRASH_PREFIX = ".trash-"
@@ -749,7 +751,9 @@ class Executor:
         while True:
             await self._prove_now.wait()
             delay = self.ctx.settings.proof_batch_s
-            await trio.sleep(delay if not failures else min(PROVE_BACKOFF_MAX, delay * 2**failures))
+            if failures:
+                delay = min(PROVE_BACKOFF_MAX, max(delay, 0.05) * 2 ** min(failures, 12))
+            await trio.sleep(delay)
             self._prove_now = trio.Event()
             batch, self._to_prove = self._to_prove, {}
             if await self._prove_batch(batch):
@@ -759,6 +763,8 @@ class Executor:
             for receipt_id, (peers, to_log) in batch.items():  # back in line, with anything new
                 for peer in peers:
                     self._prove(peer, receipt_id, to_log)
+            while len(self._to_prove) > PROOFS_DUE_KEPT:  # a long outage: the oldest wait for a restart
+                del self._to_prove[next(iter(self._to_prove))]  # (acked_unlogged finds them then)
 
     async def _prove_batch(self, batch: _ProofsDue) -> bool:
         """Log and prove a batch; False if it must be tried again."""
@@ -792,6 +798,10 @@ class Executor:
         """Send proofs to a peer; those it cannot take now (no link) go again when its link comes up."""
         for i, (_, raw) in enumerate(proofs):
             if not await self.ctx.send_to(peer, raw):
+                if peer in self.ctx.connected():  # the link was replaced meanwhile: the next batch
+                    for receipt_id, _ in proofs[i:]:
+                        self._prove(peer, receipt_id, None)
+                    return
                 waiting = self._proofs_waiting.setdefault(peer, {})
                 for receipt_id, _ in proofs[i:]:
                     waiting[receipt_id] = None

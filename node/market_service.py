@@ -109,6 +109,21 @@ async def run_jobs(
                     log.warning("receipt %s stays out of the receipt log: %s",
                                 receipt.message_id.hex()[:12], e)
 
+    def prove(receipt_ids: list[bytes], now: int) -> list[bytes | None]:
+        assert receipt_log is not None
+        try:
+            proofs: list[bytes | None] = receipt_log.inclusions(receipt_ids, now)
+            return proofs
+        except ReceiptLogError:  # one of them cannot be proved (a damaged log): the others still are
+            out: list[bytes | None] = []
+            for receipt_id in receipt_ids:
+                try:
+                    out.append(receipt_log.inclusion(receipt_id, now))
+                except ReceiptLogError as e:
+                    log.warning("no inclusion proof for receipt %s: %s", receipt_id.hex()[:12], e)
+                    out.append(None)
+            return out
+
     async def acked(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
         if receipt_log is not None:
             await trio.to_thread.run_sync(append, receipts)
@@ -121,7 +136,7 @@ async def run_jobs(
         profile=PROFILE.digest,
         memory_bytes=config.memory,
         on_acked=acked,
-        prover=None if receipt_log is None else receipt_log.inclusions,
+        prover=None if receipt_log is None else prove,
     )
     submitter = Submitter(
         ctx,

@@ -833,9 +833,12 @@ class Submitter:
             )
             signer = receipt_env.signer.raw
             job.rejected.add(signer)
-            # Only the current executor's own outcome for the current assignment ends its attempt: a
-            # stranger (or an earlier attempt's executor) sending a bad one must not take the job away.
-            if signer == job.assigned_to and receipt_env.message.assignment_id.raw == job.assignment:
+            # Only the current assignment's executor, with an outcome for that assignment, ends the
+            # attempt: a stranger (or an earlier attempt's executor) sending a bad one must not take
+            # the job away. (Checked on the assignment, which outlives the wait for its lease.)
+            current = job.assign_env
+            if (current is not None and receipt_env.message.assignment_id == current.message_id
+                    and signer == current.message.executor.raw):
                 job.refusal = f"its outcome was refused: {e}"
                 job.outcome_failed.set()
         finally:
@@ -996,8 +999,9 @@ class Submitter:
         except ProtocolError as e:
             log.warning("refusing an inclusion proof from %s: %s", proof.executor, e)
             return
-        await self.ctx.store.run(
-            Store.put_envelope, env.message_id.raw, "proof", env.raw, self.ctx.now_s(), row.job_id
+        await self.ctx.store.atomically(  # the row's log index marks the receipt as proven here
+            call(Store.put_envelope, env.message_id.raw, "proof", env.raw, self.ctx.now_s(), row.job_id),
+            call(Store.set_receipt_log_index, row.digest, proof.leaf_index),
         )
 
 

@@ -165,8 +165,8 @@ class Scheduler:
         called in the thread that starts the run, once the job has a worker; `on_start` once the run
         has started. `then` is called with the run's result in the thread that waited for it (storing
         small outputs; the worker stays reserved meanwhile), its return value kept as the record's
-        `after`; not once the wait was cancelled. Either may raise: `execute` raises it. One thread
-        hop each way."""
+        `after`; not, as a rule, once the wait was cancelled. Either may raise: `execute` raises it.
+        One thread hop each way."""
         entry = _Entry(estimate_ms)
         queued_at = self.clock()
         self._entries.add(entry)
@@ -182,7 +182,11 @@ class Scheduler:
                     partial(_start, pool, spec, output_dir, streams_dir)
                 )
                 if on_start is not None:
-                    on_start(started_at)
+                    try:
+                        on_start(started_at)
+                    except BaseException:
+                        entry.handle.cancel()  # started: nobody would wait for it otherwise
+                        raise
                 entry.running = True
                 if self.suspended:
                     entry.handle.suspend()

@@ -180,7 +180,14 @@ CREATE TABLE blob_refs (
 CREATE INDEX blob_refs_owner ON blob_refs (owner);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+_V3 = """
+CREATE INDEX receipts_unproved ON receipts (executor, delivered)
+    WHERE log_index IS NULL AND delivered IS NOT NULL;
+"""
+"""A submitter marks a receipt's log_index when it holds a verified inclusion proof of it: the
+receipts it acknowledged and holds no proof of are found without a scan (acked_without_proof)."""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -653,13 +660,13 @@ class Store:
 
     def acked_without_proof(self, executor: str, limit: int = 100) -> list[ReceiptRow]:
         """Receipts by `executor` this node acknowledged (as their submitter) for jobs it still holds
-        and no inclusion proof of which it keeps, newest first. (A job's proofs are looked up by job:
-        one proof of a job with replicas counts for all of them.)"""
+        and holds no inclusion proof of (its `log_index` is set when one is kept), newest first; an
+        index of exactly those rows makes it cheap however many receipts the store holds."""
         with self.reading() as c:
             rows = c.execute(
                 f"SELECT {_RECEIPT_COLUMNS} FROM receipts r WHERE r.executor = ? AND r.delivered IS NOT NULL "
+                "AND r.log_index IS NULL "
                 "AND EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = r.job_id AND j.role = 'submitter') "
-                "AND NOT EXISTS (SELECT 1 FROM envelopes e WHERE e.job_id = r.job_id AND e.kind = 'proof') "
                 "ORDER BY r.delivered DESC LIMIT ?",
                 (executor, limit),
             ).fetchall()

@@ -13,6 +13,7 @@ Linux only (it reads /proc); elsewhere nothing is found.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -62,7 +63,13 @@ def kill_orphaned_workers(cache_dir: Path | str, proc: Path = PROC) -> list[int]
     for pid in orphaned_workers(cache_dir, proc):
         try:
             handle = os.pidfd_open(pid)
-        except OSError:  # gone already
+        except ProcessLookupError:  # gone already
+            continue
+        except OSError:  # no pidfds here (an old kernel, a seccomp profile): checked again, then a plain kill
+            if _is_orphan(proc, str(pid), wanted, uid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
             continue
         try:
             if _is_orphan(proc, str(pid), wanted, uid):  # still that process: the pidfd pins it

@@ -778,3 +778,27 @@ async def test_a_failed_sync_fails_the_store_for_good(
             await db.run(Store.kv_set, "k", b"v")
     finally:
         await db.aclose()
+
+
+def test_acknowledged_receipts_without_a_proof_are_found_per_receipt_newest_first(store: Store) -> None:
+    job = b"\x31" * 32
+    store.add_job(**_job_fields(job))
+    for i, executor in enumerate(("exec-a", "exec-b")):  # one job, two replicas
+        digest = bytes([0x40 + i]) * 32
+        store.put_envelope(digest, "receipt", b"r", 1.0, job)
+        store.record_ack(receipt_digest=digest, job_id=job, attempt=1 + i, executor=executor,
+                         ack_id=bytes([0x50 + i]) * 32, ack_raw=b"a", now=2.0 + i)
+    gone = b"\x32" * 32  # a receipt of a job the store no longer holds (pruned) is not asked for
+    store.put_envelope(b"\x60" * 32, "receipt", b"r", 1.0, gone)
+    store.record_ack(receipt_digest=b"\x60" * 32, job_id=gone, attempt=1, executor="exec-a",
+                     ack_id=b"\x61" * 32, ack_raw=b"a", now=9.0)
+    assert [r.digest for r in store.acked_without_proof("exec-a")] == [b"\x40" * 32]
+    assert [r.digest for r in store.acked_without_proof("exec-b")] == [b"\x41" * 32]
+    store.set_receipt_log_index(b"\x40" * 32, 7)  # a proof of the first replica's receipt is kept
+    assert store.acked_without_proof("exec-a") == []
+    assert [r.digest for r in store.acked_without_proof("exec-b")] == [b"\x41" * 32], "per receipt"
+    with store.reading() as c:
+        plan = " ".join(str(tuple(r)) for r in c.execute(
+            "EXPLAIN QUERY PLAN SELECT digest FROM receipts r WHERE r.executor = ? "
+            "AND r.delivered IS NOT NULL AND r.log_index IS NULL ORDER BY r.delivered DESC", ("exec-b",)))
+    assert "receipts_unproved" in plan
