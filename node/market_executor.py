@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import trio
-from e31.protocol.blobs import PUSH_MAX, BlobRef
+from e31.protocol.blobs import BlobRef
 from e31.protocol.codec import pack, unpack_canonical
 from e31.protocol.envelope import (
     VerifiedEnvelope,
@@ -85,7 +85,7 @@ from .market_rules import (
 )
 from .scheduler import RunRecord, Scheduler
 from .store import Store, call
-from .transfer import PUSH_PER_JOB, BlobTransfer, FetchError
+from .transfer import PUSH_PER_JOB, BlobTransfer, FetchError, pushable
 
 FINISHED_HERE = ("done", "failed", "cancelled")
 
@@ -897,7 +897,7 @@ def _store_outputs(blobs: BlobStore, work: Path, result: RunResult) -> _Stored:
 
 def _maybe_push(small: list[tuple[BlobRef, bytes]], ref: BlobRef, data: bytes) -> None:
     """Keep a small output's bytes to push with the result, within the per-job budget."""
-    if 0 < len(data) <= PUSH_MAX and len(small) < PUSH_PER_JOB:
+    if len(small) < PUSH_PER_JOB and pushable(ref, data):
         small.append((ref, data))
 
 

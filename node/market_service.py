@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import nacl.signing
 import trio
@@ -33,6 +33,8 @@ from .store import AsyncStore
 from .transfer import BlobTransfer
 
 log = logging.getLogger("e31.market")
+X = TypeVar("X")
+Y = TypeVar("Y")
 
 MODULE_CACHE_DIR = "module-cache"
 RUNS_DIR = "runs"
@@ -98,31 +100,15 @@ async def run_jobs(
     scheduler = Scheduler(workers, pool)
 
     def append(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
-        assert receipt_log is not None
-        try:  # marks each receipt's row with its log index, in the same commit
-            receipt_log.append_many(receipts)
-        except ReceiptLogError:  # one of them cannot go in: the others still do
-            for receipt in receipts:
-                try:
-                    receipt_log.append(receipt)
-                except ReceiptLogError as e:
-                    log.warning("receipt %s stays out of the receipt log: %s",
-                                receipt.message_id.hex()[:12], e)
+        assert receipt_log is not None  # marks each receipt's row with its log index, in the same commit
+        _all_or_each(receipt_log.append_many, receipt_log.append, receipts,
+                     lambda r: f"receipt {r.message_id.hex()[:12]} stays out of the receipt log")
 
     def prove(receipt_ids: list[bytes], now: int) -> list[bytes | None]:
         assert receipt_log is not None
-        try:
-            proofs: list[bytes | None] = receipt_log.inclusions(receipt_ids, now)
-            return proofs
-        except ReceiptLogError:  # one of them cannot be proved (a damaged log): the others still are
-            out: list[bytes | None] = []
-            for receipt_id in receipt_ids:
-                try:
-                    out.append(receipt_log.inclusion(receipt_id, now))
-                except ReceiptLogError as e:
-                    log.warning("no inclusion proof for receipt %s: %s", receipt_id.hex()[:12], e)
-                    out.append(None)
-            return out
+        return _all_or_each(lambda ids: receipt_log.inclusions(ids, now),
+                            lambda i: receipt_log.inclusion(i, now), receipt_ids,
+                            lambda i: f"no inclusion proof for receipt {i.hex()[:12]}")
 
     async def acked(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
         if receipt_log is not None:
@@ -173,3 +159,24 @@ async def run_jobs(
         if adverts is not None:
             nursery.start_soon(capacity.listen, adverts)
         task_status.started(market)
+
+
+def _all_or_each(
+    whole: Callable[[list[X]], Sequence[Y | None]],
+    one: Callable[[X], Y],
+    items: list[X],
+    refused: Callable[[X], str],
+) -> list[Y | None]:
+    """`whole(items)` in one go; if the receipt log refuses it (ReceiptLogError: one item it cannot
+    take), `one(item)` for each, so the others still go, None (and a warning) for each refused."""
+    try:
+        return list(whole(items))
+    except ReceiptLogError:
+        out: list[Y | None] = []
+        for item in items:
+            try:
+                out.append(one(item))
+            except ReceiptLogError as e:
+                log.warning("%s: %s", refused(item), e)
+                out.append(None)
+        return out

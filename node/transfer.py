@@ -49,6 +49,11 @@ PUSH_PER_JOB = 16
 """At most this many blobs pushed for one job (1 MiB at most): well inside what a receiver keeps."""
 
 
+def pushable(ref: BlobRef, data: bytes) -> bool:
+    """Whether a blob may be pushed: its bytes, of one chunk of at most PUSH_MAX, not empty."""
+    return 0 < ref.size <= PUSH_MAX and len(data) == ref.size
+
+
 class FetchError(Exception):
     """A blob could not be fetched from a peer (no link, no answer, or bad data); the message says why."""
 
@@ -149,8 +154,7 @@ class BlobTransfer:
     async def push(self, peer: bytes, blobs: list[tuple[BlobRef, bytes]]) -> None:
         """Send `peer` the blobs of one job it is about to ask for, unasked: the first PUSH_PER_JOB of
         one chunk of at most PUSH_MAX bytes (it fetches the others)."""
-        pushable = [(ref, data) for ref, data in blobs if 0 < ref.size <= PUSH_MAX and len(data) == ref.size]
-        for ref, data in pushable[:PUSH_PER_JOB]:
+        for ref, data in [(ref, data) for ref, data in blobs if pushable(ref, data)][:PUSH_PER_JOB]:
             chunk = BlobChunk(self.network, NodeId(self.local), ref.root, 0, data)
             if not await self.send(peer, sign_message(chunk, self.identity)):
                 return

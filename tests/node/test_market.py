@@ -7,6 +7,7 @@ submitter must end every job done with a receipt it verified, and never accept C
 
 from __future__ import annotations
 
+import inspect
 import secrets
 import time
 from collections.abc import Callable
@@ -254,13 +255,27 @@ def lose_first(net: Net, node: bytes, kind: type) -> list[bytes]:
     return lost
 
 
-async def wait_state(node: RealNode, job_id: bytes, state: str, seconds: float = 30.0) -> Any:
+async def wait_state(
+    node: RealNode, job_id: bytes, state: str, seconds: float = 30.0, role: str = "submitter"
+) -> Any:
     for _ in range(int(seconds / 0.05)):
-        row = await node.job(job_id)
+        row = await node.store.run(Store.job, job_id, role)
         if row is not None and row.state == state:
             return row
         await trio.sleep(0.05)
     raise AssertionError(f"job never reached {state}")
+
+
+async def until(check: Callable[[], object], seconds: float = 5.0) -> None:
+    """Poll `check` (a function, or one returning an awaitable) every 50 ms until it is true or
+    `seconds` have passed; the caller asserts what it waited for."""
+    for _ in range(int(seconds / 0.05)):
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return
+        await trio.sleep(0.05)
 
 
 async def test_a_job_runs_on_another_node_and_comes_back_verified_and_acknowledged(
@@ -276,10 +291,7 @@ async def test_a_job_runs_on_another_node_and_comes_back_verified_and_acknowledg
     assert len(receipts) == 1 and receipts[0].delivered is not None
     receipt = verify((await a.store.run(Store.envelope, receipts[0].message_id)).raw, UsageReceipt)
     assert a.blobs.read(receipt.message.stdout.root.raw).startswith(b"samples 1000\n")
-    for _ in range(200):
-        if b.acked:
-            break
-        await trio.sleep(0.05)
+    await until(lambda: b.acked, 10)
     assert b.acked == [receipt.message_id.raw]
     executed = await b.store.run(Store.job, job_id, "executor")
     assert executed is not None and executed.state == "done"
@@ -287,10 +299,7 @@ async def test_a_job_runs_on_another_node_and_comes_back_verified_and_acknowledg
     assert b.blobs.has(receipt.message.module.root.raw)
     # The run's directory is moved aside when the run ends and deleted at the delivery loop's next turn.
     runs = tmp_path / "b-runs"
-    for _ in range(100):
-        if not any(runs.iterdir()):
-            break
-        await trio.sleep(0.05)
+    await until(lambda: not any(runs.iterdir()))
     assert list(runs.iterdir()) == []
 
 
@@ -301,10 +310,7 @@ async def test_receipts_acknowledged_but_not_logged_at_a_stop_are_logged_at_the_
     await start(nursery, a, b)
     job_id = await a.submitter.submit(a.manifest(("5", "1000")))
     await wait_state(a, job_id, "done")
-    for _ in range(200):
-        if b.acked:
-            break
-        await trio.sleep(0.05)
+    await until(lambda: b.acked, 10)
     # This harness's log records the receipts it is handed but marks no log index: to the store the
     # acknowledged receipt is still unlogged, as after a stop between the ack and the append.
     relogged: list[bytes] = []
@@ -318,10 +324,7 @@ async def test_receipts_acknowledged_but_not_logged_at_a_stop_are_logged_at_the_
     )
     async with trio.open_nursery() as inner:
         await inner.start(restarted.run)
-        for _ in range(100):
-            if relogged:
-                break
-            await trio.sleep(0.05)
+        await until(lambda: relogged)
         inner.cancel_scope.cancel()
     assert relogged == b.acked
 
@@ -384,10 +387,10 @@ async def test_an_acceptance_hands_the_job_off_and_a_returning_link_pulls_the_ou
     await start(nursery, a)
     job_id = await a.submitter.submit(a.manifest(("10", "1000")))
     row = await wait_state(a, job_id, "assigned")
-    for _ in range(100):
-        if await a.submitter.handed_off([await a.job(job_id)]):
-            break
-        await trio.sleep(0.05)
+    async def handed_off() -> set[bytes]:
+        return await a.submitter.handed_off([await a.job(job_id)])
+
+    await until(handed_off)
     assert await a.submitter.handed_off([await a.job(job_id)]) == {job_id}
     # An acceptance naming an assignment the submitter never made hands nothing off.
     forged = Accepted(NETWORK, Digest(job_id), Digest(b"\x05" * 32), NodeId(liar.id))
@@ -396,10 +399,7 @@ async def test_an_acceptance_hands_the_job_off_and_a_returning_link_pulls_the_ou
     # The executor's link comes back: the submitter re-sends the assignment so the outcome comes now.
     assigned = liar.assigned
     a.market.link_up(liar.id, _unused_send)
-    for _ in range(100):
-        if liar.assigned > assigned:
-            break
-        await trio.sleep(0.05)
+    await until(lambda: liar.assigned > assigned)
     assert liar.assigned == assigned + 1 and row.attempt == 1
 
 
@@ -661,12 +661,9 @@ async def test_a_job_whose_run_has_ended_is_not_handed_back_while_its_outputs_ar
             await trio.sleep(0.2)
     finally:
         release.set()
-    for _ in range(200):  # the executor finishes it (the submitter's deadline has passed meanwhile)
-        row = await b.store.run(Store.job, job_id, "executor")
-        if row is not None and row.state == "done":
-            break
-        await trio.sleep(0.05)
-    assert row is not None and row.state == "done"
+    # the executor finishes it (the submitter's deadline has passed meanwhile)
+    row = await wait_state(b, job_id, "done", 10, role="executor")
+    assert row.state == "done"
 
 
 async def test_a_receipt_log_append_that_fails_is_tried_again(
@@ -687,10 +684,7 @@ async def test_a_receipt_log_append_that_fails_is_tried_again(
     job_id = await a.submitter.submit(a.manifest(("5", "1000")))
     await wait_state(a, job_id, "done")
     receipt = (await a.store.run(Store.receipts_for_job, job_id))[0]
-    for _ in range(100):
-        if logged:
-            break
-        await trio.sleep(0.05)
+    await until(lambda: logged)
     assert logged == [receipt.message_id] and len(calls) == 2
 
 
@@ -724,18 +718,12 @@ async def test_proofs_go_to_every_asker_and_wait_for_a_link_that_is_down(
     await wait_state(a, job_id, "done")
     receipt_id = (await a.store.run(Store.receipts_for_job, job_id))[0].message_id
     b.executor._prove(b"\x01" * 32, receipt_id, None)  # a second asker, whose link is down
-    for _ in range(100):
-        if sent:
-            break
-        await trio.sleep(0.05)
+    await until(lambda: sent)
     await trio.sleep(0.3)
     assert sent == [(a.id, b"proof of " + receipt_id)], "the submitter gets its proof, once"
     down.clear()
     b.executor.on_link_up(b"\x01" * 32)
-    for _ in range(100):
-        if len(sent) == 2:
-            break
-        await trio.sleep(0.05)
+    await until(lambda: len(sent) == 2)
     assert sent[1] == (b"\x01" * 32, b"proof of " + receipt_id)
 
 
@@ -756,17 +744,11 @@ async def test_a_submitter_asks_again_for_a_proof_it_never_got_when_the_link_com
     await start(nursery, a, b)
     job_id = await a.submitter.submit(a.manifest(("5", "1000")))
     await wait_state(a, job_id, "done")
-    for _ in range(100):
-        if lost:
-            break
-        await trio.sleep(0.05)
+    await until(lambda: lost)
     assert lost and await a.store.run(Store.envelopes_for_job, job_id, "proof") == []
     assert await a.store.run(Store.acked_without_proof, str(NodeId(b.id))) != []
     a.submitter.on_link_up(b.id)  # b is back: a asks it for the proofs it lacks
-    for _ in range(100):
-        if await a.store.run(Store.envelopes_for_job, job_id, "proof"):
-            break
-        await trio.sleep(0.05)
+    await until(lambda: a.store.run(Store.envelopes_for_job, job_id, "proof"))
     assert len(await a.store.run(Store.envelopes_for_job, job_id, "proof")) == 1
     assert await a.store.run(Store.acked_without_proof, str(NodeId(b.id))) == []
 
@@ -786,9 +768,5 @@ async def test_a_run_that_ends_before_its_start_is_recorded_still_ends_done_at_t
     await start(nursery, a, b)
     job_id = await a.submitter.submit(a.manifest(("5", "1000")))
     await wait_state(a, job_id, "done")
-    for _ in range(100):
-        row = await b.store.run(Store.job, job_id, "executor")
-        if row is not None and row.state == "done":
-            break
-        await trio.sleep(0.05)
-    assert row is not None and row.state == "done" and row.started is not None
+    row = await wait_state(b, job_id, "done", 5, role="executor")
+    assert row.state == "done" and row.started is not None
