@@ -197,7 +197,7 @@ decode_seq(const node *n, PyObject *x, PyObject *error)
             Py_DECREF(item);  /* the wire tuple holds it */
         else
             PyTuple_SET_ITEM(out, i, item);
-        if (n->ordered) {
+        if (n->ordered && len > 1) {  /* one item is in order: its key (maybe costly) is not needed */
             int owned;
             PyObject *key = order_key(n, item, &owned);
             if (key == NULL)

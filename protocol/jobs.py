@@ -96,9 +96,16 @@ class EnvVar(Record):
     value: str = field(metadata=w(Text(ARG_MAX)))
 
 
+class _JobIdSlot(Record):
+    """Room for a manifest's job id, computed once (a frozen dataclass with slots has no other)."""
+
+    __slots__ = ("_job_id",)
+    _job_id: Digest
+
+
 @record
 @dataclass(frozen=True, slots=True)
-class JobManifest(Record):
+class JobManifest(_JobIdSlot):
     """What to run, on what, within which limits, by when, and who asks."""
 
     module: BlobRef = field(metadata=w(Sub(BlobRef)))
@@ -134,5 +141,11 @@ class JobManifest(Record):
     @property
     def job_id(self) -> Digest:
         """SHA-256 of the manifest's canonical encoding."""
-        return sha256(pack(self.to_wire()))
+        try:
+            return self._job_id
+        except AttributeError:
+            pass
+        value = sha256(pack(self.to_wire()))
+        object.__setattr__(self, "_job_id", value)
+        return value
 

@@ -431,16 +431,19 @@ class Seq(Codec[tuple[Any, ...]]):
             return x
         items, last = src.fresh("items"), src.fresh("last")
         src.emit(f"{items} = []")
+        ordered = src.fresh("ordered")
         if order is not None:
             src.emit(f"{last} = MISSING")
+            src.emit(f"{ordered} = len({x}) > 1")  # one item is in order: its (maybe costly) key is unused
         with src.block(f"for {y} in {x}:"):
             item = inner.inline(y, src)
             src.emit(f"{items}.append({item})")
             if order is not None:
                 # strictly increasing: each key above the one before
-                key = _key_source(order, item, src)
-                src.emit(f"if {last} is not MISSING and not {last} < {key}: {c}.check(tuple({items}))")
-                src.emit(f"{last} = {key}")
+                with src.block(f"if {ordered}:"):
+                    key = _key_source(order, item, src)
+                    src.emit(f"if {last} is not MISSING and not {last} < {key}: {c}.check(tuple({items}))")
+                    src.emit(f"{last} = {key}")
         return src.let(f"tuple({items})")
 
     def to_json(self, v: tuple[Any, ...]) -> Any:
