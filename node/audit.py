@@ -37,7 +37,15 @@ from e31.protocol.receipts import (
 from .audit_rerun import blobs_of, rerun_job
 from .bundle import Bundle
 
-_JOB_ID_FIELD = {"receipt": 1, "ack": 1, "assign": 1, "result": 1, "bid": 1, "decline": 1, "cancel": 1}
+_JOB_ID_FIELD: dict[str, tuple[int, str]] = {
+    "receipt": (1, "one"), "ack": (1, "one"), "assign": (1, "one"), "result": (1, "one"),
+    "accepted": (1, "one"), "release": (1, "one"), "cancel": (1, "one"), "decline": (1, "list"),
+    "bid": (4, "items"),
+}
+"""Where the body of an envelope of each kind names its jobs, for labelling one that does not verify:
+(field index, "one" job id, a "list" of job ids, or "items" records whose first field is a job id).
+An offer names its jobs only through its manifests' hashes, which a broken envelope cannot be
+trusted to encode canonically: it gets no label."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +75,8 @@ class NodeSummary:
 class AuditReport:
     envelopes: int = 0
     jobs: int = 0
+    """Jobs the bundle holds a receipt or an assignment of (an offer of a set of jobs also names jobs
+    that were not exported with it)."""
     receipts: int = 0
     acks: int = 0
     proofs: int = 0
@@ -133,7 +143,8 @@ class _Audit:
                 continue
             msg = env.message
             if isinstance(msg, Offer):
-                self.offers.setdefault(msg.job_id, msg.manifest)
+                for manifest in msg.manifests:
+                    self.offers.setdefault(manifest.job_id, manifest)
             elif isinstance(msg, Assign):
                 self.assigns[env.message_id] = msg
             elif isinstance(msg, UsageReceipt):
@@ -149,7 +160,8 @@ class _Audit:
         self.report.receipts = len(self.receipts)
         self.report.acks = len(self.acks)
         self.report.proofs = len(self.proofs)
-        self.report.jobs = len({r.message.job_id for r in self.receipts} | set(self.offers))
+        self.report.jobs = len({r.message.job_id for r in self.receipts}
+                               | {a.job_id for a in self.assigns.values()})
 
     # 2. receipts against manifests and assignments
     def check_receipts(self) -> None:
@@ -411,22 +423,43 @@ def _differences(a: UsageReceipt, b: UsageReceipt) -> list[str]:
 
 
 def _peek(raw: bytes) -> tuple[str, str | None, str | None]:
-    """Kind, signer and job id an unverifiable envelope claims, for the report (never trusted)."""
+    """Kind, signer and job id an unverifiable envelope claims, for the report (never trusted); the job
+    only when the envelope names exactly one (a finding is about one job)."""
     try:
         env = unpack(raw)
         kind, body, signer = env[1], env[2], env[3]
         kind = kind if isinstance(kind, str) and kind.isascii() and len(kind) <= 16 else "unknown"
         node = str(NodeId(signer)) if isinstance(signer, bytes) and len(signer) == 32 else None
-        job = None
-        index = _JOB_ID_FIELD.get(kind)
-        if index is not None and isinstance(body, bytes):
-            fields = unpack(body)
-            if isinstance(fields, tuple) and len(fields) > index and isinstance(fields[index], bytes) \
-                    and len(fields[index]) == 32:
-                job = fields[index].hex()
-        return kind, node, job
     except Exception:  # anything at all: this is only a label for a broken envelope
         return "unreadable", None, None
+    jobs = _claimed_jobs(kind, body)
+    return kind, node, jobs[0].hex() if len(jobs) == 1 else None
+
+
+def _claimed_jobs(kind: str, body: object) -> list[bytes]:
+    """The job ids the body of a `kind` envelope names where _JOB_ID_FIELD says (none if it is not so)."""
+    where = _JOB_ID_FIELD.get(kind)
+    if where is None or not isinstance(body, bytes):
+        return []
+    index, shape = where
+    try:
+        fields = unpack(body)
+    except ProtocolError:
+        return []
+    if not isinstance(fields, tuple) or len(fields) <= index:
+        return []
+    value = fields[index]
+    if shape == "one":
+        candidates = [value]
+    elif not isinstance(value, tuple):
+        return []
+    elif shape == "list":
+        candidates = list(value)
+    else:
+        candidates = [item[0] if isinstance(item, tuple) and item else None for item in value]
+    if not all(isinstance(c, bytes) and len(c) == 32 for c in candidates):
+        return []
+    return candidates
 
 
 def _short(d: Digest) -> str:

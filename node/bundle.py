@@ -6,7 +6,7 @@ BlobRef root the manifests name, and consistency entries are [executor, old_size
 The reader checks shape, types, caps and every blob's root, and raises BundleError for anything else;
 it does not verify envelopes (the auditor does, and reports each bad one).
 
-The exporter reads the node's store: the envelopes stored for each job (offers, assignments, receipts,
+The exporter reads the node's store: the envelopes of each job (offers, assignments, receipts,
 acknowledgements, results, proofs), plus fresh inclusion proofs and consistency proofs from the node's
 own receipt log when it has one: an inclusion proof for each of its receipts, every tree head it ever
 signed, and consistency proofs between them. Blobs come from the node's blob store, which names them
@@ -219,11 +219,9 @@ def _read_blob(blobs: BlobStore, ref: BlobRef) -> bytes | None:
 
 
 def all_job_ids(store: Store) -> list[bytes]:
+    """Every job the store holds, or holds an offer or a receipt of (after the job itself was pruned)."""
     ids = {row.job_id for row in store.jobs()}
-    with store.transaction() as c:
-        ids.update(bytes(r[0]) for r in c.execute(
-            "SELECT DISTINCT job_id FROM envelopes "
-            "WHERE job_id IS NOT NULL AND kind IN ('offer', 'receipt')"))
+    ids.update(store.envelope_job_ids(("offer", "receipt")))
     return sorted(ids)
 
 
@@ -233,7 +231,9 @@ def export_bundle(store: Store, blobs: BlobStore | None, job_ids: Sequence[bytes
 
     With `receipt_log` (this node's own), each of its receipts gets a fresh inclusion proof and the
     bundle carries consistency proofs between the log's heads it holds. With `with_blobs`, the module,
-    input and stdin blobs of every exported manifest that the node holds are included.
+    input and stdin blobs of every exported job's manifest that the node holds are included. An offer
+    of a set of jobs is carried once, whole (its signature covers every manifest), but the blobs of
+    the jobs it holds that are not exported are not: an export never depends on unrelated jobs' data.
     """
     now = int(time.time() * 1000) if now_ms is None else now_ms
     ids = all_job_ids(store) if job_ids is None else list(dict.fromkeys(job_ids))
@@ -257,7 +257,7 @@ def export_bundle(store: Store, blobs: BlobStore | None, job_ids: Sequence[bytes
     found: dict[bytes, bytes] = {}
     missing: list[str] = []
     if with_blobs:
-        for ref in _needed_blobs(verified):
+        for ref in _needed_blobs(verified, set(ids)):
             data = _read_blob(blobs, ref) if blobs is not None else None
             if data is None:
                 missing.append(ref.root.hex())
@@ -302,14 +302,17 @@ def _consistency(verified: list[Any], log: ReceiptLog) -> tuple[Consistency, ...
     return tuple(Consistency(executor, a, b, log.consistency(a, b)) for a, b in itertools.pairwise(ordered))
 
 
-def _needed_blobs(verified: list[Any]) -> list[BlobRef]:
+def _needed_blobs(verified: list[Any], job_ids: set[bytes]) -> list[BlobRef]:
+    """The blobs that re-running the exported jobs (`job_ids`) needs, from their offers' manifests."""
     refs: dict[bytes, BlobRef] = {}
     for env in verified:
         if isinstance(env.message, Offer):
-            man = env.message.manifest
-            for ref in (man.module, *(f.blob for f in man.inputs), man.stdin):
-                if ref is not None:
-                    refs.setdefault(ref.root.raw, ref)
+            for man in env.message.manifests:
+                if man.job_id.raw not in job_ids:
+                    continue
+                for ref in (man.module, *(f.blob for f in man.inputs), man.stdin):
+                    if ref is not None:
+                        refs.setdefault(ref.root.raw, ref)
     return list(refs.values())
 
 

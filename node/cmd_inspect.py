@@ -47,13 +47,26 @@ def run(args: argparse.Namespace) -> int:
         "expires": env.message.expires,
         "expired": is_expired(env, now),
     }
-    job_id = getattr(env.message, "job_id", None)
-    if job_id is not None:
-        out["job_id"] = job_id.hex()
+    out.update(_jobs(env.message))
     out["fields"] = env.message.to_json()
     json.dump(out, sys.stdout, indent=2, ensure_ascii=False)
     sys.stdout.write("\n")
     return 0
+
+
+def _jobs(message: Any) -> dict[str, Any]:
+    """The job a message is about ("job_id"), or the jobs of a set ("job_ids": an offer's manifests
+    hashed, a bid's items, a decline's list), in hex."""
+    from e31.protocol.messages import Bid, Decline, Offer
+
+    if isinstance(message, Offer):
+        return {"job_ids": [m.job_id.hex() for m in message.manifests]}
+    if isinstance(message, Bid):
+        return {"job_ids": [item.job_id.hex() for item in message.items]}
+    if isinstance(message, Decline):
+        return {"job_ids": [job_id.hex() for job_id in message.job_ids]}
+    job_id = getattr(message, "job_id", None)
+    return {} if job_id is None else {"job_id": job_id.hex()}
 
 
 def _read(path: str, limit: int) -> bytes:

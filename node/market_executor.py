@@ -61,6 +61,7 @@ from e31.protocol.messages import (
     Accepted,
     Assign,
     Bid,
+    BidItem,
     Cancel,
     Decline,
     Offer,
@@ -112,8 +113,12 @@ class JobFailed(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _Promise:
+    """A live bid of this node: the offer it answers and the jobs of it the bid names (each leaves
+    when it is assigned: one assignment per job of a bid)."""
+
     offer: VerifiedEnvelope[Offer]
     bid_expires: int
+    jobs: dict[bytes, JobManifest]
 
 
 @dataclass(eq=False, slots=True)
@@ -218,14 +223,15 @@ class Executor:
         self._nursery.start_soon(self._answer, env)
 
     async def _answer(self, env: VerifiedEnvelope[Offer]) -> None:
+        """Answer an offer with one `bid` for the jobs this node can finish in time (each planned as if
+        offered alone: against the queue as it is now) and a `decline` per reason for the others."""
         now = self.ctx.clock()
         try:
             check_fresh(env, now, network=self.ctx.network)
         except ProtocolError:
             return
-        manifest = env.message.manifest
-        if await self.ctx.store.run(Store.job, manifest.job_id.raw, ROLE) is not None:
-            return
+        offer = env.message
+        held = await self.ctx.store.run(Store.jobs_held, [m.job_id.raw for m in offer.manifests], ROLE)
         cores, memory = self.scheduler.workers, self.memory_bytes
         if self.capacity is not None:
             offered_cores, offered_memory = self.capacity()
@@ -239,48 +245,48 @@ class Executor:
             cores * self.ctx.settings.max_queue_per_core,
             self.scheduler.fuel_rate,
         )
-        limits = manifest.limits
-        offer = OfferView(
-            manifest.profile.raw,
-            limits.fuel,
-            limits.memory_bytes,
-            limits.wall_ms,
-            manifest.deadline,
-            env.message.expires,
-        )
-        plan = plan_bid(offer, me, now, bid_ttl_ms=self.ctx.settings.bid_ttl_ms)
-        job_id, offer_id = manifest.job_id, env.message_id
-        if isinstance(plan, DeclinePlan):
-            answer: Bid | Decline = Decline(
-                self.ctx.network,
-                job_id,
-                offer_id,
-                self.ctx.node,
-                plan.expires,
-                plan.reason,
-                _clip(plan.text),
+        items: list[BidItem] = []
+        manifests: dict[bytes, JobManifest] = {}
+        bid_expires = None
+        declined: dict[str, tuple[list[Digest], str, int]] = {}
+        for manifest in offer.manifests:
+            job_id = manifest.job_id
+            if job_id.raw in held:
+                continue
+            limits = manifest.limits
+            view = OfferView(
+                manifest.profile.raw,
+                limits.fuel,
+                limits.memory_bytes,
+                limits.wall_ms,
+                manifest.deadline,
+                offer.expires,
             )
-        else:
-            answer = Bid(
-                self.ctx.network,
-                job_id,
-                offer_id,
-                self.ctx.node,
-                plan.expires,
-                plan.expected_start,
-                plan.expected_finish,
-            )
-        signed = sign_verified(answer, self.ctx.identity)
-        raw = signed.raw
-        if isinstance(answer, Bid):
-            bid_id = signed.message_id.raw
-            self._promises[bid_id] = _Promise(env, answer.expires)
-            self._forget_old_promises(now)
-        await self.ctx.send_to(manifest.submitter.raw, raw)
+            plan = plan_bid(view, me, now, bid_ttl_ms=self.ctx.settings.bid_ttl_ms)
+            if isinstance(plan, DeclinePlan):
+                ids, text, expires = declined.get(plan.reason, ([], plan.text, plan.expires))
+                ids.append(job_id)
+                declined[plan.reason] = (ids, text, min(expires, plan.expires))
+                continue
+            items.append(BidItem(job_id, plan.expected_start, plan.expected_finish))
+            manifests[job_id.raw] = manifest
+            bid_expires = plan.expires if bid_expires is None else min(bid_expires, plan.expires)
+        answers: list[Bid | Decline] = [
+            Decline(self.ctx.network, tuple(ids), env.message_id, self.ctx.node, expires, reason, _clip(text))
+            for reason, (ids, text, expires) in declined.items()
+        ]
+        if bid_expires is not None:
+            answers.append(Bid(self.ctx.network, env.message_id, self.ctx.node, bid_expires, tuple(items)))
+        for answer in answers:  # bid items and declined ids are in the offer's (job id) order already
+            signed = sign_verified(answer, self.ctx.identity)
+            if isinstance(answer, Bid):
+                self._promises[signed.message_id.raw] = _Promise(env, answer.expires, manifests)
+                self._forget_old_promises(now)
+            await self.ctx.send_to(offer.submitter.raw, signed.raw)
 
     def _forget_old_promises(self, now: int) -> None:
         """Drop lapsed bids from the front: bids are made with one TTL (or expire earlier, with their
-        job's deadline), so the dict, in insertion order, is nearly in expiry order, and this costs O(1)
+        jobs' deadline), so the dict, in insertion order, is nearly in expiry order, and this costs O(1)
         a bid instead of a scan of every live one. A lapsed bid kept a little longer (behind a live one,
         or after a clock step) is refused by `_on_assign` all the same."""
         promises = self._promises
@@ -290,7 +296,6 @@ class Executor:
                 return
             del promises[bid_id]
 
-
     # --- assignments ---
 
     def on_assign(self, env: VerifiedEnvelope[Assign]) -> None:
@@ -299,25 +304,26 @@ class Executor:
 
     async def _on_assign(self, env: VerifiedEnvelope[Assign]) -> None:
         assign = env.message
-        promise = self._promises.get(assign.bid_id.raw)
         if assign.executor != self.ctx.node:
             return
+        promise = self._promises.get(assign.bid_id.raw)
         if promise is not None and promise.bid_expires <= self.ctx.clock():
             promise = None  # only a live bid of ours can be assigned
-        if promise is None:
+        manifest = None if promise is None else promise.jobs.get(assign.job_id.raw)
+        if promise is None or manifest is None:
             await self._redeliver(env)
             return
-        manifest = promise.offer.message.manifest
-        if assign.job_id != manifest.job_id or assign.submitter != manifest.submitter:
+        if assign.submitter != manifest.submitter:
             log.info("ignoring an assignment that does not match our bid")
             return
         if assign.lease_expires <= self.ctx.clock():
             return
         job_id = manifest.job_id.raw
         now = self.ctx.now_s()
+        offer = promise.offer
         *_, added = await self.ctx.store.atomically(
             call(Store.put_envelope, env.message_id.raw, "assign", env.raw, now, job_id),
-            call(Store.put_envelope, promise.offer.message_id.raw, "offer", promise.offer.raw, now, job_id),
+            call(Store.put_shared_envelope, offer.message_id.raw, "offer", offer.raw, now, [job_id]),
             call(
                 Store.add_job,
                 job_id=job_id,
@@ -335,7 +341,9 @@ class Executor:
         if not added:
             self._deliver_now.set()  # a repeated assignment: make sure the outcome goes out again
             return
-        self._promises.pop(assign.bid_id.raw, None)  # its bid may have lapsed meanwhile
+        promise.jobs.pop(job_id, None)
+        if not promise.jobs:
+            self._promises.pop(assign.bid_id.raw, None)  # its bid may have lapsed meanwhile
         await self._execute(job_id, manifest, env)
 
     async def _redeliver(self, env: VerifiedEnvelope[Assign]) -> None:

@@ -25,6 +25,7 @@ Cancel (`e31 cancel`): a signed `cancel` goes to the assigned executor and out o
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest
 from e31.protocol.merkle import verify_entry_inclusion
 from e31.protocol.messages import (
+    MAX_SET,
     Accepted,
     Assign,
     Bid,
@@ -84,6 +86,12 @@ REOFFER_MAX = 8.0
 """Seconds between rounds at most: the delay after a round without a bid doubles up to this."""
 CANCEL_TTL_MS = 3600 * 1000
 """How long a cancel of a job whose deadline has passed stays on gossip."""
+OFFER_BYTES = 240 * 1024
+"""Manifest bytes in one offer at most: under the gossip cap of an offer (256 KiB) with room for its
+envelope. A manifest alone over it is still offered, alone (gossip refuses it; this node may run it)."""
+EXPIRIES_PRUNE_MIN = 4096
+"""Expiries of offers signed here held before the past ones are first forgotten (no two live offers of
+this node share an expiry, so none is the same message as another)."""
 HEADS_KEPT = 64
 """Verified signed tree heads kept (executors' latest heads)."""
 PROOFS_ASKED = 100
@@ -102,11 +110,27 @@ class UnknownJob(LookupError):
 class _Round:
     offer_id: bytes
     opened: float
+    job: _Job
     bids: dict[bytes, BidView] = field(default_factory=dict)
     answered: set[bytes] = field(default_factory=set)
     raw: dict[bytes, bytes] = field(default_factory=dict)
     """The signed bids by message id (the chosen one is stored with the job)."""
     wake: trio.Event = field(default_factory=trio.Event)
+
+
+@dataclass(eq=False)
+class _Joining:
+    """A job waiting for the next offer (`_offer_sets` takes it, signs and sends the offer, opens its
+    round and sets `done`)."""
+
+    job_id: bytes
+    job: _Job
+    expires: int
+    """The latest expiry this round of the job allows (market_rules.offer_expiry)."""
+    done: trio.Event = field(default_factory=trio.Event)
+    round: _Round | None = None
+    gossiped: bool = False
+    error: Exception | None = None
 
 
 @dataclass(eq=False)
@@ -151,6 +175,11 @@ class _Job:
     """Receipts and results taken in, by kind and receipt id: whichever of a pair comes second finds
     the first here (the store has it too, for after a restart, but would cost a read and a re-verify)."""
 
+    @functools.cached_property
+    def size(self) -> int:
+        """The manifest's encoded size (what it adds to an offer)."""
+        return len(pack(self.manifest.to_wire()))
+
     @property
     def assignment(self) -> bytes | None:
         """The current assignment's `assign` message id."""
@@ -177,6 +206,10 @@ class Submitter:
         self._offers = TokenBucket(OFFER_RATE, OFFER_BURST)
         self._offer_line = trio.Lock()
         self._in_flight = trio.Semaphore(IN_FLIGHT)
+        self._joining: list[_Joining] = []
+        self._offer_wake = trio.Event()
+        self._expiries: set[int] = set()
+        self._expiries_prune_at = EXPIRIES_PRUNE_MIN
         self._heads: dict[bytes, VerifiedEnvelope[TreeHead]] = {}
         """Signed tree heads already verified, by their bytes (HEADS_KEPT, least recently used dropped
         first): an executor proves a batch of receipts against one head."""
@@ -188,6 +221,7 @@ class Submitter:
         rows = await self.ctx.store.run(Store.jobs, role=ROLE)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self._offer_sets)
             for row in rows:
                 if row.state not in TERMINAL:
                     self._start(row)
@@ -538,28 +572,25 @@ class Submitter:
     async def _offer_round(
         self, job_id: bytes, job: _Job, avoid: Callable[[], frozenset[bytes]] = frozenset
     ) -> BidView | None:
-        gossip = await self._gossip_token()
         now = self.ctx.clock()
         expires = offer_expiry(now, job.manifest.deadline, self.ctx.settings.offer_ttl_ms, job.rounds)
         job.rounds += job.round_step
-        offer = Offer(self.ctx.network, expires, job.manifest)
-        env = sign_verified(offer, self.ctx.identity)
-        raw = env.raw
-        await self.ctx.store.run(
-            Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id
-        )
-        rnd = _Round(env.message_id.raw, trio.current_time())
-        job.round = rnd
-        expected: set[bytes] = set()
-        if gossip and self.publish is not None:
-            try:
-                self.publish(env)
-                expected.update(self.ctx.connected())
-            except ProtocolError as e:
-                log.warning("cannot gossip the offer of job %s: %s", job_id.hex()[:12], e)
+        entry = _Joining(job_id, job, expires)
+        self._joining.append(entry)
+        self._offer_wake.set()
+        try:
+            await entry.done.wait()
+        finally:
+            if entry in self._joining:  # cancelled before an offer took it
+                self._joining.remove(entry)
+        if entry.error is not None:
+            raise entry.error
+        rnd = entry.round
+        if rnd is None:  # the job finished while it waited
+            return None
+        expected: set[bytes] = set(self.ctx.connected()) if entry.gossiped else set()
         if self.local_offer is not None and self.ctx.settings.execute_own_jobs:
             expected.add(self.ctx.local)
-            self.local_offer(env)
         expected -= job.rejected | avoid()
         try:
             while not job.finished.is_set():
@@ -584,12 +615,12 @@ class Submitter:
                         job.holder = bid.executor
                         try:
                             await self.ctx.store.run(
-                                Store.put_envelope,
+                                Store.put_shared_envelope,
                                 bid.bid_id,
                                 "bid",
                                 rnd.raw[bid.bid_id],
                                 self.ctx.now_s(),
-                                job_id,
+                                [job_id],
                             )
                         except BaseException:
                             self._unload(bid.executor)
@@ -603,6 +634,84 @@ class Submitter:
             return None
         finally:
             job.round = None
+
+    async def _offer_sets(self) -> None:
+        """Offer the jobs waiting for a round, as many in one signed offer as fit (MAX_SET, and the
+        gossip size cap): each offer waits for a gossip token, and the jobs that join meanwhile go
+        together in the next, so a lone job goes at once and a sweep goes in sets."""
+        while True:
+            while not self._joining:
+                await self._offer_wake.wait()
+                self._offer_wake = trio.Event()
+            gossip = await self._gossip_token()
+            taken = self._take_set()
+            if not taken:
+                continue
+            try:
+                env = self._sign_offer(taken)
+                await self.ctx.store.run(
+                    Store.put_shared_envelope,
+                    env.message_id.raw,
+                    env.kind,
+                    env.raw,
+                    self.ctx.now_s(),
+                    [e.job_id for e in taken],
+                )
+            except Exception as e:  # each job's driver raises it, as its own store call would
+                for entry in taken:
+                    entry.error = e
+                    entry.done.set()
+                continue
+            opened = trio.current_time()
+            for entry in taken:
+                entry.round = entry.job.round = _Round(env.message_id.raw, opened, entry.job)
+            if gossip and self.publish is not None:
+                try:
+                    self.publish(env)
+                except ProtocolError as e:
+                    gossip = False
+                    log.warning("cannot gossip an offer of %d jobs: %s", len(taken), e)
+            if self.local_offer is not None and self.ctx.settings.execute_own_jobs:
+                self.local_offer(env)
+            for entry in taken:
+                entry.gossiped = gossip
+                entry.done.set()
+
+    def _take_set(self) -> list[_Joining]:
+        """The jobs of the next offer, in the order they joined: at most MAX_SET, one round per job
+        (replica lanes of one job go in different offers), within OFFER_BYTES."""
+        taken: list[_Joining] = []
+        rest: list[_Joining] = []
+        ids: set[bytes] = set()
+        size = 0
+        for entry in self._joining:
+            if entry.job.finished.is_set():
+                entry.done.set()  # its driver sees the job finished and leaves the round
+                continue
+            fits = size + entry.job.size <= OFFER_BYTES or not taken
+            if len(taken) < MAX_SET and entry.job_id not in ids and fits:
+                taken.append(entry)
+                ids.add(entry.job_id)
+                size += entry.job.size
+            else:
+                rest.append(entry)
+        self._joining = rest
+        return taken
+
+    def _sign_offer(self, taken: list[_Joining]) -> VerifiedEnvelope[Offer]:
+        """One offer of the taken jobs (job id order). Its expiry is the earliest any of them allows,
+        moved a millisecond earlier while a live offer signed here has it: no two offers of this node
+        are the same message, however the same jobs come together again."""
+        expires = min(e.expires for e in taken)
+        while expires in self._expiries:
+            expires -= 1
+        self._expiries.add(expires)
+        if len(self._expiries) >= self._expiries_prune_at:  # amortized: the live ones at least double
+            now = self.ctx.clock()
+            self._expiries = {x for x in self._expiries if x > now}
+            self._expiries_prune_at = max(EXPIRIES_PRUNE_MIN, 2 * len(self._expiries))
+        manifests = tuple(e.job.manifest for e in sorted(taken, key=lambda e: e.job_id))
+        return sign_verified(Offer(self.ctx.network, expires, self.ctx.node, manifests), self.ctx.identity)
 
     async def _assign(
         self, job_id: bytes, job: _Job, bid: BidView, attempt: int, *, lane: bool = False
@@ -752,32 +861,43 @@ class Submitter:
     # --- answers to offers ---
 
     def on_answer(self, env: VerifiedEnvelope[Any]) -> None:
+        """A bid or decline: each job it names whose current round is that offer's hears from it."""
         msg: Bid | Decline = env.message
-        job = self.jobs.get(msg.job_id.raw)
-        if job is not None and job.lanes is not None:
-            lanes = job.lanes
-            job = next(
-                (x for x in lanes if x.round is not None and x.round.offer_id == msg.offer_id.raw), None
-            )
-        if job is None:
-            return
-        if job.round is None or msg.offer_id.raw != job.round.offer_id:
-            return
-        rnd = job.round
         executor = msg.executor.raw
-        rnd.answered.add(executor)
+        offer_id = msg.offer_id.raw
         if isinstance(msg, Bid):
-            if msg.expires > self.ctx.clock():
-                rnd.bids[executor] = BidView(
-                    env.message_id.raw, executor, msg.expected_start, msg.expected_finish, msg.expires
-                )
-                rnd.raw[env.message_id.raw] = env.raw
-        else:
-            job.declined = f"{msg.reason}: {msg.text}" if msg.text else msg.reason
-            log.debug(
-                "job %s: %s declined (%s: %s)", msg.job_id.hex()[:12], msg.executor, msg.reason, msg.text
-            )
-        rnd.wake.set()
+            live = msg.expires > self.ctx.clock()
+            for item in msg.items:
+                rnd = self._round_of(item.job_id.raw, offer_id)
+                if rnd is None:
+                    continue
+                rnd.answered.add(executor)
+                if live:
+                    rnd.bids[executor] = BidView(
+                        env.message_id.raw, executor, item.expected_start, item.expected_finish, msg.expires
+                    )
+                    rnd.raw[env.message_id.raw] = env.raw
+                rnd.wake.set()
+            return
+        why = f"{msg.reason}: {msg.text}" if msg.text else msg.reason
+        for job_id in msg.job_ids:
+            rnd = self._round_of(job_id.raw, offer_id)
+            if rnd is None:
+                continue
+            rnd.answered.add(executor)
+            rnd.job.declined = why
+            log.debug("job %s: %s declined (%s)", job_id.hex()[:12], msg.executor, why)
+            rnd.wake.set()
+
+    def _round_of(self, job_id: bytes, offer_id: bytes) -> _Round | None:
+        """The job's (or replica lane's) round open with that offer, if any."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        for holder in [job] if job.lanes is None else job.lanes:
+            if holder.round is not None and holder.round.offer_id == offer_id:
+                return holder.round
+        return None
 
     # --- outcomes ---
 

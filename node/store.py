@@ -73,6 +73,9 @@ DURABLE_STATES = frozenset({"assigned", "running", "done", "failed", "expired", 
 """Job states whose update is a durable commit (others may see them: a hand-off, an end)."""
 PRUNABLE_STATES = frozenset({"done", "failed", "expired", "cancelled"})
 """Ends after which a job is forgotten once its retention is over (`prune_finished_jobs`)."""
+SHARED_KINDS = ("offer", "bid")
+"""Kinds of envelope that may be shared by several jobs (`put_shared_envelope`); pruning deletes one
+once no job links it any more."""
 
 
 class StoreError(Exception):
@@ -187,7 +190,25 @@ CREATE INDEX receipts_unproved ON receipts (executor, delivered)
 """A submitter marks a receipt's log_index when it holds a verified inclusion proof of it: the
 receipts it acknowledged and holds no proof of are found without a scan (acked_without_proof)."""
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+_V4 = """
+CREATE TABLE envelope_jobs (
+    job_id     BLOB NOT NULL,
+    message_id BLOB NOT NULL REFERENCES envelopes (message_id),
+    PRIMARY KEY (job_id, message_id)
+) WITHOUT ROWID;
+CREATE INDEX envelope_jobs_message ON envelope_jobs (message_id);
+CREATE INDEX results_message ON results (message_id);
+CREATE INDEX receipts_message ON receipts (message_id);
+CREATE INDEX acks_message ON acks (message_id);
+CREATE INDEX jobs_ended ON jobs (updated) WHERE state IN ('cancelled', 'done', 'expired', 'failed');
+"""
+"""An envelope that concerns several jobs (an offer of a set of jobs, a bid for several of them) is
+stored once, with job_id NULL, and linked here to each job it concerns (put_shared_envelope).
+The indexes on the columns that reference envelopes let a deleted envelope's foreign key checks look
+up its referrers instead of scanning their tables once per envelope, and jobs_ended gives pruning its
+oldest ended jobs without a scan (both made pruning quadratic in the jobs held)."""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -232,6 +253,7 @@ class EnvelopeRow:
     kind: str
     raw: bytes
     job_id: bytes | None
+    """The job it was stored for; None for one stored alone or shared by several jobs."""
     received: float
 
 
@@ -262,6 +284,15 @@ class ReceiptRow:
 
 
 _JOB_COLUMNS = ", ".join(JobRow.__slots__)
+_ENVELOPES_FOR_JOB = (
+    "SELECT 0, message_id, kind, raw, job_id, received FROM envelopes "
+    "WHERE job_id = ?1 AND (?2 IS NULL OR kind = ?2) "
+    "UNION ALL "
+    "SELECT 1, e.message_id, e.kind, e.raw, e.job_id, e.received FROM envelope_jobs l "
+    "JOIN envelopes e ON e.message_id = l.message_id "
+    "WHERE l.job_id = ?1 AND e.job_id IS NOT ?1 AND (?2 IS NULL OR e.kind = ?2) "
+    "ORDER BY 1, 6, 2"
+)
 _JOB_UPDATABLE = frozenset(
     {"state", "executor", "attempt", "deadline", "started", "finished", "fuel_limit", "fuel_used", "reason"}
 )
@@ -547,6 +578,14 @@ class Store:
                             (job_id, role)).fetchone()
         return None if row is None else JobRow(*row)
 
+    def jobs_held(self, job_ids: Sequence[bytes], role: str) -> set[bytes]:
+        """Which of `job_ids` this store holds a job row of in `role` (one query for an offer's jobs)."""
+        with self.reading() as c:
+            marks = ", ".join("?" * len(job_ids))
+            rows = c.execute(f"SELECT job_id FROM jobs WHERE role = ? AND job_id IN ({marks})",
+                             (role, *job_ids)).fetchall()
+        return {bytes(r[0]) for r in rows}
+
     def jobs(self, *, role: str | None = None, states: Sequence[str] | None = None) -> list[JobRow]:
         """Jobs, oldest first, optionally only in `role` and in one of `states`."""
         sql = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE (?1 IS NULL OR role = ?1)"
@@ -591,6 +630,25 @@ class Store:
             )
             return cur.rowcount > 0
 
+    def put_shared_envelope(self, message_id: bytes, kind: str, raw: bytes, now: float,
+                            job_ids: Sequence[bytes]) -> bool:
+        """Keep a signed envelope that concerns several jobs once, linked to each of `job_ids` (links
+        are added even when the envelope was already stored); returns whether the envelope was new.
+        Only SHARED_KINDS: pruning collects an envelope of those kinds once no job links it."""
+        if kind not in SHARED_KINDS:
+            raise ValueError(f"an envelope of kind {kind!r} is not shared by jobs "
+                             f"(only {', '.join(SHARED_KINDS)} are)")
+        if not job_ids:
+            raise ValueError("a shared envelope needs at least one job to link it to")
+        with self.transaction(durable=False) as c:
+            cur = c.execute(
+                "INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, NULL, ?) "
+                "ON CONFLICT (message_id) DO NOTHING", (message_id, kind, raw, now),
+            )
+            c.executemany("INSERT OR IGNORE INTO envelope_jobs (job_id, message_id) VALUES (?, ?)",
+                          [(job_id, message_id) for job_id in job_ids])
+            return cur.rowcount > 0
+
     def envelope(self, message_id: bytes) -> EnvelopeRow | None:
         with self.reading() as c:
             row = c.execute("SELECT message_id, kind, raw, job_id, received FROM envelopes "
@@ -598,13 +656,22 @@ class Store:
         return None if row is None else EnvelopeRow(*row)
 
     def envelopes_for_job(self, job_id: bytes, kind: str | None = None) -> list[EnvelopeRow]:
+        """The job's envelopes (of `kind`, or all): those stored for it, then those it shares with
+        other jobs, each group by arrival; each envelope once."""
+        with self.reading() as c:
+            rows = c.execute(_ENVELOPES_FOR_JOB, (job_id, kind)).fetchall()
+        return [EnvelopeRow(*r[1:]) for r in rows]
+
+    def envelope_job_ids(self, kinds: Sequence[str]) -> set[bytes]:
+        """Ids of the jobs that have an envelope of one of `kinds`, stored for them or shared."""
+        marks = ", ".join("?" * len(kinds))
         with self.reading() as c:
             rows = c.execute(
-                "SELECT message_id, kind, raw, job_id, received FROM envelopes "
-                "WHERE job_id = ?1 AND (?2 IS NULL OR kind = ?2) ORDER BY received, message_id",
-                (job_id, kind),
+                f"SELECT job_id FROM envelopes WHERE job_id IS NOT NULL AND kind IN ({marks}) UNION "
+                f"SELECT l.job_id FROM envelope_jobs l JOIN envelopes e ON e.message_id = l.message_id "
+                f"WHERE e.kind IN ({marks})", (*kinds, *kinds),
             ).fetchall()
-        return [EnvelopeRow(*r) for r in rows]
+        return {bytes(r[0]) for r in rows}
 
     # --- results, receipts, acknowledgements ---
 
@@ -757,12 +824,15 @@ class Store:
         its envelopes (bids, result, accepted, proofs...; all of them when it has no receipt). Stays,
         for a job with a usage receipt: the receipts and their acknowledgements, with the offer and the
         assignments they name (the signed evidence an audit checks a receipt against, in the receipt
-        log); undelivered receipts are not offered again. And every `disputed` job stays whole."""
-        states = sorted(PRUNABLE_STATES)
+        log); undelivered receipts are not offered again. And every `disputed` job stays whole.
+
+        An envelope shared by several jobs loses the job's link likewise (a job with a receipt keeps
+        its links to offers), and goes once no job links it any more. One stored for a job and shared
+        with others later is kept, for those others, as a shared one."""
         with self.transaction() as c:
-            rows = c.execute(
-                f"SELECT job_id, role FROM jobs WHERE state IN ({','.join('?' * len(states))}) "
-                "AND updated < ? ORDER BY updated LIMIT ?", (*states, ended_before, limit),
+            rows = c.execute(  # the states as literals, as in the partial index jobs_ended
+                f"SELECT job_id, role FROM jobs WHERE {_ENDED} AND updated < ? ORDER BY updated LIMIT ?",
+                (ended_before, limit),
             ).fetchall()
             c.executemany("DELETE FROM jobs WHERE job_id = ? AND role = ?", [(r[0], r[1]) for r in rows])
             gone = [(job,) for job in {bytes(r[0]) for r in rows}
@@ -771,14 +841,32 @@ class Store:
             c.executemany("DELETE FROM blob_refs WHERE owner = ?", [(f"job:{j.hex()}",) for (j,) in gone])
             c.executemany("UPDATE receipts SET next_delivery = NULL WHERE job_id = ? AND delivered IS NULL",
                           gone)  # its result goes: no more delivery attempts
+            unlinked = {bytes(r[0]) for (j,) in gone for r in c.execute(
+                "DELETE FROM envelope_jobs AS l WHERE job_id = ?1 AND NOT (EXISTS ("
+                "SELECT 1 FROM receipts WHERE job_id = ?1) AND EXISTS ("
+                "SELECT 1 FROM envelopes e WHERE e.message_id = l.message_id AND e.kind = 'offer')) "
+                "RETURNING message_id", (j,)).fetchall()}
+            c.executemany(f"UPDATE envelopes SET job_id = NULL WHERE {_NOT_EVIDENCE} AND EXISTS ("
+                          "SELECT 1 FROM envelope_jobs l WHERE l.message_id = envelopes.message_id)", gone)
+            c.executemany(f"DELETE FROM envelopes WHERE {_NOT_EVIDENCE}", gone)
+            marks = ", ".join("?" * len(SHARED_KINDS))
             c.executemany(
-                "DELETE FROM envelopes WHERE job_id = ?1 AND NOT ("
-                "message_id IN (SELECT message_id FROM receipts WHERE job_id = ?1 UNION SELECT a.message_id "
-                "FROM acks a JOIN receipts r ON r.digest = a.receipt_digest WHERE r.job_id = ?1) "
-                "OR (kind IN ('offer', 'assign') AND EXISTS (SELECT 1 FROM receipts WHERE job_id = ?1)))",
-                gone,
+                f"DELETE FROM envelopes WHERE message_id = ? AND job_id IS NULL AND kind IN ({marks}) "
+                "AND NOT EXISTS (SELECT 1 FROM envelope_jobs l WHERE l.message_id = envelopes.message_id)",
+                [(m, *SHARED_KINDS) for m in sorted(unlinked)],
             )
             return len(rows)
+
+
+_ENDED = "state IN ('cancelled', 'done', 'expired', 'failed')"
+"""PRUNABLE_STATES as SQL, spelled exactly as the index jobs_ended's condition (so the query uses it)."""
+_NOT_EVIDENCE = (
+    "job_id = ?1 AND NOT ("
+    "message_id IN (SELECT message_id FROM receipts WHERE job_id = ?1 UNION SELECT a.message_id "
+    "FROM acks a JOIN receipts r ON r.digest = a.receipt_digest WHERE r.job_id = ?1) "
+    "OR (kind IN ('offer', 'assign') AND EXISTS (SELECT 1 FROM receipts WHERE job_id = ?1)))"
+)
+"""The envelopes stored for job ?1 that are not the signed evidence of a receipt (prune_finished_jobs)."""
 
 
 def _check_job(role: str, state: str) -> None:
@@ -896,12 +984,12 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-INLINE_READS = frozenset({"job", "envelope", "envelopes_for_job", "receipts_for_job", "kv_get", "receipt",
-                          "ack_for", "results_for_job"})
+INLINE_READS = frozenset({"job", "jobs_held", "envelope", "envelopes_for_job", "receipts_for_job", "kv_get",
+                          "receipt", "ack_for", "results_for_job"})
 """Point reads by key: run on the event loop, on a read-only connection of their own."""
 INLINE_WRITES = frozenset({
-    "put_envelope", "ref_blob", "kv_set", "mark_seen", "receipt_delivery_failed", "update_job", "add_job",
-    "put_result", "put_receipt", "set_receipt_log_index", "put_ack", "record_ack",
+    "put_envelope", "put_shared_envelope", "ref_blob", "kv_set", "mark_seen", "receipt_delivery_failed",
+    "update_job", "add_job", "put_result", "put_receipt", "set_receipt_log_index", "put_ack", "record_ack",
 })
 """Writes of a row or two: they commit in microseconds (a durable one waits for its group's fsync after)."""
 CHECKPOINT_EVERY = 500

@@ -112,7 +112,7 @@ class Drop(Generic[P]):
 
 Action = Deliver | Forward[P] | Penalise[P] | Disconnect[P] | Drop[P]
 
-DEFAULT_KINDS: Mapping[str, int] = {"capacity": 4 * 1024, "offer": 64 * 1024, "cancel": 2 * 1024}
+DEFAULT_KINDS: Mapping[str, int] = {"capacity": 4 * 1024, "offer": 256 * 1024, "cancel": 2 * 1024}
 """The kinds gossip carries, each with its largest accepted envelope in bytes."""
 
 DEFAULT_PENALTIES: Mapping[Reason, float] = {

@@ -8,6 +8,7 @@ lists every kind with its fields and types.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 from .blobs import CHUNK_SIZE, MAX_CHUNKS
@@ -28,11 +29,13 @@ from .schema import (
     Message,
     OneOf,
     Opt,
+    Record,
     Seq,
     Sub,
     Text,
     UInt,
     message,
+    record,
     w,
 )
 
@@ -47,6 +50,8 @@ CANCEL_REASONS = ("withdrawn", "done", "deadline", "other")
 RELEASE_REASONS = ("unknown", "failed", "deadline", "lease", "other")
 MAX_PROOF_HASHES = 64
 TREEHEAD_MAX = 512
+MAX_SET = 64
+"""Jobs in one offer, and items in one bid or decline."""
 
 
 _IPV6_CHARS = frozenset("0123456789abcdefABCDEF:.")
@@ -135,41 +140,78 @@ class Capacity(Message):
     """Fuel per second of compute one core delivers (an estimate, for the submitter's planning)."""
 
 
-@message("offer", issuer="manifest.submitter", expiry="expires")
+BY_JOB = operator.attrgetter("job_id.raw")
+"""Order of the jobs in an offer and of the items of a bid: by job id bytes."""
+
+
+@message("offer", issuer="submitter", expiry="expires")
 @dataclass(frozen=True, slots=True)
 class Offer(Message):
+    """Jobs offered to the network: one to MAX_SET manifests of one submitter in one signed message, so a
+    sweep costs one gossiped message (and one answer from each node) per set instead of per job. Each
+    job keeps its own id, deadline and limits; the offer's `expires` is not part of any job id, so a job
+    can be offered again, alone or with others."""
+
     network: str = field(metadata=w(NETWORK))
     expires: int = field(metadata=w(TIME))
-    manifest: JobManifest = field(metadata=w(Sub(JobManifest)))
+    submitter: NodeId = field(metadata=w(Key()))
+    manifests: tuple[JobManifest, ...] = field(
+        metadata=w(Seq(Sub(JobManifest), MAX_SET, min_items=1, order_key=BY_JOB)))
 
-    @property
-    def job_id(self) -> Digest:
-        return self.manifest.job_id
+    def _validate(self) -> None:
+        for manifest in self.manifests:
+            if manifest.submitter != self.submitter:
+                raise InvalidMessage("Offer: a manifest names another submitter")
+
+    def manifest(self, job_id: Digest) -> JobManifest | None:
+        """The offered job with this id, if the offer holds it."""
+        for manifest in self.manifests:
+            if manifest.job_id == job_id:
+                return manifest
+        return None
 
 
-@message("bid", issuer="executor", expiry="expires")
+@record
 @dataclass(frozen=True, slots=True)
-class Bid(Message):
-    """An executor's promise to run a job by a time. There is no price."""
+class BidItem(Record):
+    """One job of a bid: when the executor expects to start and to finish it."""
 
-    network: str = field(metadata=w(NETWORK))
     job_id: Digest = field(metadata=w(Hash()))
-    offer_id: Digest = field(metadata=w(Hash()))
-    executor: NodeId = field(metadata=w(Key()))
-    expires: int = field(metadata=w(TIME))
     expected_start: int = field(metadata=w(TIME))
     expected_finish: int = field(metadata=w(TIME))
 
     def _validate(self) -> None:
         if self.expected_finish < self.expected_start:
-            raise InvalidMessage("Bid: expected_finish is before expected_start")
+            raise InvalidMessage("BidItem: expected_finish is before expected_start")
+
+
+@message("bid", issuer="executor", expiry="expires")
+@dataclass(frozen=True, slots=True)
+class Bid(Message):
+    """An executor's promise to start and finish each of the jobs it names, of one offer, by the given
+    times. There is no price."""
+
+    network: str = field(metadata=w(NETWORK))
+    offer_id: Digest = field(metadata=w(Hash()))
+    executor: NodeId = field(metadata=w(Key()))
+    expires: int = field(metadata=w(TIME))
+    items: tuple[BidItem, ...] = field(metadata=w(Seq(Sub(BidItem), MAX_SET, min_items=1, order_key=BY_JOB)))
+
+    def item(self, job_id: Digest) -> BidItem | None:
+        """The bid's terms for this job, if it bids for it."""
+        for item in self.items:
+            if item.job_id == job_id:
+                return item
+        return None
 
 
 @message("decline", issuer="executor", expiry="expires")
 @dataclass(frozen=True, slots=True)
 class Decline(Message):
+    """An executor's refusal of jobs of one offer, all for the same reason."""
+
     network: str = field(metadata=w(NETWORK))
-    job_id: Digest = field(metadata=w(Hash()))
+    job_ids: tuple[Digest, ...] = field(metadata=w(Seq(Hash(), MAX_SET, min_items=1, order_key=BY_RAW)))
     offer_id: Digest = field(metadata=w(Hash()))
     executor: NodeId = field(metadata=w(Key()))
     expires: int = field(metadata=w(TIME))
@@ -327,8 +369,10 @@ AnyMessage = (Ping | Pong | Contact | Peers | Capacity | Offer | Bid | Decline |
 KINDS: tuple[str, ...] = tuple(REGISTRY)
 
 __all__ = [
+    "BY_JOB",
     "CANCEL_REASONS",
     "DECLINE_REASONS",
+    "MAX_SET",
     "REGISTRY",
     "RELEASE_REASONS",
     "Accepted",
@@ -336,6 +380,7 @@ __all__ = [
     "AnyMessage",
     "Assign",
     "Bid",
+    "BidItem",
     "BlobChunk",
     "BlobRequest",
     "Cancel",

@@ -1,7 +1,7 @@
 """Gossip dissemination: how fast one signed offer reaches every node, and at what redundancy.
 
 Run: .venv/bin/python tests/bench/bench_gossip.py [--sizes 50,200,1000] [--modes rounds,trio]
-     [--trials 5] [--seed 31] [--no-sweep]
+     [--trials 5] [--seed 31] [--jobs 64] [--no-sweep]
 
 Two simulations of N nodes on a random overlay where every node has about 8 peers (configuration
 model, seeded, retried until connected), both with real signatures and real verification and
@@ -13,9 +13,10 @@ the default GossipConfig:
   over trio memory channels, every link delaying each envelope by one hop of 50 ms on trio's
   virtual clock (MockClock, autojump), so rounds = arrival time / 50 ms. "time" is the real
   time the simulation took until then (also every node on one core).
-One trial publishes one offer from a random node; each size runs several trials from different
-origins. Figures: rounds and time to reach 99% and 100% of nodes, duplicate deliveries per node,
-sends per node. A fan-out sweep on 200 nodes shows the trade-off behind the default fan-out.
+One trial publishes one offer (a set of --jobs tiny jobs, by default a full set of MAX_SET) from a
+random node; each size runs several trials from different origins. Figures: rounds and time to
+reach 99% and 100% of nodes, duplicate deliveries per node, sends per node. A fan-out sweep on 200
+nodes shows the trade-off behind the default fan-out.
 
 Floors (issue 6): at 200 nodes, 99% reached within ceil(log2 N) + 4 rounds and at most 6
 duplicates per node on average (worst trial), peak RSS of the 200-node runs within 2 GB; every
@@ -45,7 +46,7 @@ from e31.protocol.envelope import node_id_of, sign_message
 from e31.protocol.gossip import Deliver, Drop, Forward, GossipConfig, GossipEngine, Reason
 from e31.protocol.ids import sha256
 from e31.protocol.jobs import JobManifest, Limits
-from e31.protocol.messages import Offer
+from e31.protocol.messages import BY_JOB, MAX_SET, Offer
 
 NETWORK = "bench"
 T0 = 1_800_000_000_000
@@ -91,16 +92,18 @@ def _connected(adj: list[set[int]]) -> bool:
     return len(seen) == len(adj)
 
 
-def make_offer(seed: int) -> bytes:
+def make_offer(seed: int, jobs: int) -> bytes:
+    """An offer of `jobs` tiny jobs (a parameter sweep: one module, one argument differing)."""
     key = nacl.signing.SigningKey(sha256(b"bench submitter %d" % seed).raw)
-    manifest = JobManifest(
-        module=chunk_list(b"\x00asm\x01\x00\x00\x00 bench module %d" % seed).ref,
-        inputs=(), args=("run",), env=(), stdin=None,
+    module = chunk_list(b"\x00asm\x01\x00\x00\x00 bench module %d" % seed).ref
+    manifests = [JobManifest(
+        module=module, inputs=(), args=("run", f"--point={j}"), env=(), stdin=None,
         limits=Limits(fuel=10**9, memory_bytes=64 << 20, wall_ms=60_000, max_output_bytes=1 << 20),
         deadline=T0 + 3_600_000, retention_ms=86_400_000, replicas=1,
-        profile=sha256(b"bench profile"), submitter=node_id_of(key), nonce=seed.to_bytes(16, "big"),
-        created_at=T0)
-    return sign_message(Offer(NETWORK, T0 + 600_000, manifest), key)
+        profile=sha256(b"bench profile"), submitter=node_id_of(key),
+        nonce=(seed * MAX_SET + j).to_bytes(16, "big"), created_at=T0) for j in range(jobs)]
+    offer = Offer(NETWORK, T0 + 600_000, node_id_of(key), tuple(sorted(manifests, key=BY_JOB)))
+    return sign_message(offer, key)
 
 
 def run_trial(adj: list[list[int]], config: GossipConfig, origin: int, raw: bytes,
@@ -213,14 +216,15 @@ def trio_trial(adj: list[list[int]], config: GossipConfig, origin: int, raw: byt
                     clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-def run_size(n: int, config: GossipConfig, trials: int, seed: int, mode: str = "rounds") -> list[Trial]:
+def run_size(n: int, config: GossipConfig, trials: int, seed: int, jobs: int,
+             mode: str = "rounds") -> list[Trial]:
     rng = random.Random(seed * 1_000_003 + n)
     adj = overlay(n, DEGREE, rng)
     trial = run_trial if mode == "rounds" else trio_trial
     out = []
     for t in range(trials):
         origin = rng.randrange(n)
-        out.append(trial(adj, config, origin, make_offer(seed * 100 + t), rng))
+        out.append(trial(adj, config, origin, make_offer(seed * 100 + t, jobs), rng))
     return out
 
 
@@ -250,10 +254,10 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def per_message_cost() -> tuple[float, float]:
+def per_message_cost(jobs: int) -> tuple[float, float]:
     """Median microseconds of one `receive` for a new offer (verified) and for a duplicate."""
     config = GossipConfig(NETWORK, peer_burst=1e9, sender_burst=1e9)
-    offers = [make_offer(10_000 + i) for i in range(300)]
+    offers = [make_offer(10_000 + i, jobs) for i in range(300)]
     rng = random.Random(0)
     new, dup = [], []
     for _ in range(5):
@@ -283,23 +287,27 @@ def main() -> int:
     parser.add_argument("--modes", default="rounds,trio", help="rounds, trio or both (comma-separated)")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--seed", type=int, default=31)
+    parser.add_argument("--jobs", type=int, default=MAX_SET, help=f"jobs in each offer (1..{MAX_SET})")
     parser.add_argument("--no-sweep", action="store_true", help="skip the fan-out sweep")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = args.modes.split(",")
     if not set(modes) <= set(MODES):
         parser.error(f"--modes takes {', '.join(MODES)}")
+    if not 1 <= args.jobs <= MAX_SET:
+        parser.error(f"--jobs takes 1..{MAX_SET}")
     config = GossipConfig(NETWORK)
     print(f"gossip dissemination of one signed offer: real GossipEngine and Ed25519, default config "
           f"(fan-out {config.fanout}; the origin sends to all its peers)")
-    new_us, dup_us = per_message_cost()
-    print(f"one receive (offer of {len(make_offer(0))} bytes): new {new_us:.0f} us (verified), "
+    new_us, dup_us = per_message_cost(args.jobs)
+    print(f"one receive (offer of {args.jobs} jobs, {len(make_offer(0, args.jobs))} bytes): "
+          f"new {new_us:.0f} us (verified; {new_us / args.jobs:.1f} us per job), "
           f"duplicate {dup_us:.1f} us (no signature work)")
     failures: list[str] = []
     for n in sizes:
         for mode in modes:
             wall = time.perf_counter()
-            trials = run_size(n, config, args.trials, args.seed, mode)
+            trials = run_size(n, config, args.trials, args.seed, args.jobs, mode)
             report(n, mode, trials)
             print(f"  wall time          : {time.perf_counter() - wall:.2f} s for {args.trials} offers")
             failures += check(n, mode, trials)
@@ -311,7 +319,8 @@ def main() -> int:
     if not args.no_sweep:
         print("fan-out sweep, 200 nodes, rounds (rounds to 99% / 100%, duplicates per node; medians):")
         for fanout in range(2, DEGREE + 1):
-            trials = run_size(200, dataclasses.replace(config, fanout=fanout), args.trials, args.seed)
+            sweep = dataclasses.replace(config, fanout=fanout)
+            trials = run_size(200, sweep, args.trials, args.seed, args.jobs)
             r99 = [t.rounds_99 for t in trials]
             r100 = [t.rounds_100 for t in trials]
             missed = sum(1 for t in trials if t.reached < 200)

@@ -1,8 +1,9 @@
 """Realistic signed job records for the receipt-log, bundle and audit tests, built without a network.
 
 Each job is a real sandbox run of a shipped workload (so fuel counts and output hashes are real),
-wrapped in the envelopes the market would have produced: a signed offer, a bid and an assignment, the
-executor's receipt and the submitter's acknowledgement. Runs are cached per process.
+wrapped in the envelopes the market would have produced: a signed offer (of that job alone, or of a
+set of jobs: make_set), a bid and an assignment, the executor's receipt and the submitter's
+acknowledgement. Runs are cached per process.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import functools
 import hashlib
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from e31.protocol.blobs import BlobRef, ChunkList, blob_ref
 from e31.protocol.envelope import node_id_of, sign_message, verify
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import FileRef, JobManifest, Limits
-from e31.protocol.messages import Ack, Assign, Bid, Offer, UsageReceipt
+from e31.protocol.messages import BY_JOB, Ack, Assign, Bid, BidItem, Offer, UsageReceipt
 from e31.protocol.receipts import Outcome
 from e31.sandbox import limits as sandbox_limits
 from e31.sandbox.job import JobSpec
@@ -31,6 +33,8 @@ NET = "e31-audit-test"
 T0 = 1_767_225_600_000
 WORKLOADS = Path(__file__).resolve().parents[2] / "sandbox" / "workloads"
 LIMITS = Limits(fuel=2_000_000_000, memory_bytes=64 << 20, wall_ms=60_000, max_output_bytes=1 << 20)
+MANDELBROT_ARGS = ("64", "48", "0", "0", "32", "24", "200")
+MONTECARLO_ARGS = ("42", "20000", "--entropy")
 
 
 def key(name: str) -> nacl.signing.SigningKey:
@@ -98,28 +102,53 @@ def make_job(module: str, args: tuple[str, ...], *, nonce: int = 0, submitter: s
              executor: str = "executor", stdin: bytes | None = None, t0: int = T0,
              profile: Digest | None = None) -> SignedJob:
     """A job that really ran: its offer, assignment, receipt and acknowledgement, all signed."""
-    module_bytes = (WORKLOADS / module).read_bytes()
-    blobs = {blob_ref(module_bytes).root.raw: module_bytes}
-    stdin_ref = None
-    if stdin is not None:
-        stdin_ref = blob_ref(stdin)
-        blobs[stdin_ref.root.raw] = stdin
-    manifest = JobManifest(
-        module=blob_ref(module_bytes), inputs=(), args=args, env=(), stdin=stdin_ref, limits=LIMITS,
-        deadline=t0 + 3_600_000, retention_ms=86_400_000, replicas=1,
-        profile=profile or Digest(PROFILE.digest),
-        submitter=nid(submitter), nonce=nonce.to_bytes(16, "big"), created_at=t0)
-    offer = sign_message(Offer(NET, t0 + 300_000, manifest), key(submitter))
-    bid = sign_message(Bid(NET, manifest.job_id, verify(offer).message_id, nid(executor), t0 + 60_000,
-                           t0 + 1_000, t0 + 5_000), key(executor))
-    assign = sign_message(Assign(NET, manifest.job_id, verify(bid).message_id, nid(submitter), nid(executor),
-                                 1, t0 + 600_000), key(submitter))
+    [job] = make_set([(module, args, nonce, stdin)], submitter=submitter, executor=executor, t0=t0,
+                     profile=profile)
+    return job
+
+
+def make_set(specs: Sequence[tuple[str, tuple[str, ...], int, bytes | None]], *, submitter: str = "submitter",
+             executor: str = "executor", t0: int = T0, profile: Digest | None = None) -> list[SignedJob]:
+    """Jobs (module, args, nonce, stdin) offered in one offer and bid for in one bid, each assigned,
+    run and acknowledged on its own; in the order of `specs`."""
+    manifests, blobs = [], []
+    for module, args, nonce, stdin in specs:
+        module_bytes = (WORKLOADS / module).read_bytes()
+        job_blobs = {blob_ref(module_bytes).root.raw: module_bytes}
+        stdin_ref = None
+        if stdin is not None:
+            stdin_ref = blob_ref(stdin)
+            job_blobs[stdin_ref.root.raw] = stdin
+        manifests.append(JobManifest(
+            module=blob_ref(module_bytes), inputs=(), args=args, env=(), stdin=stdin_ref, limits=LIMITS,
+            deadline=t0 + 3_600_000, retention_ms=86_400_000, replicas=1,
+            profile=profile or Digest(PROFILE.digest),
+            submitter=nid(submitter), nonce=nonce.to_bytes(16, "big"), created_at=t0))
+        blobs.append(job_blobs)
+    offer = sign_message(Offer(NET, t0 + 300_000, nid(submitter), tuple(sorted(manifests, key=BY_JOB))),
+                         key(submitter))
+    items = tuple(sorted((BidItem(m.job_id, t0 + 1_000, t0 + 5_000) for m in manifests), key=BY_JOB))
+    bid = sign_message(Bid(NET, verify(offer).message_id, nid(executor), t0 + 60_000, items), key(executor))
+    jobs = []
+    for (module, args, _, stdin), manifest, job_blobs in zip(specs, manifests, blobs, strict=True):
+        assign = sign_message(Assign(NET, manifest.job_id, verify(bid).message_id, nid(submitter),
+                                     nid(executor), 1, t0 + 600_000), key(submitter))
+        receipt, ack = _run_and_sign(module, args, stdin, manifest, assign, submitter, executor, t0)
+        jobs.append(SignedJob(manifest, offer, assign, receipt, ack, job_blobs, str(nid(submitter)),
+                              str(nid(executor))))
+    return jobs
+
+
+def _run_and_sign(module: str, args: tuple[str, ...], stdin: bytes | None, manifest: JobManifest,
+                  assign: bytes, submitter: str, executor: str, t0: int) -> tuple[bytes, bytes]:
+    """The executor's receipt of a real run of the job, and the submitter's acknowledgement of it."""
     result, outputs = _run(module, args, manifest.job_id.raw, stdin)
     status = str(result.status)
     receipt = UsageReceipt(
         network=NET, job_id=manifest.job_id, assignment_id=verify(assign).message_id,
-        submitter=nid(submitter), executor=nid(executor), module=manifest.module, inputs=(), stdin=stdin_ref,
-        stdout=blob_ref(result.stdout), stderr=_stream_ref(result.stderr_sha256, result.stderr_bytes),
+        submitter=nid(submitter), executor=nid(executor), module=manifest.module, inputs=(),
+        stdin=manifest.stdin, stdout=blob_ref(result.stdout),
+        stderr=_stream_ref(result.stderr_sha256, result.stderr_bytes),
         outputs=outputs, profile=manifest.profile, limits=LIMITS,
         outcome=Outcome(status, result.exit_code if status == "exited" else None,
                         result.trap if status == "trap" else None),
@@ -129,8 +158,7 @@ def make_job(module: str, args: tuple[str, ...], *, nonce: int = 0, submitter: s
     receipt_env = sign_message(receipt, key(executor))
     ack = sign_message(Ack(NET, manifest.job_id, verify(receipt_env).message_id, nid(submitter),
                            nid(executor), t0 + 9_000), key(submitter))
-    return SignedJob(manifest, offer, assign, receipt_env, ack, blobs, str(nid(submitter)),
-                     str(nid(executor)))
+    return receipt_env, ack
 
 
 def resign_receipt(job: SignedJob, **changes: object) -> SignedJob:
@@ -151,7 +179,7 @@ def key_of(node: str) -> nacl.signing.SigningKey:
 
 
 def mandelbrot(nonce: int = 0, **kw: object) -> SignedJob:
-    return make_job("mandelbrot.wasm", ("64", "48", "0", "0", "32", "24", "200"), nonce=nonce, **kw)  # type: ignore[arg-type]
+    return make_job("mandelbrot.wasm", MANDELBROT_ARGS, nonce=nonce, **kw)  # type: ignore[arg-type]
 
 
 def mandelbrot_file(nonce: int = 0, **kw: object) -> SignedJob:
@@ -160,4 +188,10 @@ def mandelbrot_file(nonce: int = 0, **kw: object) -> SignedJob:
 
 
 def montecarlo(nonce: int = 0, **kw: object) -> SignedJob:
-    return make_job("montecarlo.wasm", ("42", "20000", "--entropy"), nonce=nonce, **kw)  # type: ignore[arg-type]
+    return make_job("montecarlo.wasm", MONTECARLO_ARGS, nonce=nonce, **kw)  # type: ignore[arg-type]
+
+
+def offered_together(nonce: int = 0, **kw: object) -> list[SignedJob]:
+    """A mandelbrot and a montecarlo job (different modules) in one offer, bid for in one bid."""
+    return make_set([("mandelbrot.wasm", MANDELBROT_ARGS, nonce, None),
+                     ("montecarlo.wasm", MONTECARLO_ARGS, nonce, None)], **kw)  # type: ignore[arg-type]

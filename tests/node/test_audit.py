@@ -14,8 +14,19 @@ from e31.node.store import Store
 from e31.protocol.envelope import sign_message, verify
 from e31.protocol.ids import Digest
 from e31.protocol.merkle import MerkleLog
-from e31.protocol.messages import Ack, InclusionProof, TreeHead, UsageReceipt
+from e31.protocol.messages import (
+    BY_JOB,
+    REGISTRY,
+    Ack,
+    Bid,
+    BidItem,
+    Decline,
+    InclusionProof,
+    TreeHead,
+    UsageReceipt,
+)
 from e31.protocol.receipts import Outcome
+from e31.protocol.schema import Message, Seq, Sub
 from receipt_fixtures import (
     LIMITS,
     NET,
@@ -27,6 +38,7 @@ from receipt_fixtures import (
     mandelbrot_file,
     montecarlo,
     nid,
+    offered_together,
     resign_receipt,
 )
 
@@ -221,3 +233,62 @@ def test_a_job_reading_stdin_re_executes_from_the_bundles_stdin_blob() -> None:
     without_stdin = Bundle(tuple(job.envelopes), {module: job.blobs[module]})
     [(check, what)] = problems(audit(without_stdin, reexecute=True))
     assert check == "reexecute" and "lacks the stdin" in what
+
+
+def test_each_receipt_of_jobs_offered_together_is_checked_against_its_own_manifest(log: ReceiptLog) -> None:
+    a, b = offered_together(nonce=3)
+    report = audit(bundle_of([a, b], log), reexecute=True)
+    assert report.sound, problems(report)
+    assert (report.jobs, report.receipts, report.reexecuted) == (2, 2, 2)
+    # one job of the set alone: the offer names the other one too, which is not a job of the bundle
+    report = audit(bundle_of([a]), reexecute=True)
+    assert report.sound and (report.jobs, report.reexecuted) == (1, 1)
+    bigger = dataclasses.replace(LIMITS, fuel=LIMITS.fuel + 1)
+    liar = resign_receipt(b, limits=bigger)
+    what = f"receipt {liar.receipt_id.hex()[:16]} does not match the offer: receipt names other limits"
+    assert problems(audit(bundle_of([a, liar]))) == [("manifest", what)]
+
+
+def _broken(message: Message, signer: str) -> bytes:
+    raw = bytearray(sign_message(message, key(signer)))
+    raw[-1] ^= 0x01  # the last byte of the signature
+    return bytes(raw)
+
+
+def test_an_envelope_that_does_not_verify_is_labelled_with_the_one_job_it_names() -> None:
+    a, b = offered_together()
+    offer_id = verify(a.offer).message_id
+    one, two = sorted((a.job_id, b.job_id), key=lambda d: d.raw)
+    items = tuple(BidItem(j, T0, T0 + 1) for j in (one, two))
+    cases = [
+        (_broken(Bid(NET, offer_id, nid("executor"), T0, items[:1]), "executor"), one),
+        (_broken(Bid(NET, offer_id, nid("executor"), T0, items), "executor"), None),
+        (_broken(Decline(NET, (two,), offer_id, nid("executor"), T0, "busy", ""), "executor"), two),
+        (_broken(Decline(NET, (one, two), offer_id, nid("executor"), T0, "busy", ""), "executor"), None),
+        (_broken(verify(a.offer).message, "submitter"), None),
+        (_broken(verify(b.assign).message, "submitter"), b.job_id),
+        (_broken(verify(a.ack).message, "submitter"), a.job_id),
+    ]
+    report = audit(Bundle(tuple(raw for raw, _ in cases)))
+    assert [(f.check, f.job) for f in report.problems] == [
+        ("envelope", None if job is None else job.hex()) for _, job in cases]
+    assert [f.what.split(" envelope")[0] for f in report.problems] == [
+        "bid", "bid", "decline", "decline", "offer", "assign", "ack"]
+
+
+def test_the_job_id_fields_peeked_at_are_those_of_the_messages() -> None:
+    """Every kind whose body names jobs is in the audit's table, at the field that names them."""
+    from e31.node.audit import _JOB_ID_FIELD
+
+    found: dict[str, tuple[int, str]] = {}
+    for kind, cls in REGISTRY.items():
+        for index, (name, codec) in enumerate(cls._FIELDS):
+            if name == "job_id":
+                found[kind] = (index, "one")
+            elif name == "job_ids":
+                found[kind] = (index, "list")
+            elif isinstance(codec, Seq) and isinstance(codec.inner, Sub) and \
+                    codec.inner.cls._FIELDS[0][0] == "job_id":
+                found[kind] = (index, "items" if codec.order_key is BY_JOB else "?")
+    assert "offer" not in found  # manifests: the job ids are hashes, not fields
+    assert found == _JOB_ID_FIELD

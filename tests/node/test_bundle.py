@@ -29,8 +29,17 @@ from e31.node.store import AsyncStore, Store
 from e31.protocol.blobs import blob_ref
 from e31.protocol.codec import MAX_FRAME, pack
 from e31.protocol.envelope import verify
-from e31.protocol.messages import InclusionProof
-from receipt_fixtures import NET, T0, SignedJob, key, mandelbrot, mandelbrot_file, montecarlo
+from e31.protocol.messages import InclusionProof, Offer
+from receipt_fixtures import (
+    NET,
+    T0,
+    SignedJob,
+    key,
+    mandelbrot,
+    mandelbrot_file,
+    montecarlo,
+    offered_together,
+)
 
 
 def sample() -> Bundle:
@@ -126,10 +135,15 @@ def node(tmp_path: Path) -> Iterator[tuple[Store, BlobStore, ReceiptLog]]:
 
 def keep(store: Store, blobs: BlobStore, log: ReceiptLog | None, job: SignedJob, *,
          with_blob: bool = True) -> None:
-    """Store a job's records as the market would: envelopes by job, the receipt and its ack indexed."""
+    """Store a job's records as the market would: the offer shared with the jobs it holds, the other
+    envelopes by job, the receipt and its ack indexed."""
     for raw in job.envelopes:
         env = verify(raw)
-        store.put_envelope(env.message_id.raw, env.kind, raw, 1.0, job.job_id.raw)
+        if isinstance(env.message, Offer):
+            store.put_shared_envelope(env.message_id.raw, env.kind, raw, 1.0,
+                                      [m.job_id.raw for m in env.message.manifests])
+        else:
+            store.put_envelope(env.message_id.raw, env.kind, raw, 1.0, job.job_id.raw)
     rid = job.receipt_id.raw
     store.put_receipt(digest=rid, job_id=job.job_id.raw, attempt=1, executor=job.executor, message_id=rid,
                       now=1.0)
@@ -229,3 +243,49 @@ def test_jobs_forgotten_after_their_retention_still_export_and_audit_sound(
     bundle = decode_bundle(export.data)
     assert all(raw in bundle.envelopes for j in jobs for raw in j.envelopes)
     assert audit(bundle).sound, audit(bundle).problems
+
+
+def test_jobs_offered_together_export_alone_or_together_with_one_copy_of_their_offer(
+    node: tuple[Store, BlobStore, ReceiptLog],
+) -> None:
+    store, blobs, log = node
+    a, b = offered_together()
+    assert a.offer == b.offer
+    keep(store, blobs, log, a)
+    keep(store, blobs, log, b, with_blob=False)  # b's module is not here
+    alone = export_bundle(store, blobs, [a.job_id.raw], True, receipt_log=log, now_ms=T0)
+    bundle = decode_bundle(alone.data)
+    assert alone.jobs == 1 and set(a.envelopes) <= set(bundle.envelopes)
+    assert not {b.assign, b.receipt, b.ack} & set(bundle.envelopes)
+    # the offer names b's module too, but exporting a does not need it
+    assert alone.missing_blobs == () and set(bundle.blobs) == set(a.blobs) != set(b.blobs)
+    report = audit(bundle, reexecute=True)
+    assert report.sound, report.problems
+    assert (report.jobs, report.reexecuted) == (1, 1)
+    together = export_bundle(store, blobs, None, True, receipt_log=log, now_ms=T0 + 1)
+    bundle = decode_bundle(together.data)
+    assert together.jobs == 2 and bundle.envelopes.count(a.offer) == 1
+    assert together.missing_blobs == tuple(r.hex() for r in b.blobs)
+    blobs.put(next(iter(b.blobs.values())))
+    whole = export_bundle(store, blobs, None, True, receipt_log=log, now_ms=T0 + 2)
+    report = audit(decode_bundle(whole.data), reexecute=True)
+    assert report.sound and (report.jobs, report.reexecuted) == (2, 2)
+
+
+def test_jobs_offered_together_and_forgotten_are_still_found_by_their_offer(
+    node: tuple[Store, BlobStore, ReceiptLog],
+) -> None:
+    from e31.node.bundle import all_job_ids
+    from e31.node.gc import collect
+
+    store, blobs, log = node
+    jobs = offered_together()
+    for job in jobs:
+        keep(store, blobs, log, job, with_blob=False)
+        store.add_job(job_id=job.job_id.raw, role="submitter", manifest=b"m", state="done", submitter="s",
+                      created=1.0, deadline=2.0)
+    assert collect(store, blobs, now=10 * 86_400.0, retention_s=86_400.0).jobs_pruned == 2
+    assert store.jobs() == [] and all_job_ids(store) == sorted(j.job_id.raw for j in jobs)
+    bundle = decode_bundle(export_bundle(store, blobs, None, False, receipt_log=log, now_ms=T0).data)
+    assert set(bundle.envelopes) >= {e for j in jobs for e in j.envelopes}
+    assert audit(bundle).sound

@@ -6,8 +6,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import nacl.signing
 import pytest
 from e31.node.cli import main
+from e31.protocol.blobs import blob_ref
+from e31.protocol.envelope import node_id_of, sign_message, verify
+from e31.protocol.ids import Digest
+from e31.protocol.jobs import JobManifest, Limits
+from e31.protocol.messages import BY_JOB, Bid, BidItem, Decline, Offer
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 VECTORS = json.loads((ROOT / "tests" / "vectors" / "envelopes.json").read_text())
@@ -103,3 +109,24 @@ def test_inspect_imports_neither_trio_nor_wasmtime() -> None:
                           capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == b"[]"
+
+
+def test_messages_of_a_set_of_jobs_name_every_job(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    submitter, executor = nacl.signing.SigningKey(b"s" * 32), nacl.signing.SigningKey(b"e" * 32)
+    limits = Limits(fuel=10**6, memory_bytes=1 << 20, wall_ms=1_000, max_output_bytes=1 << 10)
+    manifests = sorted((JobManifest(module=blob_ref(b"module"), inputs=(), args=(str(n),), env=(), stdin=None,
+                                    limits=limits, deadline=2_000_000, retention_ms=1_000, replicas=1,
+                                    profile=Digest(bytes(32)), submitter=node_id_of(submitter),
+                                    nonce=bytes(16), created_at=1_000) for n in range(3)), key=BY_JOB)
+    job_ids = [m.job_id for m in manifests]
+    offer = sign_message(Offer("net", 1_500_000, node_id_of(submitter), tuple(manifests)), submitter)
+    offer_id = verify(offer).message_id
+    bid = sign_message(Bid("net", offer_id, node_id_of(executor), 1_200_000,
+                           tuple(BidItem(j, 1_100_000, 1_200_000) for j in job_ids[:2])), executor)
+    decline = sign_message(Decline("net", (job_ids[2],), offer_id, node_id_of(executor), 1_200_000,
+                                   "busy", ""), executor)
+    for raw, named in ((offer, job_ids), (bid, job_ids[:2]), (decline, job_ids[2:])):
+        assert main(["inspect", "--now", "0", _write(tmp_path, raw)]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["job_ids"] == [j.hex() for j in named] and "job_id" not in out, out["kind"]

@@ -239,3 +239,59 @@ def test_a_forgotten_job_is_not_offered_to_its_submitter_again(store: Store, blo
     collect(store, blobs, now=NOW, retention_s=DAY)
     assert store.receipts_due(NOW) == []
     assert [r.digest for r in store.receipts_for_job(job)] == [b"r" * 32]
+
+
+def test_an_offer_of_a_set_stays_while_one_of_its_jobs_remains_or_has_a_receipt(
+    store: Store, blobs: BlobStore
+) -> None:
+    a, b, c, d = (add_job(store, b"m", b"i", role="submitter", state="queued", updated=NOW, n=n)
+                  for n in range(4))
+    offer, bids, lone = (name.ljust(32, b".") for name in (b"set offer", b"set bid", b"lone offer"))
+    store.put_shared_envelope(offer, "offer", b"raw offer", NOW, [a, b, c])
+    store.put_shared_envelope(bids, "bid", b"raw bid", NOW, [a, b])
+    store.put_shared_envelope(lone, "offer", b"raw lone offer", NOW, [d])
+    store.put_envelope(b"c" * 32, "contact", b"raw contact", NOW)  # no job: never pruned with one
+
+    def end(job: bytes, at: float) -> None:
+        store.update_job(job, "submitter", at, state="done")
+
+    def prune(at: float) -> int:
+        return collect(store, blobs, now=at + DAY + 1, retention_s=DAY).jobs_pruned
+
+    end(a, NOW)
+    assert prune(NOW) == 1
+    assert store.envelope(offer) is not None and store.envelope(bids) is not None  # b and c remain
+    assert store.envelopes_for_job(a) == []
+    assert [e.message_id for e in store.envelopes_for_job(b)] == [bids, offer]  # same time: by id
+    ids = _evidence(store, b, b"b", NOW + 1)  # b ran: a receipt makes its offer evidence
+    end(b, NOW + 1)
+    assert prune(NOW + 1) == 1
+    assert store.envelope(bids) is None, "no job left links the bid"
+    assert store.envelope(ids["receipt"]) is not None and store.envelope(ids["bid"]) is None
+    assert [e.message_id for e in store.envelopes_for_job(b, "offer")] == [ids["offer"], offer]
+    end(c, NOW + 2)
+    assert prune(NOW + 2) == 1
+    assert [e.message_id for e in store.envelopes_for_job(b, "offer")] == [ids["offer"], offer]
+    assert store.envelopes_for_job(c) == [] and store.envelope(offer) is not None
+    end(d, NOW + 3)
+    assert prune(NOW + 3) == 1
+    assert store.envelope(lone) is None, "its only job went without a receipt"
+    assert store.envelope(b"c" * 32) is not None
+
+
+def test_an_offer_stored_for_one_job_and_shared_later_stays_for_the_others(
+    store: Store, blobs: BlobStore
+) -> None:
+    a, b = (add_job(store, b"m", b"i", role="executor", state="done", updated=NOW - 2 * DAY, n=n)
+            for n in range(2))
+    offer = b"o" * 32
+    store.put_envelope(offer, "offer", b"raw offer", NOW, job_id=a)
+    store.put_shared_envelope(offer, "offer", b"raw offer", NOW, [b])
+    store.update_job(b, "executor", NOW, state="running")
+    assert collect(store, blobs, now=NOW, retention_s=DAY).jobs_pruned == 1
+    assert store.envelopes_for_job(a) == []
+    [kept] = store.envelopes_for_job(b)
+    assert (kept.message_id, kept.job_id) == (offer, None)
+    store.update_job(b, "executor", NOW - 2 * DAY, state="failed")
+    assert collect(store, blobs, now=NOW, retention_s=DAY).jobs_pruned == 1
+    assert store.envelope(offer) is None

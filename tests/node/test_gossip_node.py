@@ -19,7 +19,7 @@ from e31.protocol.envelope import node_id_of, sign_message
 from e31.protocol.gossip import GossipConfig, GossipEngine
 from e31.protocol.ids import sha256
 from e31.protocol.jobs import JobManifest, Limits
-from e31.protocol.messages import Capacity, Offer, Ping
+from e31.protocol.messages import BY_JOB, MAX_SET, Capacity, Offer, Ping
 
 NET = "testnet"
 T0 = 1_800_000_000_000
@@ -35,14 +35,15 @@ def capacity(signer: str, *, n: int = 0, expires_in: int = 60_000) -> bytes:
     return sign_message(Capacity(NET, node_id_of(k), now() + expires_in, 2, 1 << 30, (PROFILE,), n, 0), k)
 
 
-def offer(submitter: str) -> bytes:
+def offer(submitter: str, jobs: int = MAX_SET) -> bytes:
+    """An offer of `jobs` tiny jobs (a whole set by default)."""
     k = key(submitter)
-    manifest = JobManifest(
+    manifests = [JobManifest(
         module=chunk_list(b"\x00asm\x01\x00\x00\x00").ref, inputs=(), args=(), env=(), stdin=None,
         limits=Limits(fuel=10**6, memory_bytes=1 << 20, wall_ms=1000, max_output_bytes=1 << 10),
         deadline=now() + 3_600_000, retention_ms=60_000, replicas=1, profile=PROFILE,
-        submitter=node_id_of(k), nonce=bytes(16), created_at=now())
-    return sign_message(Offer(NET, now() + 60_000, manifest), k)
+        submitter=node_id_of(k), nonce=i.to_bytes(16, "big"), created_at=now()) for i in range(jobs)]
+    return sign_message(Offer(NET, now() + 60_000, node_id_of(k), tuple(sorted(manifests, key=BY_JOB))), k)
 
 
 def now() -> int:

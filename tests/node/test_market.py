@@ -30,7 +30,7 @@ from e31.protocol.blobs import BlobRef, blob_ref
 from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest, Limits
-from e31.protocol.messages import Accepted, Assign, Bid, Cancel, Offer, Release, Result
+from e31.protocol.messages import Accepted, Assign, Bid, BidItem, Cancel, Decline, Offer, Release, Result
 from e31.protocol.receipts import Outcome, UsageReceipt
 from e31.sandbox.pool import WorkerPool
 from e31.sandbox.profile import PROFILE
@@ -171,11 +171,10 @@ class Liar:
 
     def offer(self, env: VerifiedEnvelope[Any]) -> None:
         now = wall_ms()
-        bid = Bid(NETWORK, env.message.job_id, env.message_id, NodeId(self.id), now + 30_000, now, now + 1)
+        items = tuple(BidItem(m.job_id, now, now + 1) for m in env.message.manifests)
+        bid = Bid(NETWORK, env.message_id, NodeId(self.id), now + 30_000, items)
         assert self.net.nursery is not None
-        self.net.nursery.start_soon(
-            self.send, env.message.manifest.submitter.raw, sign_message(bid, self.key)
-        )
+        self.net.nursery.start_soon(self.send, env.message.submitter.raw, sign_message(bid, self.key))
 
     async def message(self, peer: bytes, raw: bytes) -> None:
         env = verify(raw)
@@ -542,9 +541,10 @@ async def test_answered_offers_are_forgotten_once_expired(
     manifest = a.manifest(("14", "1000"))
     past = wall_ms() - 1
     for i in range(ANSWERED_PRUNE_MIN - 1):
-        b.executor.on_offer(verify(sign_message(Offer(NETWORK, past - i, manifest), a.key), Offer))
+        offer = Offer(NETWORK, past - i, NodeId(a.id), (manifest,))
+        b.executor.on_offer(verify(sign_message(offer, a.key), Offer))
     assert len(b.executor._answered) == ANSWERED_PRUNE_MIN - 1
-    live = verify(sign_message(Offer(NETWORK, wall_ms() + 60_000, manifest), a.key), Offer)
+    live = verify(sign_message(Offer(NETWORK, wall_ms() + 60_000, NodeId(a.id), (manifest,)), a.key), Offer)
     b.executor.on_offer(live)  # the one that fills the table: every expired offer is forgotten
     assert list(b.executor._answered) == [live.message_id.raw]
 
@@ -770,3 +770,116 @@ async def test_a_run_that_ends_before_its_start_is_recorded_still_ends_done_at_t
     await wait_state(a, job_id, "done")
     row = await wait_state(b, job_id, "done", 5, role="executor")
     assert row.state == "done" and row.started is not None
+
+
+# --- offers and bids of many jobs ---
+
+
+class Recorder:
+    """A peer that only keeps what it is sent (verified), to look at one node's answers."""
+
+    def __init__(self, net: Net, seed: int) -> None:
+        self.key = nacl.signing.SigningKey(bytes([seed]) * 32)
+        self.id = bytes(self.key.verify_key)
+        self.got: list[VerifiedEnvelope[Any]] = []
+        net.handlers[self.id] = self.message
+
+    async def message(self, peer: bytes, raw: bytes) -> None:
+        self.got.append(verify(raw))
+
+    def kinds(self, kind: type) -> list[Any]:
+        return [env for env in self.got if isinstance(env.message, kind)]
+
+    def offer(self, *manifests: JobManifest) -> VerifiedEnvelope[Offer]:
+        ordered = tuple(sorted(manifests, key=lambda m: m.job_id.raw))
+        offer = Offer(NETWORK, wall_ms() + 60_000, NodeId(self.id), ordered)
+        return verify(sign_message(offer, self.key), Offer)
+
+
+def foreign_manifest(node: RealNode, submitter: bytes, args: tuple[str, ...], **changes: Any) -> JobManifest:
+    return replace(node.manifest(args), submitter=NodeId(submitter), **changes)
+
+
+async def test_a_sweep_goes_out_in_offers_of_many_jobs_each_assigned_through_its_bid(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    manifests = [a.manifest((str(i), "100")) for i in range(12)]
+    await a.submitter.submit_batch(manifests)
+    ids = [m.job_id.raw for m in manifests]
+    for job_id in ids:
+        await wait_state(a, job_id, "done")
+    offers: dict[bytes, Offer] = {}
+    bids: dict[bytes, Bid] = {}
+    for job_id in ids:
+        for row in await a.store.run(Store.envelopes_for_job, job_id, "offer"):
+            offers[row.message_id] = verify(row.raw, Offer).message
+        for row in await a.store.run(Store.envelopes_for_job, job_id, "bid"):
+            bids[row.message_id] = verify(row.raw, Bid).message
+        (assign_row,) = await a.store.run(Store.envelopes_for_job, job_id, "assign")
+        assign = verify(assign_row.raw, Assign).message
+        # the assignment names one bid, and that bid names this job (and was made for its offer)
+        bid = bids[assign.bid_id.raw]
+        assert bid.item(assign.job_id) is not None
+        assert offers[bid.offer_id.raw].manifest(assign.job_id) is not None
+    # twelve jobs submitted together: a couple of offers and bids, not twelve of each
+    assert len(offers) <= 3 and len(bids) <= 3
+    assert sum(len(o.manifests) for o in offers.values()) >= 12
+
+
+async def test_an_assignment_of_a_job_its_bid_does_not_name_is_released(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    b = RealNode(net, tmp_path, "b", 2)
+    c = Recorder(net, 9)
+    await start(nursery, b)
+    named = [foreign_manifest(b, c.id, (str(i), "100")) for i in range(2)]
+    b.executor.on_offer(c.offer(*named))
+    await until(lambda: c.kinds(Bid))
+    (bid_env,) = c.kinds(Bid)
+    assert [i.job_id for i in bid_env.message.items] == sorted((m.job_id for m in named), key=lambda d: d.raw)
+    other = foreign_manifest(b, c.id, ("7", "100"))
+    now = wall_ms()
+    assign = Assign(NETWORK, other.job_id, bid_env.message_id, NodeId(c.id), NodeId(b.id), 1, now + 30_000)
+    await b.market.message(c.id, sign_message(assign, c.key))
+    await until(lambda: c.kinds(Release))
+    (release,) = c.kinds(Release)
+    assert release.message.job_id == other.job_id and release.message.reason == "unknown"
+    assert await b.store.run(Store.job, other.job_id.raw, "executor") is None
+
+
+async def test_jobs_of_one_offer_declined_for_one_reason_share_one_decline(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    b = RealNode(net, tmp_path, "b", 2)
+    c = Recorder(net, 9)
+    await start(nursery, b)
+    alien = Digest(b"\x01" * 32)  # an execution profile b does not run
+    no_profile = [foreign_manifest(b, c.id, (str(i), "100"), profile=alien) for i in range(2)]
+    huge = foreign_manifest(b, c.id, ("3", "100"), limits=Limits(10**10, 1 << 40, 30_000, 1 << 20))
+    fine = foreign_manifest(b, c.id, ("4", "100"))
+    b.executor.on_offer(c.offer(*no_profile, huge, fine))
+    await until(lambda: len(c.kinds(Decline)) == 2 and c.kinds(Bid))
+    declines = {env.message.reason: env.message for env in c.kinds(Decline)}
+    assert set(declines) == {"no_profile", "limits"}
+    assert set(declines["no_profile"].job_ids) == {m.job_id for m in no_profile}
+    assert declines["limits"].job_ids == (huge.job_id,)
+    (bid_env,) = c.kinds(Bid)
+    assert [i.job_id for i in bid_env.message.items] == [fine.job_id]
+
+
+async def test_offers_of_the_same_jobs_are_never_the_same_message(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    from e31.node.market_submitter import _Job, _Joining
+
+    a = RealNode(net, tmp_path, "a", 1)
+    manifest = a.manifest(("1", "100"))
+    job = _Job(manifest)
+    expires = wall_ms() + 60_000
+    first = a.submitter._sign_offer([_Joining(manifest.job_id.raw, job, expires)])
+    again = a.submitter._sign_offer([_Joining(manifest.job_id.raw, job, expires)])
+    assert first.message.manifests == again.message.manifests
+    assert first.message.expires == expires and again.message.expires == expires - 1
+    assert first.message_id != again.message_id

@@ -188,6 +188,63 @@ def test_envelopes_keep_exact_bytes(store: Store) -> None:
     assert [e.kind for e in store.envelopes_for_job(b"j1", kind="bid")] == ["bid"]
 
 
+def test_an_envelope_shared_by_jobs_is_kept_once_and_found_for_each(store: Store) -> None:
+    levels = _sync_level_of_commits(store)
+    assert store.put_shared_envelope(b"set", "offer", b"offer-bytes", 5.0, [b"j1", b"j2"]) is True
+    store._conn.set_trace_callback(None)
+    assert levels == [1]  # like put_envelope: not a durable commit
+    # the same envelope again: not new, nothing duplicated, and a job it names later is linked too
+    assert store.put_shared_envelope(b"set", "offer", b"other", 6.0, [b"j2", b"j3"]) is False
+    env = store.envelope(b"set")
+    assert env is not None and (env.raw, env.job_id, env.received) == (b"offer-bytes", None, 5.0)
+    store.put_envelope(b"bid1", "bid", b"b1", 1.0, job_id=b"j1")  # stored for j1 alone, and earlier
+    store.put_envelope(b"acc1", "accepted", b"a1", 9.0, job_id=b"j1")
+    store.put_shared_envelope(b"bids", "bid", b"b2", 2.0, [b"j1"])
+    # those stored for the job come first, each group by arrival
+    assert [e.message_id for e in store.envelopes_for_job(b"j1")] == [b"bid1", b"acc1", b"bids", b"set"]
+    assert [e.message_id for e in store.envelopes_for_job(b"j1", "bid")] == [b"bid1", b"bids"]
+    assert [e.message_id for e in store.envelopes_for_job(b"j3", "offer")] == [b"set"]
+    assert store.envelopes_for_job(b"j3", "bid") == [] and store.envelopes_for_job(b"j4") == []
+    # one stored for a job and linked to it as well is still found once
+    store.put_shared_envelope(b"acc1", "bid", b"a1", 9.0, [b"j1", b"j5"])
+    assert [e.message_id for e in store.envelopes_for_job(b"j1")] == [b"bid1", b"acc1", b"bids", b"set"]
+    assert [e.message_id for e in store.envelopes_for_job(b"j5")] == [b"acc1"]
+    assert store.envelope_job_ids(["offer"]) == {b"j1", b"j2", b"j3"}
+    assert store.envelope_job_ids(["bid", "accepted"]) == {b"j1", b"j5"}
+    with pytest.raises(ValueError, match="kind 'assign'"):
+        store.put_shared_envelope(b"as", "assign", b"x", 1.0, [b"j1"])
+    with pytest.raises(ValueError, match="at least one job"):
+        store.put_shared_envelope(b"o2", "offer", b"x", 1.0, [])
+    assert store.envelope(b"as") is None and store.envelope(b"o2") is None
+
+
+def test_the_envelopes_of_a_job_are_found_through_indexes(store: Store) -> None:
+    from e31.node.store import _ENVELOPES_FOR_JOB
+
+    for kind in (None, "offer"):
+        with store.reading() as c:
+            plan = [r[3] for r in c.execute("EXPLAIN QUERY PLAN " + _ENVELOPES_FOR_JOB, (b"j1", kind))]
+        assert "SEARCH envelopes USING INDEX envelopes_job (job_id=?)" in plan, plan
+        assert "SEARCH l USING PRIMARY KEY (job_id=?)" in plan, plan
+        assert "SEARCH e USING PRIMARY KEY (message_id=?)" in plan, plan
+        assert not [step for step in plan if step.startswith("SCAN")], plan
+
+
+def test_pruning_finds_ended_jobs_and_the_referrers_of_envelopes_without_a_scan(store: Store) -> None:
+    from e31.node.store import _ENDED, PRUNABLE_STATES
+
+    spelled = f"state IN ({', '.join(repr(s) for s in sorted(PRUNABLE_STATES))})"
+    assert spelled == _ENDED, "the states pruning selects are PRUNABLE_STATES"
+    with store.reading() as c:
+        plans = [[r[3] for r in c.execute("EXPLAIN QUERY PLAN " + sql, args)] for sql, args in [
+            (f"SELECT job_id, role FROM jobs WHERE {_ENDED} AND updated < ? ORDER BY updated LIMIT ?",
+             (1.0, 10)),
+            ("DELETE FROM envelopes WHERE message_id = ?", (b"m",)),  # with its foreign key checks
+        ]]
+    assert plans[0] == ["SEARCH jobs USING INDEX jobs_ended (updated<?)"]
+    assert not [step for plan in plans for step in plan if step.startswith("SCAN")], plans
+
+
 def test_results_receipts_and_acks(store: Store) -> None:
     _job(store, b"j1", role="executor", state="done")
     store.put_envelope(b"res", "result", b"r", now=1.0, job_id=b"j1")
@@ -284,6 +341,30 @@ def test_migration_from_version_1(tmp_path: Path) -> None:
         peer = s.peer(ALICE)
         assert peer is not None and peer.addresses == ("10.0.0.1:1",)
         assert _job(s, b"j1") is True
+
+
+def test_migration_from_version_3_keeps_every_envelope_and_adds_links(tmp_path: Path) -> None:
+    path = tmp_path / STORE_FILE
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn, 3)
+    conn.execute("INSERT INTO jobs (job_id, role, manifest, state, submitter, created, deadline, updated) "
+                 "VALUES (x'01', 'submitter', x'00', 'done', ?, 1.0, 2.0, 1.0)", (ALICE,))
+    conn.executemany("INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, ?, ?)",
+                     [(b"offer", "offer", b"o", b"\x01", 1.0), (b"rct", "receipt", b"r", b"\x01", 2.0),
+                      (b"contact", "contact", b"c", None, 3.0)])
+    conn.execute("INSERT INTO receipts (digest, job_id, attempt, executor, message_id, created) "
+                 "VALUES (x'aa', x'01', 1, ?, ?, 2.0)", (BOB, b"rct"))
+    conn.close()
+    with Store(path) as s:
+        assert s.schema_version == SCHEMA_VERSION
+        assert [e.message_id for e in s.envelopes_for_job(b"\x01")] == [b"offer", b"rct"]
+        assert [r.message_id for r in s.receipts_for_job(b"\x01")] == [b"rct"]
+        assert s.put_shared_envelope(b"set", "offer", b"s", 4.0, [b"\x01", b"\x02"]) is True
+        assert [e.message_id for e in s.envelopes_for_job(b"\x01", "offer")] == [b"offer", b"set"]
+        assert s.prune_finished_jobs(ended_before=10.0) == 1
+        # the job had a receipt: its offers stay, the one stored for it and the one it shares
+        assert [e.message_id for e in s.envelopes_for_job(b"\x01")] == [b"offer", b"rct", b"set"]
+        assert s.envelope(b"contact") is not None
 
 
 def test_a_failing_migration_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -441,7 +522,7 @@ async def test_short_calls_run_on_the_event_loop_durable_ones_included(
         wrapper.__name__ = method.__name__
         return wrapper
 
-    for name in ("update_job", "put_envelope", "job"):
+    for name in ("update_job", "put_envelope", "put_shared_envelope", "job"):
         monkeypatch.setattr(Store, name, recording(getattr(Store, name)))
     job_id = b"j" * 32
     job = _job_fields(job_id)
@@ -450,9 +531,11 @@ async def test_short_calls_run_on_the_event_loop_durable_ones_included(
         assert await db.run(Store.update_job, job_id, "submitter", 1.5, state="offered")
         assert await db.run(Store.update_job, job_id, "submitter", 1.6, state="assigned")
         await db.run(Store.put_envelope, b"e" * 32, "ping", b"raw", 1.0)
+        await db.run(Store.put_shared_envelope, b"o" * 32, "offer", b"raw", 1.0, [job_id])
         assert (await db.run(Store.job, job_id, "submitter")).state == "assigned"  # type: ignore[union-attr]
         # all on the loop: a durable state too (its fsync is the group commit's, in a thread)
-        assert seen == [("offered", True), ("assigned", True), ("put_envelope", True), ("job", True)]
+        assert seen == [("offered", True), ("assigned", True), ("put_envelope", True),
+                        ("put_shared_envelope", True), ("job", True)]
         # a function that is not the Store's own method never runs inline, whatever its name
         seen.clear()
         impostor = recording(lambda self, *a, **k: None)

@@ -9,6 +9,7 @@ from typing import Any
 import e31.protocol.gossip as gossip
 import nacl.signing
 import pytest
+from e31.protocol.blobs import BlobRef
 from e31.protocol.codec import pack, unpack
 from e31.protocol.envelope import node_id_of, sign, sign_message, verify
 from e31.protocol.errors import DecodeError, LocalProtocolError, NonCanonical, ProtocolError, UnknownKind
@@ -26,7 +27,8 @@ from e31.protocol.gossip import (
 )
 from e31.protocol.gossip_limits import Score, TokenBucket
 from e31.protocol.ids import NodeId, sha256
-from e31.protocol.messages import Capacity, Ping
+from e31.protocol.jobs import FileRef, JobManifest, Limits
+from e31.protocol.messages import BY_JOB, MAX_SET, Capacity, Offer, Ping
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -222,7 +224,7 @@ def test_a_message_signed_by_someone_other_than_its_issuer_is_a_bad_signature() 
     (lambda: b"\xc1", Reason.MALFORMED, 100),
     (lambda: pack((2, "capacity", b"", bytes(32), bytes(64))), Reason.MALFORMED, 100),
     (lambda: sign("capacity", pack((NET, b"short")), key(1)), Reason.INVALID, 100),
-    (lambda: bytes(64 * 1024 + 1), Reason.OVERSIZE, 100),
+    (lambda: bytes(max(gossip.DEFAULT_KINDS.values()) + 1), Reason.OVERSIZE, 100),
 ])
 def test_each_invalid_message_costs_the_sender_its_penalty(make: Any, reason: Reason, points: int) -> None:
     e = engine()
@@ -389,6 +391,29 @@ def test_publish_refuses_what_the_network_would_refuse() -> None:
     with pytest.raises(ProtocolError):
         e.publish(b"junk", T0, RNG)
     assert e.seen_size == 0
+
+
+def full_offer(k: nacl.signing.SigningKey, inputs: int) -> bytes:
+    """An offer of MAX_SET jobs of one submitter, each reading `inputs` files."""
+    blob = BlobRef(sha256(b"blob"), 1000)
+    files = tuple(FileRef(f"data/part-{i:04}.csv", blob) for i in range(inputs))
+    limits = Limits(10**9, 1 << 28, 60_000, 1 << 20)
+    manifests = [JobManifest(blob, files, ("run", f"--job={j}"), (), None, limits, T0 + 3_600_000,
+                             86_400_000, 1, PROFILE, node_id_of(k), j.to_bytes(16, "big"), T0)
+                 for j in range(MAX_SET)]
+    return sign_message(Offer(NET, T0 + 60_000, node_id_of(k), tuple(sorted(manifests, key=BY_JOB))), k)
+
+
+def test_a_full_offer_set_of_sizeable_jobs_travels() -> None:
+    """The offer cap holds MAX_SET manifests of dozens of inputs each (it was 64 KiB for one job)."""
+    raw = full_offer(key(1), inputs=40)
+    assert 64 * 1024 < len(raw) <= gossip.DEFAULT_KINDS["offer"]
+    actions = engine().receive("p0", raw, T0, RNG)
+    assert isinstance(actions[0], Deliver) and len(actions[0].envelope.message.manifests) == MAX_SET
+    assert len(forwards(actions)) == 6
+    too_big = full_offer(key(1), inputs=80)
+    assert len(too_big) > gossip.DEFAULT_KINDS["offer"]
+    assert engine().receive("p0", too_big, T0, RNG)[:1] == [Drop(Reason.OVERSIZE, "p0")]
 
 
 def test_unknown_peer_is_dropped() -> None:

@@ -25,7 +25,7 @@ from e31.protocol import errors, schema
 from e31.protocol.codec import pack, unpack, unpack_canonical
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import EnvVar, FileRef, JobManifest
-from e31.protocol.messages import REGISTRY, Cancel, Capacity, Contact, Offer, Ping
+from e31.protocol.messages import REGISTRY, Bid, Cancel, Capacity, Contact, Decline, Offer, Ping
 from e31.protocol.receipts import Outcome, UsageReceipt
 from e31.protocol.schema import Record
 from hypothesis import HealthCheck, given, settings
@@ -267,7 +267,7 @@ def test_text_counts_utf8_bytes_refuses_surrogates_and_nul() -> None:
 
 def test_arrays_must_be_sorted_and_unique() -> None:
     blob = (b"\x11" * 32, 5)
-    manifest = list(_wire(SAMPLES["offer"].manifest))
+    manifest = list(_wire(SAMPLES["offer"].manifests[0]))
     orders = ((), ("a",), ("a", "b"), ("b", "a"), ("a", "a"), ("a", "b", "b"), ("a", "c", "b"), ("a", "a/b"))
     for names in orders:
         manifest[1] = tuple((n, blob) for n in names)
@@ -281,10 +281,28 @@ def test_arrays_must_be_sorted_and_unique() -> None:
         assert assert_same(Capacity, tuple(capacity))[0] == expect, profiles
 
 
+def test_sets_must_be_sorted_by_job_id_and_unique() -> None:
+    """Offers order their manifests and bids their items by job id, a key read through a nested field
+    (the C decoder calls it back); declines order their job ids by bytes."""
+    offer = list(_wire(SAMPLES["offer"]))
+    one, two = offer[3]
+    bid = list(_wire(SAMPLES["bid"]))
+    first, second = bid[4]
+    decline = list(_wire(SAMPLES["decline"]))
+    low, high = decline[1]
+    cases = [(Offer, offer, 3, one, two), (Bid, bid, 4, first, second), (Decline, decline, 1, low, high)]
+    for cls, wire, index, a, b in cases:
+        for items in ((a,), (a, b), (b, a), (a, a), (a, b, b), ()):
+            wire[index] = items
+            expect = "ok" if items in ((a,), (a, b)) else "refused"
+            assert assert_same(cls, tuple(wire))[0] == expect, (cls, items)
+
+
 def test_deep_nesting_is_refused_without_crashing() -> None:
     offer = _wire(SAMPLES["offer"])
     for depth in (1, 100, 1100, 100_000):
-        assert assert_same(Offer, (offer[0], offer[1], _deep(depth)))[0] == "refused"
+        assert assert_same(Offer, (*offer[:3], _deep(depth)))[0] == "refused"
+        assert assert_same(Offer, (*offer[:3], (_deep(depth),)))[0] == "refused"
         assert assert_same(Contact, ("net", b"\x01" * 32, (_deep(depth),), 1))[0] == "refused"
         cancel = _wire(SAMPLES["cancel"])  # the reason, one of a closed set, is shown in the error
         assert assert_same(Cancel, (*cancel[:4], _deep(depth), cancel[5]))[0] == "refused"
@@ -407,9 +425,11 @@ def test_no_leak_decoding_valid_messages() -> None:
 def test_no_leak_refusing_messages() -> None:
     offer, receipt = _wire(SAMPLES["offer"]), _wire(SAMPLES["receipt"])
     broken = [
-        (Offer, _mutate(offer, (2, 1, 1, 0), "replace", "../x")),  # a rule refuses the second input's name
-        (Offer, _mutate(offer, (2, 1), "swap", None)),  # unsorted, found after the items are built
-        (Offer, _mutate(offer, (2, 6), "replace", 0)),  # JobManifest._validate: deadline before creation
+        (Offer, _mutate(offer, (3, 0, 1, 1, 0), "replace", "../x")),  # a rule refuses the second input's name
+        (Offer, _mutate(offer, (3, 0, 1), "swap", None)),  # unsorted, found after the items are built
+        (Offer, _mutate(offer, (3, 0, 6), "replace", 0)),  # JobManifest._validate: deadline before creation
+        (Offer, _mutate(offer, (3,), "swap", None)),  # manifests out of job-id order: a key called back
+        (Offer, _mutate(offer, (2,), "replace", b"\x01" * 32)),  # Offer._validate: another submitter
         (UsageReceipt, _mutate(receipt, (13,), "replace", ("exited", None, None))),  # Outcome._validate
         (UsageReceipt, _mutate(receipt, (19,), "replace", -1)),  # the last field
         (UsageReceipt, _mutate(receipt, (6, 0, 0), "replace", "é\ud800")),  # non-ASCII: the Python check

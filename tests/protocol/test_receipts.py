@@ -24,11 +24,13 @@ OFFER = _env("offer")
 ASSIGN = _env("assign")
 RECEIPT = _env("receipt")
 ACK = _env("ack")
+MANIFEST = OFFER.message.manifest(RECEIPT.message.job_id)
 
 
 def test_the_sample_flow_checks_out() -> None:
     assert isinstance(OFFER.message, Offer) and isinstance(ASSIGN.message, Assign)
-    check_receipt_manifest(RECEIPT.message, OFFER.message.manifest)
+    assert MANIFEST is not None and ASSIGN.message.job_id == MANIFEST.job_id
+    check_receipt_manifest(RECEIPT.message, MANIFEST)
     check_receipt_assignment(RECEIPT.message, ASSIGN.message, ASSIGN.message_id)
     check_ack(ACK.message, RECEIPT.message, RECEIPT.message_id)
     assert RECEIPT.message.waited_ms == 60_000
@@ -46,11 +48,11 @@ def test_the_sample_flow_checks_out() -> None:
 def test_receipt_that_describes_another_run_is_a_mismatch(change: dict[str, Any], match: str) -> None:
     receipt = dataclasses.replace(RECEIPT.message, **change)
     with pytest.raises(Mismatch, match=match):
-        check_receipt_manifest(receipt, OFFER.message.manifest)
+        check_receipt_manifest(receipt, MANIFEST)
 
 
 def test_outputs_over_the_limit_are_a_mismatch() -> None:
-    man = dataclasses.replace(OFFER.message.manifest,
+    man = dataclasses.replace(MANIFEST,
                               limits=dataclasses.replace(GEN.LIMITS, max_output_bytes=10))
     receipt = dataclasses.replace(RECEIPT.message, limits=man.limits, job_id=man.job_id)
     with pytest.raises(Mismatch, match="max_output_bytes"):

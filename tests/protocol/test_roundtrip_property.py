@@ -14,7 +14,7 @@ from e31.protocol.codec import pack, unpack_canonical
 from e31.protocol.errors import InvalidMessage
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import FILE_NAME, JobManifest
-from e31.protocol.messages import ADDRESS, REGISTRY, UsageReceipt
+from e31.protocol.messages import ADDRESS, BY_JOB, REGISTRY, BidItem, Offer, UsageReceipt
 from e31.protocol.receipts import Outcome
 from e31.protocol.schema import NETWORK, Record
 from hypothesis import HealthCheck, assume, given, settings
@@ -75,6 +75,12 @@ def _repair(cls: type[Record], fields: dict[str, Any]) -> None:
         fields["peak_memory"] = min(fields["peak_memory"], fields["limits"].memory_bytes)
     elif cls is JobManifest and fields["deadline"] <= fields["created_at"]:
         fields["created_at"], fields["deadline"] = fields["deadline"], fields["created_at"]
+    elif cls is BidItem and fields["expected_finish"] < fields["expected_start"]:
+        times = sorted((fields["expected_start"], fields["expected_finish"]))
+        fields["expected_start"], fields["expected_finish"] = times
+    elif cls is Offer:  # every job is the issuer's: re-own them (new ids, so sort again)
+        owned = [dataclasses.replace(m, submitter=fields["submitter"]) for m in fields["manifests"]]
+        fields["manifests"] = tuple(sorted({m.job_id: m for m in owned}.values(), key=BY_JOB))
 
 
 def records(cls: type[Record]) -> st.SearchStrategy[Any]:

@@ -6,12 +6,13 @@ import re
 from pathlib import Path
 
 import pytest
-from e31.protocol import blobs, jobs, receipts
+from e31.protocol import blobs, gossip, jobs, messages, receipts
 from e31.protocol.messages import REGISTRY
 from e31.protocol.schema import Record
 
 SPEC = (Path(__file__).resolve().parent.parent.parent / "docs" / "protocol.md").read_text()
-RECORDS = [blobs.BlobRef, jobs.FileRef, jobs.EnvVar, jobs.Limits, jobs.JobManifest, receipts.Outcome]
+RECORDS = [blobs.BlobRef, jobs.FileRef, jobs.EnvVar, jobs.Limits, jobs.JobManifest, messages.BidItem,
+           receipts.Outcome]
 
 
 def field_table(cls: type[Record]) -> str:
@@ -44,3 +45,10 @@ def test_constants_in_the_spec() -> None:
     assert f"`CHUNK_SIZE` = {blobs.CHUNK_SIZE:,} bytes" in SPEC
     assert "`MAX_BLOB_SIZE` = 4 GiB" in SPEC and blobs.MAX_BLOB_SIZE == 4 << 30
     assert 'b"e31/1/" || kind (ASCII) || 0x00 || body' in SPEC
+    assert f"`MAX_SET` = {messages.MAX_SET} job manifests" in section("`offer`")
+
+
+def test_gossip_size_caps_in_the_spec() -> None:
+    table = section("12.1 What travels")
+    for kind, cap in gossip.DEFAULT_KINDS.items():
+        assert cap % 1024 == 0 and f"| `{kind}` | {cap // 1024} KiB |" in table

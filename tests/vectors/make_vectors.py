@@ -25,10 +25,13 @@ from e31.protocol.ids import Digest, NodeId, sha256
 from e31.protocol.jobs import EnvVar, FileRef, JobManifest, Limits
 from e31.protocol.merkle import MerkleLog
 from e31.protocol.messages import (
+    BY_JOB,
+    MAX_SET,
     Accepted,
     Ack,
     Assign,
     Bid,
+    BidItem,
     BlobChunk,
     BlobRequest,
     Cancel,
@@ -47,7 +50,7 @@ from e31.protocol.messages import (
     UsageReceipt,
 )
 from e31.protocol.receipts import Outcome
-from e31.protocol.schema import Message
+from e31.protocol.schema import BY_RAW, Message
 
 OUT = Path(__file__).with_name("envelopes.json")
 NET = "e31-test"
@@ -101,10 +104,12 @@ def manifest(**changes: Any) -> JobManifest:
 def samples() -> list[tuple[str, str, Message]]:
     """(vector name, key name, message) for every kind, several for the richer ones."""
     man = manifest()
-    offer = Offer(NET, T0 + 300_000, man)
+    second = manifest(args=("kmeans", "--k", "4", "data/points.csv"), nonce=bytes(range(16, 32)))
+    offer = Offer(NET, T0 + 300_000, nid("submitter"), tuple(sorted((man, second), key=BY_JOB)))
     offer_env = sign_message(offer, key("submitter"))
     offer_id = verify(offer_env).message_id
-    bid = Bid(NET, man.job_id, offer_id, nid("executor"), T0 + 60_000, T0 + 5_000, T0 + 65_000)
+    items = (BidItem(man.job_id, T0 + 5_000, T0 + 65_000), BidItem(second.job_id, T0 + 65_000, T0 + 125_000))
+    bid = Bid(NET, offer_id, nid("executor"), T0 + 60_000, tuple(sorted(items, key=BY_JOB)))
     bid_id = verify(sign_message(bid, key("executor"))).message_id
     assign = Assign(NET, man.job_id, bid_id, nid("submitter"), nid("executor"), 1, T0 + 700_000)
     assignment_id = verify(sign_message(assign, key("submitter"))).message_id
@@ -130,11 +135,12 @@ def samples() -> list[tuple[str, str, Message]]:
             NET, nid("executor"), T0 + 120_000, 8, 16 << 30,
             tuple(sorted((PROFILE, digest("profile: other")), key=lambda d: d.raw)), 2, 900_000_000)),
         ("offer", "submitter", offer),
-        ("offer-stdin-no-inputs", "submitter", Offer(NET, T0 + 300_000, manifest(
-            inputs=(), env=(), args=(), stdin=blob(b"stdin bytes"), replicas=3))),
+        ("offer-one-job-stdin-no-inputs", "submitter", Offer(NET, T0 + 300_001, nid("submitter"), (manifest(
+            inputs=(), env=(), args=(), stdin=blob(b"stdin bytes"), replicas=3),))),
         ("bid", "executor", bid),
-        ("decline", "executor", Decline(NET, man.job_id, offer_id, nid("executor"), T0 + 60_000, "no_profile",
-                                        "this node runs only aarch64 profiles")),
+        ("decline", "arm-executor", Decline(
+            NET, tuple(sorted((man.job_id, second.job_id), key=BY_RAW)), offer_id, nid("arm-executor"),
+            T0 + 60_000, "no_profile", "this node runs only aarch64 profiles")),
         ("assign", "submitter", assign),
         ("blobreq-list", "executor", BlobRequest(NET, nid("executor"), man.module.root, None, T0 + 30_000)),
         ("blobreq-chunk", "executor", BlobRequest(NET, nid("executor"), man.module.root, 0, T0 + 30_000)),
@@ -161,6 +167,10 @@ def samples() -> list[tuple[str, str, Message]]:
     ]
 
 
+def sample(name: str) -> Message:
+    return next(m for n, _, m in samples() if n == name)
+
+
 def inclusion_proof(receipt: UsageReceipt, receipt_id: Digest) -> InclusionProof:
     """The proof of a receipt that is leaf 1 of a three-leaf log, against that log's signed head."""
     log = MerkleLog()
@@ -184,8 +194,9 @@ def _resign(kind: str, body: bytes, k: nacl.signing.SigningKey) -> bytes:
 def invalid() -> list[dict[str, Any]]:
     """Envelopes a decoder must refuse, each with the error class it must raise.
 
-    The receipt below is signed by "executor" over a body whose fuel exceeds its limit, so the
-    signature holds and the failure is the body's."""
+    The bodies that break a message rule (a receipt whose fuel exceeds its limit, offers, bids and
+    declines whose sets are out of order, empty or too long...) are signed by the key their kind
+    expects, so the signature holds and the failure is the body's."""
     k = key("executor")
     ping = Ping(NET, nid("executor"), b"\x01" * 16, T0 + 30_000)
     good = sign_message(ping, k)
@@ -228,26 +239,46 @@ def invalid() -> list[dict[str, Any]]:
         ("body-map", "InvalidMessage", body_variant({"network": NET})),
         ("body-bad-network", "InvalidMessage", body_variant(("E31 Test", signer, b"\x01" * 16, T0))),
     ]
-    # A receipt whose fuel exceeds its limit, and a manifest with an unsorted input list.
-    r = next(m for n, _, m in samples() if n == "receipt")
-    rw = list(r.to_wire())
-    rw[14] = LIMITS.fuel + 1
-    cases.append(("receipt-fuel-over-limit", "InvalidMessage", _resign("receipt", pack(tuple(rw)), k)))
-    o = next(m for n, _, m in samples() if n == "offer")
-    ow = list(o.to_wire())
-    mw = list(ow[2])
-    mw[1] = tuple(reversed(mw[1]))
-    ow[2] = tuple(mw)
-    cases.append(("offer-unsorted-inputs", "InvalidMessage",
-                  _resign("offer", pack(tuple(ow)), key("submitter"))))
-    mw[1] = ((("../etc/passwd"), mw[1][0][1]),)
-    ow[2] = tuple(mw)
-    cases.append(("offer-input-dotdot", "InvalidMessage",
-                  _resign("offer", pack(tuple(ow)), key("submitter"))))
     # The kind each envelope claims and the key that signed it (most are a ping by "executor").
-    claims = {"unknown-kind": ("pingx", "executor"), "signed-by-other": ("ping", "submitter"),
-              "receipt-fuel-over-limit": ("receipt", "executor"),
-              "offer-unsorted-inputs": ("offer", "submitter"), "offer-input-dotdot": ("offer", "submitter")}
+    claims = {"unknown-kind": ("pingx", "executor"), "signed-by-other": ("ping", "submitter")}
+
+    def signed(name: str, kind: str, key_name: str, wire: tuple[Any, ...]) -> None:
+        """A body that breaks a rule, under a valid signature by the key its kind expects."""
+        cases.append((name, "InvalidMessage", _resign(kind, pack(wire), key(key_name))))
+        claims[name] = (kind, key_name)
+
+    rw = list(sample("receipt").to_wire())
+    rw[14] = LIMITS.fuel + 1
+    signed("receipt-fuel-over-limit", "receipt", "executor", tuple(rw))
+    # Offers: a manifest that breaks its own rules, then the set's rules.
+    ow = sample("offer").to_wire()
+    first, second = ow[3]
+
+    def offer(*manifests: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (*ow[:3], manifests)
+
+    mw = list(first)
+    mw[1] = tuple(reversed(mw[1]))
+    signed("offer-unsorted-inputs", "offer", "submitter", offer(tuple(mw)))
+    mw[1] = (("../etc/passwd", mw[1][0][1]),)
+    signed("offer-input-dotdot", "offer", "submitter", offer(tuple(mw)))
+    signed("offer-manifests-unsorted", "offer", "submitter", offer(second, first))
+    signed("offer-manifest-twice", "offer", "submitter", offer(first, first))
+    signed("offer-no-manifests", "offer", "submitter", offer())
+    stranger = manifest(submitter=nid("stranger")).to_wire()
+    signed("offer-manifest-of-another-submitter", "offer", "submitter",
+           offer(*sorted((first, stranger), key=lambda m: sha256(pack(m)).raw)))
+    # Bids and declines.
+    bw = sample("bid").to_wire()
+    one, two = bw[4]
+    signed("bid-finish-before-start", "bid", "executor", (*bw[:4], ((one[0], one[2], one[1]), two)))
+    signed("bid-no-items", "bid", "executor", (*bw[:4], ()))
+    signed("bid-items-unsorted", "bid", "executor", (*bw[:4], (two, one)))
+    too_many = tuple(sorted((digest(f"job {i}").raw, T0, T0 + 1) for i in range(MAX_SET + 1)))
+    signed(f"bid-{MAX_SET + 1}-items", "bid", "executor", (*bw[:4], too_many))
+    dw = sample("decline").to_wire()
+    signed("decline-job-ids-unsorted", "decline", "arm-executor", (dw[0], tuple(reversed(dw[1])), *dw[2:]))
+    signed("decline-no-job-ids", "decline", "arm-executor", (dw[0], (), *dw[2:]))
     out = []
     for name, error, data in cases:
         kind, key_name = claims.get(name, ("ping", "executor"))
