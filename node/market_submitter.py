@@ -350,12 +350,14 @@ class Submitter:
         if self._nursery is not None:
             self._nursery.start_soon(self._on_accepted, env)
 
-    async def _names_our_assignment(self, msg: Accepted | Release) -> bool:
+    async def _names_our_assignment(self, msg: Accepted | Release | UsageReceipt | Result) -> bool:
         """Whether an executor's message names an assignment this node made, of that job, to it."""
         job = self.jobs.get(msg.job_id.raw)
-        current = None if job is None else job.assign_env
-        if current is not None and current.message_id == msg.assignment_id:
-            assign = current.message  # the one in flight, as signed here
+        holders = [] if job is None else [job] if job.lanes is None else job.lanes
+        current = next((h.assign_env for h in holders if h.assign_env is not None
+                        and h.assign_env.message_id == msg.assignment_id), None)
+        if current is not None:
+            assign = current.message  # one in flight, as signed here
         else:
             stored = await self.ctx.store.run(Store.envelope, msg.assignment_id.raw)
             if stored is None or stored.kind != "assign":
@@ -919,6 +921,10 @@ class Submitter:
         job_id = msg.job_id.raw
         row = await self.ctx.store.run(Store.job, job_id, ROLE)
         if row is None:
+            return
+        if not await self._names_our_assignment(msg):  # nothing a node that holds no assignment sends is kept
+            log.info("ignoring a %s for job %s from %s, which holds no assignment of it",
+                     env.kind, job_id.hex()[:12], msg.executor)
             return
         await self.ctx.store.run(
             Store.put_envelope, env.message_id.raw, env.kind, env.raw, self.ctx.now_s(), job_id

@@ -630,6 +630,10 @@ async def test_a_strangers_outcomes_neither_crash_the_submitter_nor_take_the_job
     await a.market.message(eid.raw, sign_message(claim, evil))
     row = await wait_state(a, job_id, "done")
     assert row.executor == str(NodeId(b.id)) and row.attempt == 1, "the honest executor kept its job"
+    # and none of what the stranger sent was kept: it holds no assignment of the job
+    kept = await a.store.run(Store.envelopes_for_job, job_id)
+    assert all(verify(r.raw).signer != eid for r in kept)
+    assert await a.store.run(Store.envelope, forged_id.raw) is None
 
 
 async def test_a_job_whose_run_has_ended_is_not_handed_back_while_its_outputs_are_stored(
