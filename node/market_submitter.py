@@ -95,7 +95,9 @@ this node share an expiry, so none is the same message as another)."""
 HEADS_KEPT = 64
 """Verified signed tree heads kept (executors' latest heads)."""
 PROOFS_ASKED = 100
-"""Missing inclusion proofs asked of an executor each time its link comes up (the newest first)."""
+"""Missing inclusion proofs asked of an executor each time its link comes up (a page, newest first)."""
+PROOF_PAGES_KEPT = 1024
+"""Executors whose next page of missing proofs is remembered (the others start again from the newest)."""
 PROOF_REQUEST_TTL_MS = 60_000
 """How long such a `proofreq` stays valid."""
 RETRYABLE_RELEASES = frozenset({"unknown", "lease"})
@@ -206,6 +208,8 @@ class Submitter:
         self._offers = TokenBucket(OFFER_RATE, OFFER_BURST)
         self._offer_line = trio.Lock()
         self._in_flight = trio.Semaphore(IN_FLIGHT)
+        self._proofs_asked: dict[bytes, tuple[float, bytes]] = {}
+        """Per executor, where the last page of missing proofs asked of it ended (_ask_proofs)."""
         self._joining: list[_Joining] = []
         self._offer_wake = trio.Event()
         self._expiries: set[int] = set()
@@ -400,7 +404,14 @@ class Submitter:
             self._nursery.start_soon(self._ask_proofs, peer)
 
     async def _ask_proofs(self, peer: bytes) -> None:
-        rows = await self.ctx.store.run(Store.acked_without_proof, str(NodeId(peer)), PROOFS_ASKED)
+        # A page at a time, each link-up the next older one (then from the newest again), so proofs an
+        # executor can never give do not keep it from being asked for the others.
+        before = self._proofs_asked.pop(peer, None)
+        rows = await self.ctx.store.run(Store.acked_without_proof, str(NodeId(peer)), PROOFS_ASKED, before)
+        if len(rows) == PROOFS_ASKED:
+            self._proofs_asked[peer] = (rows[-1].delivered or 0.0, rows[-1].digest)
+            if len(self._proofs_asked) > PROOF_PAGES_KEPT:
+                del self._proofs_asked[next(iter(self._proofs_asked))]
         expires = self.ctx.clock() + PROOF_REQUEST_TTL_MS
         for row in rows:
             ask = ProofRequest(self.ctx.network, self.ctx.node, NodeId(peer), Digest(row.message_id), expires)

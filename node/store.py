@@ -725,17 +725,20 @@ class Store:
             ).fetchall()
         return [ReceiptRow(*r) for r in rows]
 
-    def acked_without_proof(self, executor: str, limit: int = 100) -> list[ReceiptRow]:
+    def acked_without_proof(self, executor: str, limit: int = 100,
+                            before: tuple[float, bytes] | None = None) -> list[ReceiptRow]:
         """Receipts by `executor` this node acknowledged (as their submitter) for jobs it still holds
-        and holds no inclusion proof of (its `log_index` is set when one is kept), newest first; an
-        index of exactly those rows makes it cheap however many receipts the store holds."""
+        and holds no inclusion proof of (its `log_index` is set when one is kept), newest first, from
+        just below `before` (a row's (delivered, digest): where the last page ended); an index of
+        exactly those rows makes it cheap however many receipts the store holds."""
+        after = "" if before is None else "AND (r.delivered, r.digest) < (?, ?) "
         with self.reading() as c:
             rows = c.execute(
                 f"SELECT {_RECEIPT_COLUMNS} FROM receipts r WHERE r.executor = ? AND r.delivered IS NOT NULL "
-                "AND r.log_index IS NULL "
+                f"AND r.log_index IS NULL {after}"
                 "AND EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = r.job_id AND j.role = 'submitter') "
-                "ORDER BY r.delivered DESC LIMIT ?",
-                (executor, limit),
+                "ORDER BY r.delivered DESC, r.digest DESC LIMIT ?",
+                (executor, *(before or ()), limit),
             ).fetchall()
         return [ReceiptRow(*r) for r in rows]
 

@@ -887,3 +887,30 @@ async def test_offers_of_the_same_jobs_are_never_the_same_message(
     assert first.message.manifests == again.message.manifests
     assert first.message.expires == expires and again.message.expires == expires - 1
     assert first.message_id != again.message_id
+
+
+async def test_missing_proofs_are_asked_for_a_page_per_link_up_so_none_starves(
+    net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import e31.node.market_submitter as submitter_module
+    from e31.protocol.messages import ProofRequest
+
+    monkeypatch.setattr(submitter_module, "PROOFS_ASKED", 2)
+    a = RealNode(net, tmp_path, "a", 1)
+    c = Recorder(net, 9)
+    executor = str(NodeId(c.id))
+    for i in range(3):
+        job, digest = bytes([0x70 + i]) * 32, bytes([0x80 + i]) * 32
+        await a.store.run(Store.add_job, job_id=job, role="submitter", manifest=b"m", state="done",
+                          submitter=str(NodeId(a.id)), created=1.0, deadline=2.0)
+        await a.store.run(Store.put_envelope, digest, "receipt", b"r", 1.0, job)
+        await a.store.run(Store.record_ack, receipt_digest=digest, job_id=job, attempt=1, executor=executor,
+                          ack_id=bytes([0x90 + i]) * 32, ack_raw=b"a", now=10.0 + i)
+    total = 0
+    for size in (2, 1, 2):  # three link-ups: the two newest, the oldest, then the newest again
+        await a.submitter._ask_proofs(c.id)
+        total += size
+        await until(lambda: len(c.kinds(ProofRequest)) >= total)  # noqa: B023
+    asked = [env.message.receipt_id.raw for env in c.kinds(ProofRequest)]  # each page's in any order
+    newest = {b"\x82" * 32, b"\x81" * 32}
+    assert (set(asked[:2]), asked[2:3], set(asked[3:])) == (newest, [b"\x80" * 32], newest)

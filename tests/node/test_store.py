@@ -885,3 +885,25 @@ def test_acknowledged_receipts_without_a_proof_are_found_per_receipt_newest_firs
             "EXPLAIN QUERY PLAN SELECT digest FROM receipts r WHERE r.executor = ? "
             "AND r.delivered IS NOT NULL AND r.log_index IS NULL ORDER BY r.delivered DESC", ("exec-b",)))
     assert "receipts_unproved" in plan
+
+
+def test_acknowledged_receipts_without_a_proof_come_a_page_at_a_time(store: Store) -> None:
+    digests = []
+    for i in range(5):
+        job = bytes([0x70 + i]) * 32
+        store.add_job(**_job_fields(job))
+        digest = bytes([0x80 + i]) * 32
+        store.put_envelope(digest, "receipt", b"r", 1.0, job)
+        store.record_ack(receipt_digest=digest, job_id=job, attempt=1, executor="exec-a",
+                         ack_id=bytes([0x90 + i]) * 32, ack_raw=b"a", now=10.0 + (i // 2))  # ties too
+        digests.append(digest)
+    newest_first = sorted(digests, key=lambda d: (10.0 + (digests.index(d) // 2), d), reverse=True)
+    pages, before = [], None
+    while True:
+        page = store.acked_without_proof("exec-a", 2, before)
+        pages.append([r.digest for r in page])
+        if len(page) < 2:
+            break
+        before = (page[-1].delivered, page[-1].digest)
+    assert [d for page in pages for d in page] == newest_first, "every one once, in order"
+    assert [len(p) for p in pages] == [2, 2, 1]
