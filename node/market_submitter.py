@@ -379,7 +379,7 @@ class Submitter:
         await self.ctx.store.run(
             Store.put_envelope, env.message_id.raw, env.kind, env.raw, self.ctx.now_s(), msg.job_id.raw
         )
-        log.info("job %s handed off to %s", msg.job_id.hex()[:12], msg.executor)
+        log.debug("job %s handed off to %s", msg.job_id.hex()[:12], msg.executor)
         job = self.jobs.get(msg.job_id.raw)
         for holder in ([job] if job is None or job.lanes is None else job.lanes):
             if holder is not None and holder.assignment == msg.assignment_id.raw:
@@ -758,7 +758,7 @@ class Submitter:
             if not lane:
                 await self._set_state(job_id, "assigned", "offered")
             return False
-        log.info("job %s attempt %d assigned to %s", job_id.hex()[:12], attempt, NodeId(bid.executor))
+        log.debug("job %s attempt %d assigned to %s", job_id.hex()[:12], attempt, NodeId(bid.executor))
         return True
 
     def _lease_of(self, job: _Job) -> float:
