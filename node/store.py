@@ -45,9 +45,9 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import trio
 
@@ -330,6 +330,7 @@ class Store:
         """How many deferred durable commits were made so far (each one is on disk after a `sync`)."""
         self._depth = 0  # transactions open on the thread holding the lock (an inner one joins the outer)
         self._outer_durable = True
+        self._inner_durable = False  # whether a durable transaction joined the open one
 
     @classmethod
     def in_data_dir(cls, data_dir: Path | str) -> Store:
@@ -349,6 +350,7 @@ class Store:
         view = object.__new__(Store)
         view.path, view._lock, view._conn, view._durable = self.path, threading.RLock(), conn, True
         view.deferring, view.unsynced, view._depth, view._outer_durable = threading.local(), 0, 0, True
+        view._inner_durable = False
         return view
 
     def set_autocheckpoint(self, pages: int) -> None:
@@ -423,6 +425,7 @@ class Store:
             if self._depth:
                 if durable and not self._outer_durable:
                     raise ValueError("a durable write inside a transaction that is not durable")
+                self._inner_durable |= durable
                 self._depth += 1
                 try:
                     yield c
@@ -1005,6 +1008,16 @@ def _short_write(method: Callable[..., Any]) -> bool:
     return name in INLINE_WRITES and getattr(Store, name, None) is method
 
 
+@dataclass(eq=False)
+class _Group:
+    """Short writes of several tasks sharing one transaction and commit (AsyncStore._grouped)."""
+
+    changes: int
+    """The connection's total_changes when the group began."""
+    done: trio.Event = field(default_factory=trio.Event)
+    error: StoreError | None = None
+
+
 class AsyncStore:
     """The store for trio code: `await db.run(Store.peers, network="main")`.
 
@@ -1029,6 +1042,7 @@ class AsyncStore:
         self._syncing: trio.Event | None = None
         self._sync_limiter = trio.CapacityLimiter(1)
         self._failed: StoreError | None = None
+        self._group: _Group | None = None
 
     @classmethod
     async def open(cls, path: Path | str) -> AsyncStore:
@@ -1056,17 +1070,8 @@ class AsyncStore:
             # not while the thread holds the connection; calls queued for the thread are other tasks'
             # (a task waits for each of its calls), which nothing orders against this one
             await trio.lowlevel.checkpoint_if_cancelled()
-            lock = self.store._lock
-            if lock.acquire(blocking=False):
-                deferring = self.store.deferring
-                deferring.on = True
-                try:
-                    result = method(self.store, *args, **kwargs)
-                finally:
-                    deferring.on = False
-                    lock.release()
-                await self._settle()
-                return result
+            if self._group is not None or self.store._lock.acquire(blocking=False):
+                return await self._grouped(method, args, kwargs)
 
         def call() -> T:
             deferring = self.store.deferring
@@ -1079,6 +1084,98 @@ class AsyncStore:
         result = await trio.to_thread.run_sync(call, limiter=self._limiter)
         await self._settle()
         return result
+
+    async def _grouped(self, method: Callable[..., T], args: Any, kwargs: Any) -> T:
+        """Run a short write in the event loop's open write transaction (a group), opening one if there
+        is none (the caller holds the connection's lock then). The first writer of a group lets the
+        other ready tasks run once, so their writes join, then commits them all: one commit (and its
+        WAL pages) for a burst of writes instead of one each. Each write is a savepoint of its own: one
+        that fails is rolled back alone and raises to its caller; the others commit. Every writer returns
+        after the group's commit (and, when it held a durable write, its sync); a commit that fails
+        raises to all of them."""
+        store = self.store
+        group = self._group
+        driver = group is None
+        if group is None:
+            try:
+                group = self._open_group()
+            except BaseException:
+                store._lock.release()
+                raise
+        failure: BaseException | None = None
+        result: Any = None
+        try:
+            result = self._member(group, method, args, kwargs)
+        except BaseException as e:
+            failure = e
+        with trio.CancelScope(shield=True):  # the writes have run: the caller learns how they ended
+            if driver:
+                await trio.lowlevel.checkpoint()  # the tasks ready now write too, into this commit
+                self._commit_group(group)
+            elif failure is None:
+                await group.done.wait()
+        if failure is not None:
+            raise failure
+        if group.error is not None:
+            raise group.error
+        await self._settle()
+        return cast(T, result)
+
+    def _open_group(self) -> _Group:
+        store, c = self.store, self.store._conn
+        with _translate(store.path):
+            if store._durable:
+                c.execute("PRAGMA synchronous = NORMAL")  # made durable by the group fsync (_settle)
+                store._durable = False
+            c.execute("BEGIN IMMEDIATE")
+        store._depth, store._outer_durable, store._inner_durable = 1, True, False
+        group = self._group = _Group(c.total_changes)
+        return group
+
+    def _member(self, group: _Group, method: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """One write of a group, in a savepoint: rolled back alone if it fails."""
+        store, c = self.store, self.store._conn
+        if group.error is not None:
+            raise group.error
+        with _translate(store.path):
+            c.execute("SAVEPOINT write")
+        try:
+            result = method(store, *args, **kwargs)
+        except BaseException as e:
+            try:
+                with _translate(store.path):
+                    c.execute("ROLLBACK TO write")
+                    c.execute("RELEASE write")
+            except StoreError as lost:
+                group.error = lost
+            if not c.in_transaction and group.error is None:  # SQLite ended the whole transaction
+                group.error = StoreError(f"{store.path}: a write failed and took the writes committed "
+                                         f"with it along ({e})")
+            raise
+        with _translate(store.path):
+            c.execute("RELEASE write")
+        return result
+
+    def _commit_group(self, group: _Group) -> None:
+        store, c = self.store, self.store._conn
+        try:
+            if group.error is None:
+                with _translate(store.path):
+                    if store._inner_durable and c.total_changes != group.changes:
+                        store.unsynced += 1  # before COMMIT, as in Store.transaction
+                    c.execute("COMMIT")
+        except StoreError as e:
+            group.error = e
+        finally:
+            try:
+                if c.in_transaction:  # a failed COMMIT (disk full) may leave it open
+                    c.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            store._depth = 0
+            self._group = None
+            store._lock.release()
+            group.done.set()
 
     async def atomically(self, *calls: Call) -> list[Any]:
         """`Store.many` through `run`: several writes in one transaction, one commit and at most one

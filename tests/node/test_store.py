@@ -25,6 +25,7 @@ from e31.node.store import (
     AsyncStore,
     Store,
     StoreError,
+    call,
     migrate,
 )
 
@@ -627,23 +628,31 @@ async def test_group_commit_one_fsync_serves_many_durable_writes_and_each_waits_
         return real_sync(self)
 
     real_add = Store.add_job
-    made: dict[bytes, int] = {}  # each job's commit: `unsynced` right after it
+    groups: dict[bytes, Any] = {}  # each job's write: the group (commit) it joined
+    committed: dict[int, int] = {}  # each group: `unsynced` right after its commit
 
     def add_job(self: Store, **job: Any) -> bool:
         added = real_add(self, **job)
-        made[job["job_id"]] = self.unsynced
+        groups[job["job_id"]] = db._group
         return added
+
+    real_commit = AsyncStore._commit_group
+
+    def commit_group(self: AsyncStore, group: Any) -> None:
+        real_commit(self, group)
+        committed[id(group)] = self.store.unsynced
 
     add_job.__name__ = "add_job"
     monkeypatch.setattr(Store, "sync", sync)
     monkeypatch.setattr(Store, "add_job", add_job)
+    monkeypatch.setattr(AsyncStore, "_commit_group", commit_group)
     covered: list[bool] = []
 
     async def add(i: int) -> None:
         job_id = bytes([i]) * 32
         job = _job_fields(job_id)
         assert await db.run(Store.add_job, **job)
-        covered.append(any(at >= made[job_id] for at in syncs))  # a sync began after its commit
+        covered.append(db._synced >= committed[id(groups[job_id])])  # its commit was synced before
 
     try:
         await db.run(Store.put_envelope, b"e" * 32, "ping", b"raw", 1.0)
@@ -653,7 +662,8 @@ async def test_group_commit_one_fsync_serves_many_durable_writes_and_each_waits_
                 nursery.start_soon(add, i)
         assert len(covered) == 20 and all(covered)
         assert 1 <= len(syncs) < 20  # shared: far fewer fsyncs than durable writes
-        assert syncs[-1] == db.store.unsynced == 20
+        assert 1 <= len(committed) < 20  # and far fewer commits: the writes of a burst commit together
+        assert syncs[-1] == db.store.unsynced
         assert len(await db.run(Store.jobs)) == 20
     finally:
         await db.aclose()
@@ -907,3 +917,35 @@ def test_acknowledged_receipts_without_a_proof_come_a_page_at_a_time(store: Stor
         before = (page[-1].delivered, page[-1].digest)
     assert [d for page in pages for d in page] == newest_first, "every one once, in order"
     assert [len(p) for p in pages] == [2, 2, 1]
+
+
+async def test_a_burst_of_short_writes_commits_once_and_a_failing_one_is_undone_alone(tmp_path: Path) -> None:
+    db = await AsyncStore.open(tmp_path / STORE_FILE)
+    commits: list[str] = []
+    db.store._conn.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+
+    async def good(i: int) -> None:
+        await db.run(Store.kv_set, f"k{i}", b"v")
+
+    async def bad() -> None:  # its first write goes, then its second breaks a foreign key: neither stays
+        with pytest.raises(sqlite3.IntegrityError):
+            await db.atomically(
+                call(Store.put_envelope, b"x" * 32, "ping", b"raw", 1.0),
+                call(Store.put_receipt, digest=b"d" * 32, job_id=b"j" * 32, attempt=1, executor="e",
+                     message_id=b"n" * 32, now=1.0),
+            )
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for i in range(5):
+                nursery.start_soon(good, i)
+            nursery.start_soon(bad)
+            for i in range(5, 10):
+                nursery.start_soon(good, i)
+        assert all([await db.run(Store.kv_get, f"k{i}") == b"v" for i in range(10)])
+        assert await db.run(Store.envelope, b"x" * 32) is None
+        assert 1 <= len(commits) < 10, "the burst's writes share commits"
+        await good(10)  # and the connection is fine for the next one
+        assert await db.run(Store.kv_get, "k10") == b"v"
+    finally:
+        await db.aclose()
