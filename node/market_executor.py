@@ -132,6 +132,11 @@ class _Held:
     handed_back: bool = False
 
 
+PROMISED_BYTES_MAX = 16 << 20
+"""Bytes of offers that this node's live bids may keep (each keeps the offer it answers, decoded, for
+the assignment): past it, offers are declined `busy` until bids lapse or are assigned. A set of 64 tiny
+jobs is about 20 KiB, so this is hundreds of open bids; it bounds what a signer gossiping large offers
+that it never assigns can make every executor hold."""
 ANSWERED_PRUNE_MIN = 1024
 """Answered offers held before the expired ones are first forgotten (an expired offer is refused anyway)."""
 UNACKED_KEPT = 4096
@@ -173,6 +178,8 @@ class Executor:
         self.memory_bytes = memory_bytes
         self.on_acked = on_acked
         self._promises: dict[bytes, _Promise] = {}
+        self._promised_bytes = 0
+        """The offers' bytes the live bids keep (at most PROMISED_BYTES_MAX)."""
         self._answered: dict[bytes, int] = {}
         """Offers (message id) answered, with their expiry: an offer heard again is not answered twice."""
         self._answered_prune_at = ANSWERED_PRUNE_MIN
@@ -249,9 +256,18 @@ class Executor:
         manifests: dict[bytes, JobManifest] = {}
         bid_expires = None
         declined: dict[str, tuple[list[Digest], str, int]] = {}
+        self._forget_old_promises(now)
+        room = self._promised_bytes + len(env.raw) <= PROMISED_BYTES_MAX
         for manifest in offer.manifests:
             job_id = manifest.job_id
             if job_id.raw in held:
+                continue
+            if not room:  # every live bid keeps its offer: their memory is bounded
+                full = DeclinePlan("busy", "this node holds as many open bids as it keeps",
+                                   now + self.ctx.settings.bid_ttl_ms)
+                ids, text, expires = declined.get(full.reason, ([], full.text, full.expires))
+                ids.append(job_id)
+                declined[full.reason] = (ids, text, min(expires, full.expires))
                 continue
             limits = manifest.limits
             view = OfferView(
@@ -266,11 +282,14 @@ class Executor:
             if isinstance(plan, DeclinePlan):
                 ids, text, expires = declined.get(plan.reason, ([], plan.text, plan.expires))
                 ids.append(job_id)
-                declined[plan.reason] = (ids, text, min(expires, plan.expires))
+                # one text for all: the first job's, unless another job's differs (then the code says it)
+                declined[plan.reason] = (ids, text if text == plan.text else "", min(expires, plan.expires))
                 continue
             items.append(BidItem(job_id, plan.expected_start, plan.expected_finish))
             manifests[job_id.raw] = manifest
-            bid_expires = plan.expires if bid_expires is None else min(bid_expires, plan.expires)
+            # the latest any item allows: a job near its deadline does not cut the others' bids short
+            # (the submitter assigns no job after its deadline, whatever the bid's expiry)
+            bid_expires = plan.expires if bid_expires is None else max(bid_expires, plan.expires)
         answers: list[Bid | Decline] = [
             Decline(self.ctx.network, tuple(ids), env.message_id, self.ctx.node, expires, reason, _clip(text))
             for reason, (ids, text, expires) in declined.items()
@@ -281,7 +300,7 @@ class Executor:
             signed = sign_verified(answer, self.ctx.identity)
             if isinstance(answer, Bid):
                 self._promises[signed.message_id.raw] = _Promise(env, answer.expires, manifests)
-                self._forget_old_promises(now)
+                self._promised_bytes += len(env.raw)
             await self.ctx.send_to(offer.submitter.raw, signed.raw)
 
     def _forget_old_promises(self, now: int) -> None:
@@ -294,7 +313,12 @@ class Executor:
             bid_id = next(iter(promises))
             if promises[bid_id].bid_expires > now:
                 return
-            del promises[bid_id]
+            self._drop_promise(bid_id)
+
+    def _drop_promise(self, bid_id: bytes) -> None:
+        promise = self._promises.pop(bid_id, None)
+        if promise is not None:
+            self._promised_bytes -= len(promise.offer.raw)
 
     # --- assignments ---
 
@@ -342,8 +366,8 @@ class Executor:
             self._deliver_now.set()  # a repeated assignment: make sure the outcome goes out again
             return
         promise.jobs.pop(job_id, None)
-        if not promise.jobs:
-            self._promises.pop(assign.bid_id.raw, None)  # its bid may have lapsed meanwhile
+        if not promise.jobs and self._promises.get(assign.bid_id.raw) is promise:
+            self._drop_promise(assign.bid_id.raw)  # (its bid may have lapsed and gone meanwhile)
         await self._execute(job_id, manifest, env)
 
     async def _redeliver(self, env: VerifiedEnvelope[Assign]) -> None:

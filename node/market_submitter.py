@@ -36,6 +36,7 @@ import trio
 from e31.protocol.codec import pack
 from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_message, sign_verified, verify
 from e31.protocol.errors import Mismatch, ProtocolError
+from e31.protocol.gossip import message_cost
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest
 from e31.protocol.merkle import verify_entry_inclusion
@@ -572,15 +573,14 @@ class Submitter:
             nodes.add(self.ctx.local)
         return nodes
 
-    async def _gossip_token(self) -> bool:
-        """Wait in line for a token to gossip an offer; False when there is no one to gossip to."""
-        if self.publish is None or not self.ctx.connected():
-            return False
+    async def _gossip_tokens(self, cost: int) -> None:
+        """Wait in line until `cost` tokens of the offer pace are there, and take them."""
+        cost = min(cost, int(OFFER_BURST))
         async with self._offer_line:
             while True:
-                if self._offers.allow(trio.current_time()):
-                    return True
-                await trio.sleep(max(0.0, 1 - self._offers.tokens) / OFFER_RATE)
+                if self._offers.allow(trio.current_time(), cost):
+                    return
+                await trio.sleep(max(0.0, cost - self._offers.tokens) / OFFER_RATE)
 
     async def _offer_round(
         self, job_id: bytes, job: _Job, avoid: Callable[[], frozenset[bytes]] = frozenset
@@ -596,8 +596,14 @@ class Submitter:
         finally:
             if entry in self._joining:  # cancelled before an offer took it
                 self._joining.remove(entry)
-        if entry.error is not None:
-            raise entry.error
+        if entry.error is not None:  # its manifest cannot be offered: no round will ever get it out
+            row = await self.ctx.store.run(Store.job, job_id, ROLE)
+            if row is not None and row.state not in TERMINAL:
+                reason = f"it cannot be offered: {entry.error}"
+                await self._set_state(job_id, row.state, "failed", reason=reason[:500])
+                log.warning("job %s failed: %s", job_id.hex()[:12], reason)
+            job.finished.set()
+            return None
         rnd = entry.round
         if rnd is None:  # the job finished while it waited
             return None
@@ -650,31 +656,34 @@ class Submitter:
 
     async def _offer_sets(self) -> None:
         """Offer the jobs waiting for a round, as many in one signed offer as fit (MAX_SET, and the
-        gossip size cap): each offer waits for a gossip token, and the jobs that join meanwhile go
-        together in the next, so a lone job goes at once and a sweep goes in sets."""
+        gossip size cap). Each offer waits for its gossip tokens (OFFER_RATE, one per started 16 KiB),
+        and the jobs that join meanwhile go together in the next, so a lone job goes at once and a
+        sweep goes in sets. A store failure ends the market (as any store call's would)."""
         while True:
             while not self._joining:
                 await self._offer_wake.wait()
                 self._offer_wake = trio.Event()
-            gossip = await self._gossip_token()
             taken = self._take_set()
             if not taken:
                 continue
             try:
                 env = self._sign_offer(taken)
-                await self.ctx.store.run(
-                    Store.put_shared_envelope,
-                    env.message_id.raw,
-                    env.kind,
-                    env.raw,
-                    self.ctx.now_s(),
-                    [e.job_id for e in taken],
-                )
-            except Exception as e:  # each job's driver raises it, as its own store call would
-                for entry in taken:
-                    entry.error = e
-                    entry.done.set()
-                continue
+            except ProtocolError:  # one job's manifest may be at fault: it alone fails, the others go
+                taken = [entry for entry in taken if self._signable(entry)]
+                if not taken:
+                    continue
+                env = self._sign_offer(taken)
+            gossip = self.publish is not None and bool(self.ctx.connected())
+            if gossip:
+                await self._gossip_tokens(message_cost(len(env.raw)))
+            await self.ctx.store.run(
+                Store.put_shared_envelope,
+                env.message_id.raw,
+                env.kind,
+                env.raw,
+                self.ctx.now_s(),
+                [e.job_id for e in taken],
+            )
             opened = trio.current_time()
             for entry in taken:
                 entry.round = entry.job.round = _Round(env.message_id.raw, opened, entry.job)
@@ -690,6 +699,16 @@ class Submitter:
                 entry.gossiped = gossip
                 entry.done.set()
 
+    def _signable(self, entry: _Joining) -> bool:
+        """Whether the job can be offered alone; if not, its driver is told why (and ends it)."""
+        try:
+            self._sign_offer([entry])
+        except ProtocolError as e:
+            entry.error = e
+            entry.done.set()
+            return False
+        return True
+
     def _take_set(self) -> list[_Joining]:
         """The jobs of the next offer, in the order they joined: at most MAX_SET, one round per job
         (replica lanes of one job go in different offers), within OFFER_BYTES."""
@@ -697,12 +716,17 @@ class Submitter:
         rest: list[_Joining] = []
         ids: set[bytes] = set()
         size = 0
+        soon = self.ctx.clock() + int(self.ctx.settings.window.max_wait * 1000)
+        alone = False
         for entry in self._joining:
             if entry.job.finished.is_set():
                 entry.done.set()  # its driver sees the job finished and leaves the round
                 continue
-            fits = size + entry.job.size <= OFFER_BYTES or not taken
+            # a job whose offer must expire soon goes alone: in a set it would cut the others' short
+            short = entry.expires < soon
+            fits = (size + entry.job.size <= OFFER_BYTES and not short and not alone) or not taken
             if len(taken) < MAX_SET and entry.job_id not in ids and fits:
+                alone = alone or short
                 taken.append(entry)
                 ids.add(entry.job_id)
                 size += entry.job.size

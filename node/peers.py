@@ -103,14 +103,16 @@ class TokenBucket:
     tokens: float = -1.0
     updated: float = 0.0
 
-    def allow(self, now: float) -> bool:
+    def allow(self, now: float, cost: float = 1.0) -> bool:
+        """Take `cost` tokens if there are that many (a cost over the burst is taken from a full bucket)."""
         if self.tokens < 0:
             self.tokens, self.updated = self.burst, now
         self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
         self.updated = now
-        if self.tokens < 1:
+        cost = min(cost, self.burst)
+        if self.tokens < cost:
             return False
-        self.tokens -= 1
+        self.tokens -= cost
         return True
 
 

@@ -112,6 +112,15 @@ class Drop(Generic[P]):
 
 Action = Deliver | Forward[P] | Penalise[P] | Disconnect[P] | Drop[P]
 
+TOKEN_BYTES = 16 * 1024
+"""A gossiped message costs one rate-limit token per started TOKEN_BYTES of its envelope (default)."""
+
+
+def message_cost(size: int, token_bytes: int = TOKEN_BYTES) -> int:
+    """The rate-limit tokens a gossiped envelope of `size` bytes costs: one per started `token_bytes`."""
+    return max(1, -(-size // token_bytes))
+
+
 DEFAULT_KINDS: Mapping[str, int] = {"capacity": 4 * 1024, "offer": 256 * 1024, "cancel": 2 * 1024}
 """The kinds gossip carries, each with its largest accepted envelope in bytes."""
 
@@ -156,6 +165,9 @@ class GossipConfig:
     peer_burst: float = 800.0
     duplicate_cost: float = 0.1
     """Tokens a duplicate costs, as a fraction of a new message."""
+    token_bytes: int = TOKEN_BYTES
+    """A message costs one token (of both buckets) per started `token_bytes` of its envelope, so the
+    limits bound bytes as well as messages: a 256 KiB offer costs 16."""
     sender_rate: float = 150.0
     """Sustained new messages per second accepted from one signer: a submitter's sweep of tiny jobs
     offers them at up to this rate (node/market_submitter.py paces under it), below `peer_rate`."""
@@ -189,6 +201,8 @@ class GossipConfig:
         for name, value in positive.items():
             if not value > 0:
                 raise LocalProtocolError(f"gossip {name} must be positive, got {value}")
+        if type(self.token_bytes) is not int or self.token_bytes < 1:
+            raise LocalProtocolError("token_bytes must be a positive int")
         if self.clock_skew_ms < 0 or self.ban_ms < 0 or self.duplicate_cost < 0:
             raise LocalProtocolError("clock_skew_ms, ban_ms and duplicate_cost cannot be negative")
         if self.peer_burst < 1 or self.sender_burst < 1:
@@ -359,7 +373,8 @@ class GossipEngine(Generic[P]):
         except ProtocolError:
             return self._fault(peer, state, Reason.MALFORMED, now)
         duplicate = head.message_id in self._seen
-        if not state.bucket.take(self.config.duplicate_cost if duplicate else 1.0, now):
+        cost = self.cost(len(raw))
+        if not state.bucket.take(self.config.duplicate_cost * cost if duplicate else cost, now):
             return self._fault(peer, state, Reason.FLOODING, now)
         if duplicate:
             return self._drop(Reason.DUPLICATE, peer)
@@ -375,7 +390,7 @@ class GossipEngine(Generic[P]):
         if stale is not None:
             return self._fault(peer, state, stale, now)
         self._remember(head.message_id, _expiry(env) + self.config.clock_skew_ms)
-        if not self._sender_take(head.signer, now):
+        if not self._sender_take(head.signer, cost, now):
             return self._drop(Reason.SENDER_RATE, peer)
         self.counters["delivered"] += 1
         self.counters[f"delivered_{env.kind}"] += 1
@@ -424,7 +439,11 @@ class GossipEngine(Generic[P]):
             return Reason.TOO_FAR_AHEAD
         return None
 
-    def _sender_take(self, signer: bytes, now: int) -> bool:
+    def cost(self, size: int) -> int:
+        """The tokens a message of `size` envelope bytes costs (GossipConfig.token_bytes)."""
+        return message_cost(size, self.config.token_bytes)
+
+    def _sender_take(self, signer: bytes, cost: int, now: int) -> bool:
         bucket = self._senders.get(signer)
         if bucket is None:
             c = self.config
@@ -433,7 +452,7 @@ class GossipEngine(Generic[P]):
                 self._senders.popitem(last=False)
         else:
             self._senders.move_to_end(signer)
-        return bucket.take(1.0, now)
+        return bucket.take(float(cost), now)
 
     def _choose(self, k: int, rng: Rng, exclude: tuple[object, ...]) -> list[P]:
         eligible = [p for p in self._peers if p not in exclude]
@@ -462,6 +481,7 @@ class GossipEngine(Generic[P]):
 __all__ = [
     "DEFAULT_KINDS",
     "DEFAULT_PENALTIES",
+    "TOKEN_BYTES",
     "Action",
     "Deliver",
     "Disconnect",
@@ -473,5 +493,6 @@ __all__ = [
     "Penalise",
     "Reason",
     "Rng",
+    "message_cost",
     "peek",
 ]

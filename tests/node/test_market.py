@@ -914,3 +914,71 @@ async def test_missing_proofs_are_asked_for_a_page_per_link_up_so_none_starves(
     asked = [env.message.receipt_id.raw for env in c.kinds(ProofRequest)]  # each page's in any order
     newest = {b"\x82" * 32, b"\x81" * 32}
     assert (set(asked[:2]), asked[2:3], set(asked[3:])) == (newest, [b"\x80" * 32], newest)
+
+
+async def test_open_bids_keep_a_bounded_amount_of_offers_then_offers_are_declined_busy(
+    net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import e31.node.market_executor as executor_module
+
+    b = RealNode(net, tmp_path, "b", 2)
+    c = Recorder(net, 9)
+    await start(nursery, b)
+    first = c.offer(foreign_manifest(b, c.id, ("1", "100")))
+    monkeypatch.setattr(executor_module, "PROMISED_BYTES_MAX", len(first.raw) + 10)
+    b.executor.on_offer(first)
+    await until(lambda: c.kinds(Bid))
+    second = c.offer(foreign_manifest(b, c.id, ("2", "100")), foreign_manifest(b, c.id, ("3", "100")))
+    b.executor.on_offer(second)
+    await until(lambda: c.kinds(Decline))
+    (decline,) = c.kinds(Decline)
+    assert decline.message.reason == "busy" and decline.message.offer_id == second.message_id
+    assert set(decline.message.job_ids) == {m.job_id for m in second.message.manifests}
+    assert len(c.kinds(Bid)) == 1 and b.executor._promised_bytes == len(first.raw)
+
+
+async def test_a_bid_lasts_as_long_as_its_longest_lived_job_allows(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    b = RealNode(net, tmp_path, "b", 2)
+    c = Recorder(net, 9)
+    await start(nursery, b)
+    now = wall_ms()
+    quick = Limits(10**10, 64 << 20, 1_000, 1 << 20)  # at most a second: it can make a 5 s deadline
+    near = foreign_manifest(b, c.id, ("1", "100"), deadline=now + 5_000, limits=quick)
+    far = foreign_manifest(b, c.id, ("2", "100"))
+    b.executor.on_offer(c.offer(near, far))
+    await until(lambda: c.kinds(Bid))
+    (bid,) = c.kinds(Bid)
+    assert {i.job_id for i in bid.message.items} == {near.job_id, far.job_id}
+    assert bid.message.expires >= now + SETTINGS.bid_ttl_ms  # not cut to the near job's deadline
+
+
+async def test_a_job_whose_offer_must_expire_soon_is_offered_alone(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    from e31.node.market_submitter import _Job, _Joining
+
+    a = RealNode(net, tmp_path, "a", 1)
+    now = wall_ms()
+    entries = []
+    for i, expires in enumerate((now + 60_000, now + 1_000, now + 60_000, now + 60_000)):
+        manifest = a.manifest((str(i), "100"))
+        entries.append(_Joining(manifest.job_id.raw, _Job(manifest), expires))
+    a.submitter._joining = list(entries)
+    assert a.submitter._take_set() == [entries[0], entries[2], entries[3]]
+    assert a.submitter._take_set() == [entries[1]]  # the short-lived one, alone
+    assert a.submitter._joining == []
+
+
+async def test_a_job_that_cannot_be_offered_fails_and_the_jobs_offered_with_it_go_on(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    good = a.manifest(("1", "100"))
+    bad = foreign_manifest(a, bytes(32), ("2", "100"))  # names another submitter: no offer of a's holds it
+    await a.submitter.submit_batch([good, bad])
+    failed = await wait_state(a, bad.job_id.raw, "failed")
+    assert failed.reason.startswith("it cannot be offered")
+    await wait_state(a, good.job_id.raw, "done")

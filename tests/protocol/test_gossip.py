@@ -81,6 +81,7 @@ RNG = random.Random(7)
     {"peer_rate": 0},
     {"peer_burst": 0.5},
     {"clock_skew_ms": -1},
+    {"token_bytes": 0},
     {"disconnect_below": 0},
     {"penalties": {Reason.MALFORMED: -5}},
 ])
@@ -435,3 +436,20 @@ def test_config_is_a_frozen_value() -> None:
     c = GossipConfig(NET)
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.fanout = 3  # type: ignore[misc]
+
+
+def test_a_message_costs_a_token_per_started_16_kib_of_both_buckets() -> None:
+    raw = full_offer(key(1), inputs=40)
+    cost = gossip.message_cost(len(raw))
+    assert cost == -(-len(raw) // (16 * 1024)) and cost > 4
+    assert gossip.message_cost(1) == 1 and gossip.message_cost(16 * 1024 + 1) == 2
+    # the peer's bucket: one large offer takes `cost` tokens, so a second finds too few
+    e = engine(peer_burst=cost + 1, peer_rate=0.001, sender_burst=1000)
+    assert isinstance(e.receive("p0", raw, T0, RNG)[0], Deliver)
+    assert reasons(e.receive("p0", full_offer(key(2), inputs=40), T0, RNG)) == [Reason.FLOODING]
+    assert isinstance(e.receive("p0", capacity(key(3)), T0, RNG)[0], Deliver)  # a small one still fits
+    # the signer's bucket likewise: its large offers use it up `cost` tokens at a time
+    e = engine(sender_burst=cost + 1, sender_rate=0.001)
+    assert isinstance(e.receive("p0", raw, T0, RNG)[0], Deliver)
+    other = full_offer(key(1), inputs=41)
+    assert e.receive("p1", other, T0, RNG) == [Drop(Reason.SENDER_RATE, "p1")]
