@@ -56,6 +56,7 @@ from e31.protocol.messages import (
 )
 from e31.protocol.receipts import Ack, UsageReceipt, check_receipt_assignment, check_receipt_manifest
 
+from .admission import Admission
 from .market import MarketContext, transition
 from .market_rules import (
     TERMINAL,
@@ -83,6 +84,8 @@ IN_FLIGHT = 128
 """Jobs this node offers or has assigned at once; the rest of a sweep waits `queued`, its deadline
 running. Outcomes are verified here one blob fetch at a time, so a node that put thousands of jobs out
 at once would let leases run out before it got to their results, and offer them all again."""
+ADMIT_STEP = 16
+"""Waiting jobs are admitted this many at a time (node/admission.py), so they share an offer."""
 REOFFER_MAX = 8.0
 """Seconds between rounds at most: the delay after a round without a bid doubles up to this."""
 CANCEL_TTL_MS = 3600 * 1000
@@ -208,7 +211,7 @@ class Submitter:
         self._nursery: trio.Nursery | None = None
         self._offers = TokenBucket(OFFER_RATE, OFFER_BURST)
         self._offer_line = trio.Lock()
-        self._in_flight = trio.Semaphore(IN_FLIGHT)
+        self._in_flight = Admission(IN_FLIGHT, ADMIT_STEP)
         self._proofs_asked: dict[bytes, tuple[float, bytes]] = {}
         """Per executor, where the last page of missing proofs asked of it ended (_ask_proofs)."""
         self._joining: list[_Joining] = []
