@@ -42,7 +42,7 @@ async def test_waiting_jobs_are_admitted_a_step_at_a_time_and_the_last_ones_toge
         assert gate.waiting == 3 and gate.free == 1
         held[1].set()  # two free: a step's worth goes together
         await trio.testing.wait_all_tasks_blocked()
-        assert gate.waiting == 1 and sorted(admitted)[4:] == [4, 5]
+        assert gate.waiting == 1 and len(admitted) == 6  # two of the three (trio starts them in any order)
         held[2].set()  # one free, and one waits: it fits, so it goes
         await trio.testing.wait_all_tasks_blocked()
         assert gate.waiting == 0 and sorted(admitted) == list(range(7))
