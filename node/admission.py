@@ -30,9 +30,10 @@ class Admission:
         return len(self._waiting)
 
     async def __aenter__(self) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()  # cancelled: no slot taken
         if self.free > 0 and not self._waiting:
             self.free -= 1
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.cancel_shielded_checkpoint()  # taken: the block runs and gives it back
             return
         admitted = trio.Event()
         self._waiting.append(admitted)
@@ -43,6 +44,7 @@ class Admission:
                 self._release()
             else:
                 self._waiting.remove(admitted)
+                self._admit()  # the others may fit now
             raise
 
     async def __aexit__(
@@ -52,6 +54,9 @@ class Admission:
 
     def _release(self) -> None:
         self.free += 1
+        self._admit()
+
+    def _admit(self) -> None:
         if self._waiting and self.free >= min(self.step, len(self._waiting)):
             while self._waiting and self.free > 0:
                 self.free -= 1

@@ -234,7 +234,10 @@ class Node:
         await nursery.start(gossip.run)
         self.peering.add_listener(gossip)
         self.gossip = gossip
-        receipt_log = ReceiptLog(self.store.store, self.identity, self.config.network)
+        # in a thread, like every other synchronous use of the store (it may write; the event loop
+        # must never touch the connection directly: its short writes share an open transaction)
+        receipt_log = await trio.to_thread.run_sync(ReceiptLog, self.store.store, self.identity,
+                                                    self.config.network)
         router.add("POST", "/v1/receipts/export", export_handler(self.store, self.blobs, receipt_log))
         await nursery.start(partial(run_jobs, identity=self.identity, config=self.config, store=self.store,
                                     blobs=self.blobs, peering=self.peering, router=router, gossip=gossip,

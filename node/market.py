@@ -155,14 +155,17 @@ class Market:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            await nursery.start(self.transfer.run)
-            await nursery.start(self.executor.run)
-            await nursery.start(self.submitter.run)
-            if offers is not None:
-                nursery.start_soon(self._offers, offers)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self.transfer.run)
+                await nursery.start(self.executor.run)
+                await nursery.start(self.submitter.run)
+                if offers is not None:
+                    nursery.start_soon(self._offers, offers)
+                task_status.started()
+        finally:  # closed: a message arriving while the node stops is dropped, not spawned
+            self._nursery = None
 
     async def _offers(self, offers: trio.abc.ReceiveChannel[VerifiedEnvelope[Any]]) -> None:
         async for env in offers:

@@ -200,17 +200,20 @@ class Executor:
         their ack needs no store read and no re-verify. The store has them all."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            await nursery.start(self.scheduler.run)
-            for row in await self.ctx.store.run(
-                Store.jobs, role=ROLE, states=("fetching", "queued", "running")
-            ):
-                nursery.start_soon(self._resume, row.job_id)
-            nursery.start_soon(self._delivery_loop)
-            nursery.start_soon(self._prove_loop)
-            await self._log_acked_unlogged()
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self.scheduler.run)
+                for row in await self.ctx.store.run(
+                    Store.jobs, role=ROLE, states=("fetching", "queued", "running")
+                ):
+                    nursery.start_soon(self._resume, row.job_id)
+                nursery.start_soon(self._delivery_loop)
+                nursery.start_soon(self._prove_loop)
+                await self._log_acked_unlogged()
+                task_status.started()
+        finally:  # closed: an offer or message arriving while the node stops is dropped, not spawned
+            self._nursery = None
 
     def on_link_up(self, peer: bytes) -> None:
         self._deliver_now.set()
@@ -258,6 +261,8 @@ class Executor:
         declined: dict[str, tuple[list[Digest], str, int]] = {}
         self._forget_old_promises(now)
         room = self._promised_bytes + len(env.raw) <= PROMISED_BYTES_MAX
+        reserved = len(env.raw) if room else 0  # taken now: answers to other offers run meanwhile
+        self._promised_bytes += reserved
         for manifest in offer.manifests:
             job_id = manifest.job_id
             if job_id.raw in held:
@@ -296,11 +301,12 @@ class Executor:
         ]
         if bid_expires is not None:
             answers.append(Bid(self.ctx.network, env.message_id, self.ctx.node, bid_expires, tuple(items)))
+        else:
+            self._promised_bytes -= reserved  # no bid keeps this offer
         for answer in answers:  # bid items and declined ids are in the offer's (job id) order already
             signed = sign_verified(answer, self.ctx.identity)
             if isinstance(answer, Bid):
                 self._promises[signed.message_id.raw] = _Promise(env, answer.expires, manifests)
-                self._promised_bytes += len(env.raw)
             await self.ctx.send_to(offer.submitter.raw, signed.raw)
 
     def _forget_old_promises(self, now: int) -> None:

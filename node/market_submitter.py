@@ -227,14 +227,17 @@ class Submitter:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         rows = await self.ctx.store.run(Store.jobs, role=ROLE)
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._offer_sets)
-            for row in rows:
-                if row.state not in TERMINAL:
-                    self._start(row)
-            task_status.started()
-            await trio.sleep_forever()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._offer_sets)
+                for row in rows:
+                    if row.state not in TERMINAL:
+                        self._start(row)
+                task_status.started()
+                await trio.sleep_forever()
+        finally:  # closed: a message arriving while the node stops is dropped, not spawned
+            self._nursery = None
 
     # --- submitting ---
 
@@ -269,9 +272,10 @@ class Submitter:
         self._drive_job(row.job_id, manifest)
 
     def _drive_job(self, job_id: bytes, manifest: JobManifest) -> None:
+        if self._nursery is None:  # stopping (or not started): the stored job is driven at the next start
+            return
         job = _Job(manifest)
         self.jobs[job_id] = job
-        assert self._nursery is not None
         self._nursery.start_soon(self._drive, job_id, job)
 
     def _transition(self, job_id: bytes, old: str, new: str, **changes: Any) -> Call:
@@ -412,6 +416,8 @@ class Submitter:
         # executor can never give do not keep it from being asked for the others.
         before = self._proofs_asked.pop(peer, None)
         rows = await self.ctx.store.run(Store.acked_without_proof, str(NodeId(peer)), PROOFS_ASKED, before)
+        if not rows and before is not None:  # the last page was the oldest, and full: the newest again
+            rows = await self.ctx.store.run(Store.acked_without_proof, str(NodeId(peer)), PROOFS_ASKED)
         if len(rows) == PROOFS_ASKED:
             self._proofs_asked[peer] = (rows[-1].delivered or 0.0, rows[-1].digest)
             if len(self._proofs_asked) > PROOF_PAGES_KEPT:
@@ -605,7 +611,10 @@ class Submitter:
                 reason = f"it cannot be offered: {entry.error}"
                 await self._set_state(job_id, row.state, "failed", reason=reason[:500])
                 log.warning("job %s failed: %s", job_id.hex()[:12], reason)
-            job.finished.set()
+            top = self.jobs.get(job_id, job)  # a replica lane's failure ends the whole job
+            for ended in {id(x): x for x in (job, top)}.values():
+                ended.finished.set()
+                ended.scope.cancel()
             return None
         rnd = entry.round
         if rnd is None:  # the job finished while it waited
@@ -669,16 +678,21 @@ class Submitter:
             taken = self._take_set()
             if not taken:
                 continue
-            try:
-                env = self._sign_offer(taken)
-            except ProtocolError:  # one job's manifest may be at fault: it alone fails, the others go
-                taken = [entry for entry in taken if self._signable(entry)]
-                if not taken:
-                    continue
-                env = self._sign_offer(taken)
+            env = self._offer_of(taken)
+            if env is None:
+                continue
             gossip = self.publish is not None and bool(self.ctx.connected())
             if gossip:
                 await self._gossip_tokens(message_cost(len(env.raw)))
+                live = [entry for entry in taken if not entry.job.finished.is_set()]
+                if len(live) < len(taken):  # some ended while the offer waited for its tokens
+                    for entry in taken:
+                        if entry.job.finished.is_set():
+                            entry.done.set()
+                    taken = live
+                    env = self._offer_of(taken) if taken else None
+                    if env is None:
+                        continue
             await self.ctx.store.run(
                 Store.put_shared_envelope,
                 env.message_id.raw,
@@ -702,6 +716,23 @@ class Submitter:
                 entry.gossiped = gossip
                 entry.done.set()
 
+    def _offer_of(self, taken: list[_Joining]) -> VerifiedEnvelope[Offer] | None:
+        """The signed offer of the taken jobs; a job whose manifest cannot be offered is told why (its
+        driver ends it) and left out. None when no job is left."""
+        try:
+            return self._sign_offer(taken)
+        except ProtocolError:  # one job's manifest may be at fault: it alone fails, the others go
+            taken[:] = [entry for entry in taken if self._signable(entry)]
+        if not taken:
+            return None
+        try:
+            return self._sign_offer(taken)
+        except ProtocolError as e:  # each goes alone, but not together (never expected): none goes
+            for entry in taken:
+                entry.error = e
+                entry.done.set()
+            return None
+
     def _signable(self, entry: _Joining) -> bool:
         """Whether the job can be offered alone; if not, its driver is told why (and ends it)."""
         try:
@@ -719,17 +750,21 @@ class Submitter:
         rest: list[_Joining] = []
         ids: set[bytes] = set()
         size = 0
-        soon = self.ctx.clock() + int(self.ctx.settings.window.max_wait * 1000)
-        alone = False
+        slack = int(self.ctx.settings.window.max_wait * 1000)
+        soon = self.ctx.clock() + slack
+        low = high = 0
         for entry in self._joining:
             if entry.job.finished.is_set():
                 entry.done.set()  # its driver sees the job finished and leaves the round
                 continue
-            # a job whose offer must expire soon goes alone: in a set it would cut the others' short
-            short = entry.expires < soon
-            fits = (size + entry.job.size <= OFFER_BYTES and not short and not alone) or not taken
+            # The offer expires with its shortest-lived job: a job whose offer must expire soon goes
+            # only with jobs whose offers expire about as soon (not to cut the others' rounds short).
+            lo, hi = (entry.expires, entry.expires) if not taken else (min(low, entry.expires),
+                                                                       max(high, entry.expires))
+            close = lo >= soon or hi - lo <= slack
+            fits = (size + entry.job.size <= OFFER_BYTES and close) or not taken
             if len(taken) < MAX_SET and entry.job_id not in ids and fits:
-                alone = alone or short
+                low, high = lo, hi
                 taken.append(entry)
                 ids.add(entry.job_id)
                 size += entry.job.size

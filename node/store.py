@@ -1110,8 +1110,10 @@ class AsyncStore:
             failure = e
         with trio.CancelScope(shield=True):  # the writes have run: the caller learns how they ended
             if driver:
-                await trio.lowlevel.checkpoint()  # the tasks ready now write too, into this commit
-                self._commit_group(group)
+                try:
+                    await trio.lowlevel.checkpoint()  # the tasks ready now write too, into this commit
+                finally:  # whatever happens, the group ends and the connection is let go
+                    self._commit_group(group)
             elif failure is None:
                 await group.done.wait()
         if failure is not None:
@@ -1141,19 +1143,20 @@ class AsyncStore:
             c.execute("SAVEPOINT write")
         try:
             result = method(store, *args, **kwargs)
+            with _translate(store.path):
+                c.execute("RELEASE write")
         except BaseException as e:
+            if not c.in_transaction:  # SQLite ended the whole transaction: every write of it is lost
+                group.error = StoreError(f"{store.path}: a write failed and the writes to commit with it "
+                                         f"were lost ({e})")
+                raise
             try:
                 with _translate(store.path):
                     c.execute("ROLLBACK TO write")
                     c.execute("RELEASE write")
-            except StoreError as lost:
-                group.error = lost
-            if not c.in_transaction and group.error is None:  # SQLite ended the whole transaction
-                group.error = StoreError(f"{store.path}: a write failed and took the writes committed "
-                                         f"with it along ({e})")
+            except (StoreError, sqlite3.Error) as lost:
+                group.error = StoreError(f"{store.path}: a failed write could not be undone alone ({lost})")
             raise
-        with _translate(store.path):
-            c.execute("RELEASE write")
         return result
 
     def _commit_group(self, group: _Group) -> None:
@@ -1164,12 +1167,16 @@ class AsyncStore:
                     if store._inner_durable and c.total_changes != group.changes:
                         store.unsynced += 1  # before COMMIT, as in Store.transaction
                     c.execute("COMMIT")
-        except StoreError as e:
-            group.error = e
+        except BaseException as e:
+            group.error = e if isinstance(e, StoreError) else StoreError(f"{store.path}: commit failed: {e}")
+            if not isinstance(e, Exception):
+                raise
         finally:
             try:
-                if c.in_transaction:  # a failed COMMIT (disk full) may leave it open
+                if c.in_transaction:  # not committed (a failed COMMIT may leave it open): nothing was
                     c.execute("ROLLBACK")
+                    if group.error is None:
+                        group.error = StoreError(f"{store.path}: the writes were rolled back")
             except sqlite3.Error:
                 pass
             store._depth = 0

@@ -106,10 +106,13 @@ class BlobTransfer:
         self.fetched_chunks = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:  # closed: a message arriving while the node stops is dropped, not spawned
+            self._nursery = None
 
     # --- incoming messages (called from the market's link listener; never block) ---
 

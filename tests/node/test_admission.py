@@ -66,3 +66,46 @@ def test_bad_sizes_are_refused() -> None:
         Admission(0, 1)
     with pytest.raises(ValueError):
         Admission(4, 5)
+
+
+async def test_a_job_cancelled_as_it_enters_takes_no_slot() -> None:
+    gate = Admission(4, 2)
+    for _ in range(3):
+        with trio.move_on_after(0):
+            async with gate:
+                pytest.fail("ran although cancelled")
+    assert gate.free == 4
+
+
+async def test_when_a_waiter_leaves_the_others_are_admitted_if_they_now_fit() -> None:
+    gate = Admission(3, 2)
+    entered: list[int] = []
+    done = {i: trio.Event() for i in range(4)}
+
+    async def job(i: int) -> None:
+        async with gate:
+            entered.append(i)
+            await done[i].wait()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(job, i)
+        await trio.testing.wait_all_tasks_blocked()
+        leaver = trio.CancelScope()
+
+        async def leaving() -> None:
+            with leaver:
+                await job(9)
+
+        nursery.start_soon(job, 3)
+        nursery.start_soon(leaving)
+        await trio.testing.wait_all_tasks_blocked()
+        done[0].set()  # one slot free, two wait: less than a step, and not all of them fit
+        await trio.testing.wait_all_tasks_blocked()
+        assert gate.waiting == 2 and gate.free == 1
+        leaver.cancel()  # one waiter leaves: the one left fits the free slot, and goes
+        await trio.testing.wait_all_tasks_blocked()
+        assert gate.waiting == 0 and sorted(entered) == [0, 1, 2, 3]
+        for event in done.values():
+            event.set()
+    assert gate.free == 3

@@ -954,20 +954,20 @@ async def test_a_bid_lasts_as_long_as_its_longest_lived_job_allows(
     assert bid.message.expires >= now + SETTINGS.bid_ttl_ms  # not cut to the near job's deadline
 
 
-async def test_a_job_whose_offer_must_expire_soon_is_offered_alone(
+async def test_a_job_whose_offer_must_expire_soon_goes_only_with_jobs_that_expire_about_as_soon(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     from e31.node.market_submitter import _Job, _Joining
 
     a = RealNode(net, tmp_path, "a", 1)
-    now = wall_ms()
+    now = wall_ms()  # SETTINGS: a bid window of at most 2 s, so "soon" is within 2 s
     entries = []
-    for i, expires in enumerate((now + 60_000, now + 1_000, now + 60_000, now + 60_000)):
+    for i, expires in enumerate((now + 60_000, now + 1_000, now + 60_000, now + 60_000, now + 1_500)):
         manifest = a.manifest((str(i), "100"))
         entries.append(_Joining(manifest.job_id.raw, _Job(manifest), expires))
     a.submitter._joining = list(entries)
     assert a.submitter._take_set() == [entries[0], entries[2], entries[3]]
-    assert a.submitter._take_set() == [entries[1]]  # the short-lived one, alone
+    assert a.submitter._take_set() == [entries[1], entries[4]]  # the two short-lived ones, together
     assert a.submitter._joining == []
 
 
@@ -982,3 +982,23 @@ async def test_a_job_that_cannot_be_offered_fails_and_the_jobs_offered_with_it_g
     failed = await wait_state(a, bad.job_id.raw, "failed")
     assert failed.reason.startswith("it cannot be offered")
     await wait_state(a, good.job_id.raw, "done")
+
+
+async def test_messages_reaching_a_stopped_market_are_dropped_not_spawned(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A node stopping cancels its roles one by one; what reaches a role whose tasks have ended (an own
+    offer published from a shielded store write, a message read just before the link closed) is dropped
+    instead of failing the whole node with 'Nursery is closed to new arrivals'."""
+    b = RealNode(net, tmp_path, "b", 2)
+    c = Recorder(net, 9)
+    async with trio.open_nursery() as inner:
+        await inner.start(b.market.run)
+        inner.cancel_scope.cancel()
+    offer = c.offer(foreign_manifest(b, c.id, ("1", "100")))
+    b.executor.on_offer(offer)  # none of these may raise
+    b.market.dispatch(c.id, offer)
+    b.submitter._drive_job(b"\x01" * 32, foreign_manifest(b, b.id, ("2", "100")))
+    await b.market.message(c.id, sign_message(Accepted(NETWORK, Digest(b"\x01" * 32), Digest(b"\x02" * 32),
+                                                       NodeId(c.id)), c.key))
+    assert b.submitter.jobs == {}
