@@ -331,6 +331,8 @@ class Store:
         self._depth = 0  # transactions open on the thread holding the lock (an inner one joins the outer)
         self._outer_durable = True
         self._inner_durable = False  # whether a durable transaction joined the open one
+        self._grouping = False  # an AsyncStore write group is open (on the event loop thread)
+        self._in_member = False  # one of its writes is running
 
     @classmethod
     def in_data_dir(cls, data_dir: Path | str) -> Store:
@@ -350,7 +352,7 @@ class Store:
         view = object.__new__(Store)
         view.path, view._lock, view._conn, view._durable = self.path, threading.RLock(), conn, True
         view.deferring, view.unsynced, view._depth, view._outer_durable = threading.local(), 0, 0, True
-        view._inner_durable = False
+        view._inner_durable, view._grouping, view._in_member = False, False, False
         return view
 
     def set_autocheckpoint(self, pages: int) -> None:
@@ -423,6 +425,9 @@ class Store:
         with self._lock, _translate(self.path):
             c = self._conn
             if self._depth:
+                if self._grouping and not self._in_member:
+                    raise RuntimeError("a store write from the event loop outside AsyncStore would join the "
+                                       "open write group unseen: call it through AsyncStore.run")
                 if durable and not self._outer_durable:
                     raise ValueError("a durable write inside a transaction that is not durable")
                 self._inner_durable |= durable
@@ -1131,6 +1136,7 @@ class AsyncStore:
                 store._durable = False
             c.execute("BEGIN IMMEDIATE")
         store._depth, store._outer_durable, store._inner_durable = 1, True, False
+        store._grouping = True
         group = self._group = _Group(c.total_changes)
         return group
 
@@ -1141,6 +1147,7 @@ class AsyncStore:
             raise group.error
         with _translate(store.path):
             c.execute("SAVEPOINT write")
+        store._in_member = True
         try:
             result = method(store, *args, **kwargs)
             with _translate(store.path):
@@ -1157,6 +1164,8 @@ class AsyncStore:
             except (StoreError, sqlite3.Error) as lost:
                 group.error = StoreError(f"{store.path}: a failed write could not be undone alone ({lost})")
             raise
+        finally:
+            store._in_member = False
         return result
 
     def _commit_group(self, group: _Group) -> None:
@@ -1180,6 +1189,7 @@ class AsyncStore:
             except sqlite3.Error:
                 pass
             store._depth = 0
+            store._grouping = False
             self._group = None
             store._lock.release()
             group.done.set()

@@ -949,3 +949,20 @@ async def test_a_burst_of_short_writes_commits_once_and_a_failing_one_is_undone_
         assert await db.run(Store.kv_get, "k10") == b"v"
     finally:
         await db.aclose()
+
+
+async def test_a_synchronous_write_on_the_event_loop_cannot_join_an_open_write_group_unseen(
+    tmp_path: Path,
+) -> None:
+    db = await AsyncStore.open(tmp_path / STORE_FILE)
+    try:
+        assert db.store._lock.acquire(blocking=False)
+        group = db._open_group()  # what the first short write of a burst does
+        with pytest.raises(RuntimeError, match=r"through AsyncStore\.run"):
+            db.store.kv_set("k", b"v")  # the same thread: the lock would let it in
+        db._commit_group(group)
+        assert group.error is None
+        db.store.kv_set("k", b"v")  # no group open: a plain synchronous write is fine
+        assert await db.run(Store.kv_get, "k") == b"v"
+    finally:
+        await db.aclose()
