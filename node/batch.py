@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .market_rules import TERMINAL
-from .store import _JOB_COLUMNS, JobRow, Store
+from .store import JobRow, Store
 
 PREFIX = "batch-"
 ID_HEX = 16
@@ -105,7 +105,7 @@ def get_batch(store: Store, bid: str) -> BatchRow | None:
 def batch_jobs(store: Store, bid: str) -> list[JobRow]:
     """The rows of the batch's jobs this node submitted, in batch order (one indexed query: the cost
     follows the batch's size, not the store's)."""
-    columns = ", ".join(f"j.{name}" for name in _JOB_COLUMNS.split(", "))
+    columns = ", ".join(f"j.{name}" for name in JobRow.__slots__)  # JobRow's fields are the columns
     with store.reading() as c:
         rows = c.execute(
             f"SELECT {columns} FROM batch_jobs b JOIN jobs j ON j.job_id = b.job_id AND j.role = 'submitter' "
