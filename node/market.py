@@ -44,6 +44,7 @@ from e31.protocol.receipts import UsageReceipt
 
 from .blobs import BlobStore
 from .market_rules import WindowSettings, check_transition
+from .nursery import own_nursery
 from .store import AsyncStore, Call, Store, call
 from .transfer import BlobTransfer, TransferSettings
 
@@ -155,17 +156,13 @@ class Market:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                await nursery.start(self.transfer.run)
-                await nursery.start(self.executor.run)
-                await nursery.start(self.submitter.run)
-                if offers is not None:
-                    nursery.start_soon(self._offers, offers)
-                task_status.started()
-        finally:  # closed: a message arriving while the node stops is dropped, not spawned
-            self._nursery = None
+        async with own_nursery(self) as nursery:
+            await nursery.start(self.transfer.run)
+            await nursery.start(self.executor.run)
+            await nursery.start(self.submitter.run)
+            if offers is not None:
+                nursery.start_soon(self._offers, offers)
+            task_status.started()
 
     async def _offers(self, offers: trio.abc.ReceiveChannel[VerifiedEnvelope[Any]]) -> None:
         async for env in offers:

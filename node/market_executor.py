@@ -84,6 +84,7 @@ from .market_rules import (
     plan_bid,
     run_estimate_ms,
 )
+from .nursery import own_nursery
 from .scheduler import RunRecord, Scheduler
 from .store import Store, call
 from .transfer import PUSH_PER_JOB, BlobTransfer, FetchError, pushable
@@ -200,20 +201,16 @@ class Executor:
         their ack needs no store read and no re-verify. The store has them all."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                await nursery.start(self.scheduler.run)
-                for row in await self.ctx.store.run(
-                    Store.jobs, role=ROLE, states=("fetching", "queued", "running")
-                ):
-                    nursery.start_soon(self._resume, row.job_id)
-                nursery.start_soon(self._delivery_loop)
-                nursery.start_soon(self._prove_loop)
-                await self._log_acked_unlogged()
-                task_status.started()
-        finally:  # closed: an offer or message arriving while the node stops is dropped, not spawned
-            self._nursery = None
+        async with own_nursery(self) as nursery:
+            await nursery.start(self.scheduler.run)
+            for row in await self.ctx.store.run(
+                Store.jobs, role=ROLE, states=("fetching", "queued", "running")
+            ):
+                nursery.start_soon(self._resume, row.job_id)
+            nursery.start_soon(self._delivery_loop)
+            nursery.start_soon(self._prove_loop)
+            await self._log_acked_unlogged()
+            task_status.started()
 
     def on_link_up(self, peer: bytes) -> None:
         self._deliver_now.set()
@@ -263,16 +260,11 @@ class Executor:
         room = self._promised_bytes + len(env.raw) <= PROMISED_BYTES_MAX
         reserved = len(env.raw) if room else 0  # taken now: answers to other offers run meanwhile
         self._promised_bytes += reserved
+        full = DeclinePlan("busy", "this node holds as many open bids as it keeps",
+                           now + self.ctx.settings.bid_ttl_ms)
         for manifest in offer.manifests:
             job_id = manifest.job_id
             if job_id.raw in held:
-                continue
-            if not room:  # every live bid keeps its offer: their memory is bounded
-                full = DeclinePlan("busy", "this node holds as many open bids as it keeps",
-                                   now + self.ctx.settings.bid_ttl_ms)
-                ids, text, expires = declined.get(full.reason, ([], full.text, full.expires))
-                ids.append(job_id)
-                declined[full.reason] = (ids, text, min(expires, full.expires))
                 continue
             limits = manifest.limits
             view = OfferView(
@@ -283,7 +275,8 @@ class Executor:
                 manifest.deadline,
                 offer.expires,
             )
-            plan = plan_bid(view, me, now, bid_ttl_ms=self.ctx.settings.bid_ttl_ms)
+            # every live bid keeps its offer: their memory is bounded (PROMISED_BYTES_MAX)
+            plan = plan_bid(view, me, now, bid_ttl_ms=self.ctx.settings.bid_ttl_ms) if room else full
             if isinstance(plan, DeclinePlan):
                 ids, text, expires = declined.get(plan.reason, ([], plan.text, plan.expires))
                 ids.append(job_id)

@@ -67,6 +67,7 @@ from .market_rules import (
     offer_expiry,
     window_state,
 )
+from .nursery import own_nursery
 from .peers import TokenBucket
 from .store import Call, JobRow, Store, call
 from .transfer import BlobTransfer, FetchError
@@ -116,7 +117,6 @@ class UnknownJob(LookupError):
 class _Round:
     offer_id: bytes
     opened: float
-    job: _Job
     bids: dict[bytes, BidView] = field(default_factory=dict)
     answered: set[bytes] = field(default_factory=set)
     raw: dict[bytes, bytes] = field(default_factory=dict)
@@ -126,15 +126,14 @@ class _Round:
 
 @dataclass(eq=False)
 class _Joining:
-    """A job waiting for the next offer (`_offer_sets` takes it, signs and sends the offer, opens its
-    round and sets `done`)."""
+    """A job waiting for the next offer (`_offer_sets` takes it, signs and sends the offer, opens the
+    job's round and sets `done`)."""
 
     job_id: bytes
     job: _Job
     expires: int
     """The latest expiry this round of the job allows (market_rules.offer_expiry)."""
     done: trio.Event = field(default_factory=trio.Event)
-    round: _Round | None = None
     gossiped: bool = False
     error: Exception | None = None
 
@@ -227,17 +226,13 @@ class Submitter:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         rows = await self.ctx.store.run(Store.jobs, role=ROLE)
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._offer_sets)
-                for row in rows:
-                    if row.state not in TERMINAL:
-                        self._start(row)
-                task_status.started()
-                await trio.sleep_forever()
-        finally:  # closed: a message arriving while the node stops is dropped, not spawned
-            self._nursery = None
+        async with own_nursery(self) as nursery:
+            nursery.start_soon(self._offer_sets)
+            for row in rows:
+                if row.state not in TERMINAL:
+                    self._start(row)
+            task_status.started()
+            await trio.sleep_forever()
 
     # --- submitting ---
 
@@ -364,9 +359,7 @@ class Submitter:
 
     async def _names_our_assignment(self, msg: Accepted | Release | UsageReceipt | Result) -> bool:
         """Whether an executor's message names an assignment this node made, of that job, to it."""
-        job = self.jobs.get(msg.job_id.raw)
-        holders = [] if job is None else [job] if job.lanes is None else job.lanes
-        current = next((h.assign_env for h in holders if h.assign_env is not None
+        current = next((h.assign_env for h in self._holders(msg.job_id.raw) if h.assign_env is not None
                         and h.assign_env.message_id == msg.assignment_id), None)
         if current is not None:
             assign = current.message  # one in flight, as signed here
@@ -388,9 +381,8 @@ class Submitter:
             Store.put_envelope, env.message_id.raw, env.kind, env.raw, self.ctx.now_s(), msg.job_id.raw
         )
         log.debug("job %s handed off to %s", msg.job_id.hex()[:12], msg.executor)
-        job = self.jobs.get(msg.job_id.raw)
-        for holder in ([job] if job is None or job.lanes is None else job.lanes):
-            if holder is not None and holder.assignment == msg.assignment_id.raw:
+        for holder in self._holders(msg.job_id.raw):
+            if holder.assignment == msg.assignment_id.raw:
                 holder.accepted = holder.assignment
         self._notify(msg.job_id.raw)
 
@@ -616,7 +608,7 @@ class Submitter:
                 ended.finished.set()
                 ended.scope.cancel()
             return None
-        rnd = entry.round
+        rnd = job.round  # opened by _offer_sets (this driver alone clears it)
         if rnd is None:  # the job finished while it waited
             return None
         expected: set[bytes] = set(self.ctx.connected()) if entry.gossiped else set()
@@ -703,7 +695,7 @@ class Submitter:
             )
             opened = trio.current_time()
             for entry in taken:
-                entry.round = entry.job.round = _Round(env.message_id.raw, opened, entry.job)
+                entry.job.round = _Round(env.message_id.raw, opened)
             if gossip and self.publish is not None:
                 try:
                     self.publish(env)
@@ -943,8 +935,8 @@ class Submitter:
         if isinstance(msg, Bid):
             live = msg.expires > self.ctx.clock()
             for item in msg.items:
-                rnd = self._round_of(item.job_id.raw, offer_id)
-                if rnd is None:
+                holder = self._in_round(item.job_id.raw, offer_id)
+                if holder is None or (rnd := holder.round) is None:
                     continue
                 rnd.answered.add(executor)
                 if live:
@@ -956,23 +948,23 @@ class Submitter:
             return
         why = f"{msg.reason}: {msg.text}" if msg.text else msg.reason
         for job_id in msg.job_ids:
-            rnd = self._round_of(job_id.raw, offer_id)
-            if rnd is None:
+            holder = self._in_round(job_id.raw, offer_id)
+            if holder is None or (rnd := holder.round) is None:
                 continue
             rnd.answered.add(executor)
-            rnd.job.declined = why
+            holder.declined = why
             log.debug("job %s: %s declined (%s)", job_id.hex()[:12], msg.executor, why)
             rnd.wake.set()
 
-    def _round_of(self, job_id: bytes, offer_id: bytes) -> _Round | None:
-        """The job's (or replica lane's) round open with that offer, if any."""
+    def _holders(self, job_id: bytes) -> list[_Job]:
+        """What runs a job under way here: the job itself, or with replicas its lanes (none if ended)."""
         job = self.jobs.get(job_id)
-        if job is None:
-            return None
-        for holder in [job] if job.lanes is None else job.lanes:
-            if holder.round is not None and holder.round.offer_id == offer_id:
-                return holder.round
-        return None
+        return [] if job is None else [job] if job.lanes is None else job.lanes
+
+    def _in_round(self, job_id: bytes, offer_id: bytes) -> _Job | None:
+        """The job (or replica lane) whose round is open with that offer, if any."""
+        holders = self._holders(job_id)
+        return next((h for h in holders if h.round is not None and h.round.offer_id == offer_id), None)
 
     # --- outcomes ---
 

@@ -33,6 +33,7 @@ from e31.protocol.ids import Digest, NodeId
 from e31.protocol.messages import BlobChunk, BlobRequest
 
 from .blobs import BlobError, BlobStore, PartialBlob
+from .nursery import own_nursery
 
 log = logging.getLogger("e31.transfer")
 
@@ -106,13 +107,9 @@ class BlobTransfer:
         self.fetched_chunks = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                task_status.started()
-                await trio.sleep_forever()
-        finally:  # closed: a message arriving while the node stops is dropped, not spawned
-            self._nursery = None
+        async with own_nursery(self):
+            task_status.started()
+            await trio.sleep_forever()
 
     # --- incoming messages (called from the market's link listener; never block) ---
 

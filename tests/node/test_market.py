@@ -794,6 +794,12 @@ class Recorder:
     def kinds(self, kind: type) -> list[Any]:
         return [env for env in self.got if isinstance(env.message, kind)]
 
+    async def only(self, kind: type) -> Any:
+        """The one message of `kind` received, once it has come."""
+        await until(lambda: self.kinds(kind))
+        (env,) = self.kinds(kind)
+        return env
+
     def offer(self, *manifests: JobManifest) -> VerifiedEnvelope[Offer]:
         ordered = tuple(sorted(manifests, key=lambda m: m.job_id.raw))
         offer = Offer(NETWORK, wall_ms() + 60_000, NodeId(self.id), ordered)
@@ -802,6 +808,13 @@ class Recorder:
 
 def foreign_manifest(node: RealNode, submitter: bytes, args: tuple[str, ...], **changes: Any) -> JobManifest:
     return replace(node.manifest(args), submitter=NodeId(submitter), **changes)
+
+
+async def executor_and_peer(net: Net, nursery: trio.Nursery, tmp_path: Path) -> tuple[RealNode, Recorder]:
+    """A running node and a peer that offers it jobs and keeps its answers."""
+    b, c = RealNode(net, tmp_path, "b", 2), Recorder(net, 9)
+    await start(nursery, b)
+    return b, c
 
 
 async def test_a_sweep_goes_out_in_offers_of_many_jobs_each_assigned_through_its_bid(
@@ -835,20 +848,16 @@ async def test_a_sweep_goes_out_in_offers_of_many_jobs_each_assigned_through_its
 async def test_an_assignment_of_a_job_its_bid_does_not_name_is_released(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    b = RealNode(net, tmp_path, "b", 2)
-    c = Recorder(net, 9)
-    await start(nursery, b)
+    b, c = await executor_and_peer(net, nursery, tmp_path)
     named = [foreign_manifest(b, c.id, (str(i), "100")) for i in range(2)]
     b.executor.on_offer(c.offer(*named))
-    await until(lambda: c.kinds(Bid))
-    (bid_env,) = c.kinds(Bid)
+    bid_env = await c.only(Bid)
     assert [i.job_id for i in bid_env.message.items] == sorted((m.job_id for m in named), key=lambda d: d.raw)
     other = foreign_manifest(b, c.id, ("7", "100"))
     now = wall_ms()
     assign = Assign(NETWORK, other.job_id, bid_env.message_id, NodeId(c.id), NodeId(b.id), 1, now + 30_000)
     await b.market.message(c.id, sign_message(assign, c.key))
-    await until(lambda: c.kinds(Release))
-    (release,) = c.kinds(Release)
+    release = await c.only(Release)
     assert release.message.job_id == other.job_id and release.message.reason == "unknown"
     assert await b.store.run(Store.job, other.job_id.raw, "executor") is None
 
@@ -856,9 +865,7 @@ async def test_an_assignment_of_a_job_its_bid_does_not_name_is_released(
 async def test_jobs_of_one_offer_declined_for_one_reason_share_one_decline(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    b = RealNode(net, tmp_path, "b", 2)
-    c = Recorder(net, 9)
-    await start(nursery, b)
+    b, c = await executor_and_peer(net, nursery, tmp_path)
     alien = Digest(b"\x01" * 32)  # an execution profile b does not run
     no_profile = [foreign_manifest(b, c.id, (str(i), "100"), profile=alien) for i in range(2)]
     huge = foreign_manifest(b, c.id, ("3", "100"), limits=Limits(10**10, 1 << 40, 30_000, 1 << 20))
@@ -921,17 +928,14 @@ async def test_open_bids_keep_a_bounded_amount_of_offers_then_offers_are_decline
 ) -> None:
     import e31.node.market_executor as executor_module
 
-    b = RealNode(net, tmp_path, "b", 2)
-    c = Recorder(net, 9)
-    await start(nursery, b)
+    b, c = await executor_and_peer(net, nursery, tmp_path)
     first = c.offer(foreign_manifest(b, c.id, ("1", "100")))
     monkeypatch.setattr(executor_module, "PROMISED_BYTES_MAX", len(first.raw) + 10)
     b.executor.on_offer(first)
     await until(lambda: c.kinds(Bid))
     second = c.offer(foreign_manifest(b, c.id, ("2", "100")), foreign_manifest(b, c.id, ("3", "100")))
     b.executor.on_offer(second)
-    await until(lambda: c.kinds(Decline))
-    (decline,) = c.kinds(Decline)
+    decline = await c.only(Decline)
     assert decline.message.reason == "busy" and decline.message.offer_id == second.message_id
     assert set(decline.message.job_ids) == {m.job_id for m in second.message.manifests}
     assert len(c.kinds(Bid)) == 1 and b.executor._promised_bytes == len(first.raw)
@@ -940,16 +944,13 @@ async def test_open_bids_keep_a_bounded_amount_of_offers_then_offers_are_decline
 async def test_a_bid_lasts_as_long_as_its_longest_lived_job_allows(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    b = RealNode(net, tmp_path, "b", 2)
-    c = Recorder(net, 9)
-    await start(nursery, b)
+    b, c = await executor_and_peer(net, nursery, tmp_path)
     now = wall_ms()
     quick = Limits(10**10, 64 << 20, 1_000, 1 << 20)  # at most a second: it can make a 5 s deadline
     near = foreign_manifest(b, c.id, ("1", "100"), deadline=now + 5_000, limits=quick)
     far = foreign_manifest(b, c.id, ("2", "100"))
     b.executor.on_offer(c.offer(near, far))
-    await until(lambda: c.kinds(Bid))
-    (bid,) = c.kinds(Bid)
+    bid = await c.only(Bid)
     assert {i.job_id for i in bid.message.items} == {near.job_id, far.job_id}
     assert bid.message.expires >= now + SETTINGS.bid_ttl_ms  # not cut to the near job's deadline
 

@@ -329,10 +329,16 @@ def test_state_survives_reopening(tmp_path: Path) -> None:
 # --- migrations and refusal ------------------------------------------------------------------------
 
 
+def _store_at_version(path: Path, version: int) -> sqlite3.Connection:
+    """A connection to a new store file migrated only up to `version` (an older node's store)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn, version)
+    return conn
+
+
 def test_migration_from_version_1(tmp_path: Path) -> None:
     path = tmp_path / STORE_FILE
-    conn = sqlite3.connect(path, isolation_level=None)
-    migrate(conn, 1)
+    conn = _store_at_version(path, 1)
     conn.execute("INSERT INTO peers (node_id, network, addresses, source, first_seen, last_seen) "
                  "VALUES (?, 'main', '[\"10.0.0.1:1\"]', 'bootstrap', 1.0, 2.0)", (ALICE,))
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
@@ -346,8 +352,7 @@ def test_migration_from_version_1(tmp_path: Path) -> None:
 
 def test_migration_from_version_3_keeps_every_envelope_and_adds_links(tmp_path: Path) -> None:
     path = tmp_path / STORE_FILE
-    conn = sqlite3.connect(path, isolation_level=None)
-    migrate(conn, 3)
+    conn = _store_at_version(path, 3)
     conn.execute("INSERT INTO jobs (job_id, role, manifest, state, submitter, created, deadline, updated) "
                  "VALUES (x'01', 'submitter', x'00', 'done', ?, 1.0, 2.0, 1.0)", (ALICE,))
     conn.executemany("INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, ?, ?)",
