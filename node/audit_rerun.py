@@ -117,10 +117,20 @@ def rerun_job(manifest: JobManifest, blobs: dict[bytes, bytes], *,
                 seed=job_seed(manifest.job_id))
             result = run(spec, root / "output", module=compiled, streams_dir=root / "streams")
             outputs = _output_files(root / "output")
-            streams = (_file_ref(root / "streams" / "stdout"), _file_ref(root / "streams" / "stderr"))
+            streams = (_stream_ref(result, root / "streams", "stdout"),
+                       _stream_ref(result, root / "streams", "stderr"))
         except (SandboxError, OSError) as e:
             return _failed_rerun(f"the sandbox could not run the job here: {e}")
     return _rerun_from(result, outputs, streams)
+
+
+def _stream_ref(result: RunResult, streams: Path, name: str) -> BlobRef | None:
+    """The blob root of a run's whole stream: from the result when it holds it whole, else from the
+    file the run spilled it to, hashed in pieces; None when the run left no such file."""
+    from e31.sandbox.limits import whole_stream
+
+    where = whole_stream(result, streams, name)
+    return blob_ref(where) if isinstance(where, bytes) else _file_ref(where)
 
 
 def _file_ref(path: Path) -> BlobRef | None:
@@ -142,7 +152,8 @@ def _rerun_from(result: RunResult, outputs: tuple[FileRef, ...],
         stdout_ref = (blob_ref(result.stdout) if len(result.stdout) == result.stdout_bytes
                       else _ref_from_hash(result.stdout_sha256, result.stdout_bytes))
     if stderr_ref is None:
-        stderr_ref = _ref_from_hash(result.stderr_sha256, result.stderr_bytes)
+        stderr_ref = (blob_ref(result.stderr) if len(result.stderr) == result.stderr_bytes
+                      else _ref_from_hash(result.stderr_sha256, result.stderr_bytes))
     for name, ref, size in (("stdout", stdout_ref, result.stdout_bytes), ("stderr", stderr_ref,
                                                                            result.stderr_bytes)):
         if ref is None:

@@ -17,8 +17,11 @@
   outputs are pushed to the submitter right after the result (transfer.push).
 
 The job's seed (WASI random_get) is its 32-byte job id, so a re-run anywhere reproduces the run.
-The sandbox writes the job's whole stdout and stderr to files (runner `streams_dir`); they are stored
-as blobs, checked against the run's hashes, and named in the receipt.
+The run's stdout and stderr come whole in its result, or, when longer than 1 MiB, in files under the
+run's directory (runner `streams_dir`, `whole_stream`); they are stored as blobs, checked against the
+run's hashes, and named in the receipt. The run's directory is created only by a run that needs it (a
+long stream or files in /output): a tiny job creates no file or directory before its outputs are
+stored as blobs.
 
 Restarts: jobs `fetching`, `queued` or `running` at a stop are resumed with the same assignment while
 its lease holds (a running one is run again from the start: the same outcome and fuel, one receipt),
@@ -73,7 +76,7 @@ from e31.protocol.receipts import TRAP_MAX, Ack, Outcome, UsageReceipt, check_ac
 from e31.sandbox.errors import SandboxError
 from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import Limits as SandboxLimits
-from e31.sandbox.limits import RunResult, Status
+from e31.sandbox.limits import RunResult, Status, whole_stream
 
 from .blobs import BlobError, BlobStore
 from .market import MarketContext, transition
@@ -533,9 +536,10 @@ class Executor:
             await self.transfer.fetch(peer, ref)
 
     def _prepare(self, manifest: JobManifest, work: Path) -> JobSpec:
-        """The run's spec and a fresh work dir (in a thread: it reads the module and touches the disk)."""
+        """The run's spec, with whatever an earlier run of the job left in its work dir removed (in a
+        thread: it reads the module and touches the disk). The sandbox creates the dir if it needs it."""
         spec = self._spec(manifest)
-        _fresh_dir(work)
+        shutil.rmtree(work, ignore_errors=True)
         return spec
 
     def _spec(self, manifest: JobManifest) -> JobSpec:
@@ -913,8 +917,8 @@ def _store_outputs(blobs: BlobStore, work: Path, result: RunResult) -> _Stored:
     reported (in the thread that waited for the run)."""
     streams = work / "streams"
     small: list[tuple[BlobRef, bytes]] = []
-    stdout = _put_checked(blobs, streams / "stdout", result.stdout_bytes, result.stdout_sha256, small)
-    stderr = _put_checked(blobs, streams / "stderr", result.stderr_bytes, result.stderr_sha256, small)
+    stdout = _put_checked(blobs, streams, "stdout", result, small)
+    stderr = _put_checked(blobs, streams, "stderr", result, small)
     outputs = []
     for name, sha in sorted(result.output_files.items()):
         data = (work / "output" / name).read_bytes()
@@ -932,27 +936,22 @@ def _maybe_push(small: list[tuple[BlobRef, bytes]], ref: BlobRef, data: bytes) -
         small.append((ref, data))
 
 
-SMALL_STREAM = 1 << 20
-"""A stream up to this size is read whole, so one already stored (an empty stderr) is not written again."""
-
-
 def _put_checked(
-    blobs: BlobStore, path: Path, total: int, sha: str, small: list[tuple[BlobRef, bytes]]
+    blobs: BlobStore, streams: Path, name: str, result: RunResult, small: list[tuple[BlobRef, bytes]]
 ) -> BlobRef:
-    """Store the file at `path` as a blob if it holds exactly `total` bytes hashing to `sha` (adding it
-    to `small` when it can be pushed)."""
-    if total <= SMALL_STREAM:
-        try:
-            with open(path, "rb") as f:
-                data = f.read(SMALL_STREAM + 1)
-        except FileNotFoundError:
-            raise JobFailed(f"the sandbox left no {path.name} stream") from None
-        if len(data) != total or hashlib.sha256(data).hexdigest() != sha:
-            raise JobFailed(f"the {path.name} stream holds {len(data)} bytes that do not match the {total} "
-                            "bytes the run reported")
-        ref = BlobRef(Digest(bytes.fromhex(blobs.put(data))), total)
-        _maybe_push(small, ref, data)
+    """Store the run's stream `name` as a blob, from the result when it holds it whole, else from its
+    file under `streams`, if it is exactly the size and hash the run reported (adding it to `small`
+    when it can be pushed)."""
+    total, sha = (result.stdout_bytes, result.stdout_sha256) if name == "stdout" else (
+        result.stderr_bytes, result.stderr_sha256)
+    where = whole_stream(result, streams, name)
+    if isinstance(where, bytes):
+        if hashlib.sha256(where).hexdigest() != sha:
+            raise JobFailed(f"the run's {name} does not match the hash it reported")
+        ref = BlobRef(Digest(bytes.fromhex(blobs.put(where))), total)
+        _maybe_push(small, ref, where)
         return ref
+    path = where
     digest = hashlib.sha256()
     size = 0
 
@@ -973,11 +972,6 @@ def _put_checked(
             f"the {path.name} stream holds {size} bytes that do not match the {total} bytes the run reported"
         )
     return BlobRef(Digest(bytes.fromhex(root)), total)
-
-
-def _fresh_dir(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True, mode=0o700)
 
 
 def _release_reason(why: str | None) -> str:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
-from .errors import JobSpecError
+from .errors import JobSpecError, SandboxError
 
 
 class Status(enum.StrEnum):
@@ -75,7 +76,9 @@ def _check_int(name: str, value: object, lo: int, hi: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
-    """What one run did. `stdout` is a capped copy for display; the hashes cover everything.
+    """What one run did. `stdout` and `stderr` hold a stream's first DISPLAY_CAP (1 MiB) bytes: the
+    whole stream when its size (`stdout_bytes`, `stderr_bytes`) is no more, else a copy for display (the
+    run's `streams_dir` then has it whole, runner.whole_stream); the hashes cover everything.
 
     `fuel_used` is exact and reproducible for every reverifiable outcome. wasmtime checks fuel at
     loop heads and calls, so a guest can finish a few instructions past its budget; it then
@@ -99,6 +102,7 @@ class RunResult:
     output_bytes: int = 0
     stdout_bytes: int = 0
     stderr_bytes: int = 0
+    stderr: bytes = b""
     profile_digest: str = ""
     reverifiable: bool = False
 
@@ -106,5 +110,21 @@ class RunResult:
         d = asdict(self)
         d["status"] = str(self.status)
         d["stdout"] = self.stdout.decode("utf-8", errors="replace")
+        d["stderr"] = self.stderr.decode("utf-8", errors="replace")
         d["output_files"] = dict(sorted(self.output_files.items()))
         return d
+
+
+def whole_stream(result: RunResult, streams_dir: Path | None, name: str) -> bytes | Path:
+    """A run's whole stdout or stderr (`name`): its bytes when the result holds all of them (a stream of
+    at most DISPLAY_CAP bytes), else the file under `streams_dir` it went to (the run must have had
+    one). The caller checks what it reads against the result's size and hash."""
+    if name == "stdout":
+        held, total = result.stdout, result.stdout_bytes
+    else:
+        held, total = result.stderr, result.stderr_bytes
+    if len(held) == total:
+        return held
+    if streams_dir is None:
+        raise SandboxError(f"the run's {name} ({total} bytes) was not kept whole: it ran without streams_dir")
+    return streams_dir / name

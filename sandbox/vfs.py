@@ -408,12 +408,16 @@ class Tree:
         }
 
     def write_output_dir(self, dest: Path) -> None:
-        """Materialise /output under dest. Never follows a symlink that already sits in dest."""
+        """Materialise /output under dest (created only when /output holds something: a run that
+        leaves no output costs no directory). Never follows a symlink that already sits in dest."""
+        entries = list(self.output_entries())
+        if not entries:
+            return
         dest.mkdir(parents=True, exist_ok=True)
         root_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         fds = {"": root_fd}
         try:
-            for name, node in self.output_entries():
+            for name, node in entries:
                 head, _, base = name.rpartition("/")
                 dir_fd = fds[head]
                 if isinstance(node, Dir):

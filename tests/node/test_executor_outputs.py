@@ -1,5 +1,6 @@
-"""How an executor stores a run's streams: checked against the hash and size the run reported, and a
-stream already held (an empty stderr) not written again."""
+"""How an executor stores a run's streams: from the result when it holds them whole, else from the files
+the run spilled them to; checked against the hash and size the run reported either way, and a stream
+already held (an empty stderr) not written again."""
 
 from __future__ import annotations
 
@@ -7,56 +8,64 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from e31.node import market_executor
 from e31.node.blobs import BlobStore
 from e31.node.market_executor import JobFailed, _put_checked
 from e31.protocol.blobs import BlobRef
+from e31.sandbox.limits import RunResult, Status
+
+TEXT = b"pi is about 3.14\n"
 
 
-def _stream(tmp_path: Path, data: bytes) -> tuple[Path, int, str]:
-    path = tmp_path / "stdout"
-    path.write_bytes(data)
-    return path, len(data), hashlib.sha256(data).hexdigest()
+def _result(stdout: bytes, *, held: bytes | None = None, size: int | None = None,
+            sha: str | None = None) -> RunResult:
+    """A run that wrote `stdout`, holding `held` of it (all of it by default)."""
+    return RunResult(
+        status=Status.EXITED, exit_code=0, trap=None, message="", fuel_used=1, fuel_limit=10,
+        wall_seconds=0.0, peak_memory_bytes=0, stdout=stdout if held is None else held,
+        stdout_sha256=sha or hashlib.sha256(stdout).hexdigest(),
+        stderr_sha256=hashlib.sha256(b"").hexdigest(),
+        stdout_bytes=len(stdout) if size is None else size,
+    )
 
 
-@pytest.mark.parametrize("small", [True, False])
-def test_a_stream_that_matches_the_run_is_stored(tmp_path: Path, small: bool,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    if not small:
-        monkeypatch.setattr(market_executor, "SMALL_STREAM", 4)  # the streaming path
+def test_a_stream_held_whole_is_stored_from_the_result_and_pushed(tmp_path: Path) -> None:
     blobs = BlobStore(tmp_path / "blobs")
-    path, total, sha = _stream(tmp_path, b"pi is about 3.14\n")
     pushed: list[tuple[BlobRef, bytes]] = []
-    ref = _put_checked(blobs, path, total, sha, pushed)
-    assert blobs.read(ref.root.raw) == b"pi is about 3.14\n" and ref.size == total
-    # read whole, it is kept to push with the result; streamed (a large one), it is not
-    assert pushed == ([(ref, b"pi is about 3.14\n")] if small else [])
+    ref = _put_checked(blobs, tmp_path / "no-such-dir", "stdout", _result(TEXT), pushed)
+    assert blobs.read(ref.root.raw) == TEXT and ref.size == len(TEXT)
+    assert pushed == [(ref, TEXT)]
 
 
-@pytest.mark.parametrize("small", [True, False])
-def test_a_stream_that_differs_from_what_the_run_reported_fails_the_job(
-    tmp_path: Path, small: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if not small:
-        monkeypatch.setattr(market_executor, "SMALL_STREAM", 4)
+def test_a_long_stream_is_stored_from_its_file_and_not_pushed(tmp_path: Path) -> None:
     blobs = BlobStore(tmp_path / "blobs")
-    path, total, sha = _stream(tmp_path, b"changed after the run")
+    (tmp_path / "stdout").write_bytes(TEXT)
+    pushed: list[tuple[BlobRef, bytes]] = []
+    ref = _put_checked(blobs, tmp_path, "stdout", _result(TEXT, held=TEXT[:4]), pushed)
+    assert blobs.read(ref.root.raw) == TEXT and ref.size == len(TEXT)
+    assert pushed == []
+
+
+def test_a_stream_that_differs_from_what_the_run_reported_fails_the_job(tmp_path: Path) -> None:
+    blobs = BlobStore(tmp_path / "blobs")
+    other = hashlib.sha256(b"other").hexdigest()
+    with pytest.raises(JobFailed, match="does not match"):
+        _put_checked(blobs, tmp_path, "stdout", _result(TEXT, sha=other), [])
+    (tmp_path / "stdout").write_bytes(b"changed after the run")
+    with pytest.raises(JobFailed, match="do not match"):  # the file is longer than reported
+        _put_checked(blobs, tmp_path, "stdout", _result(TEXT, held=TEXT[:4]), [])
     with pytest.raises(JobFailed, match="do not match"):
-        _put_checked(blobs, path, total + 1, sha, [])
-    with pytest.raises(JobFailed, match="do not match"):
-        _put_checked(blobs, path, total, hashlib.sha256(b"other").hexdigest(), [])
+        _put_checked(blobs, tmp_path, "stdout", _result(b"changed after the run", held=b"c", sha=other), [])
     with pytest.raises(JobFailed, match="left no"):
-        _put_checked(blobs, tmp_path / "stderr", 0, hashlib.sha256(b"").hexdigest(), [])
+        _put_checked(blobs, tmp_path / "gone", "stdout", _result(TEXT, held=TEXT[:4]), [])
 
 
 def test_a_small_stream_already_held_is_not_written_again(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     blobs = BlobStore(tmp_path / "blobs")
-    path, total, sha = _stream(tmp_path, b"")
-    first = _put_checked(blobs, path, total, sha, [])
+    first = _put_checked(blobs, tmp_path, "stderr", _result(TEXT), [])
 
     def no_write(*args: object, **kwargs: object) -> None:
         raise AssertionError("an empty stream already held was written again")
 
     monkeypatch.setattr(blobs, "put_stream", no_write)
-    assert _put_checked(blobs, path, total, sha, []) == first
+    assert _put_checked(blobs, tmp_path, "stderr", _result(TEXT), []) == first

@@ -129,8 +129,9 @@ class RealNode:
         net.handlers[self.id] = self.market.message
         net.offer_sinks[self.id] = self.executor.on_offer
 
-    def manifest(self, args: tuple[str, ...], deadline_s: float = 60.0) -> JobManifest:
-        module = (WORKLOADS / "montecarlo.wasm").read_bytes()
+    def manifest(self, args: tuple[str, ...], deadline_s: float = 60.0,
+                 workload: str = "montecarlo") -> JobManifest:
+        module = (WORKLOADS / f"{workload}.wasm").read_bytes()
         self.blobs.put(module)
         now = wall_ms()
         return JobManifest(
@@ -296,8 +297,27 @@ async def test_a_job_runs_on_another_node_and_comes_back_verified_and_acknowledg
     assert executed is not None and executed.state == "done"
     # B's copy of the module arrived by chunked transfer and is the submitter's exact blob.
     assert b.blobs.has(receipt.message.module.root.raw)
-    # The run's directory is moved aside when the run ends and deleted at the delivery loop's next turn.
+    # A run whose streams fit in its result and that leaves no /output creates no directory at all (one
+    # that does is deleted after it: the next test).
+    assert not (tmp_path / "b-runs").exists()
+
+
+async def test_a_run_that_leaves_files_has_its_directory_deleted_once_they_are_stored(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    tile = ("64", "48", "0", "0", "64", "48", "50", "/output/tile.pgm")
+    job_id = await a.submitter.submit(a.manifest(tile, workload="mandelbrot"))
+    await wait_state(a, job_id, "done")
+    receipts = await a.store.run(Store.receipts_for_job, job_id)
+    receipt = verify((await a.store.run(Store.envelope, receipts[0].message_id)).raw, UsageReceipt)
+    [output] = receipt.message.outputs
+    assert output.name == "tile.pgm" and a.blobs.read(output.blob.root.raw).startswith(b"P5\n64 48\n")
+    # the run's directory held /output; it is moved aside when the run ends and deleted at the delivery
+    # loop's next turn
     runs = tmp_path / "b-runs"
+    assert runs.is_dir()
     await until(lambda: not any(runs.iterdir()))
     assert list(runs.iterdir()) == []
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
 import trio
 from e31.node.scheduler import RunRecord, Scheduler
 from e31.sandbox.job import JobSpec
-from e31.sandbox.limits import Limits, Status
+from e31.sandbox.limits import Limits, Status, whole_stream
 from e31.sandbox.pool import WorkerPool
 from e31.sandbox.runner import wat_to_wasm
 
@@ -92,11 +93,21 @@ async def test_cancelling_a_run_stops_the_guest(scheduler: Scheduler, tmp_path: 
 
 async def test_whole_streams_and_worker_pids_come_from_the_pool(scheduler: Scheduler, tmp_path: Path) -> None:
     assert len(scheduler.worker_pids()) == 1
-    record = await scheduler.execute(montecarlo(3, 1000), tmp_path / "out", estimate_ms=1,
-                                     streams_dir=tmp_path / "streams")
-    stdout = (tmp_path / "streams" / "stdout").read_bytes()
-    assert stdout == record.result.stdout and len(stdout) == record.result.stdout_bytes > 0
-    assert (tmp_path / "streams" / "stderr").read_bytes() == b""
+    # short streams: whole in the result, and no file or directory is created for them
+    record = await scheduler.execute(montecarlo(3, 1000), tmp_path / "a" / "out", estimate_ms=1,
+                                     streams_dir=tmp_path / "a" / "streams")
+    assert whole_stream(record.result, tmp_path / "a" / "streams", "stdout") == record.result.stdout
+    assert record.result.stdout_bytes > 0 and record.result.stderr_bytes == 0
+    assert not (tmp_path / "a").exists()
+    # a stdout longer than the result holds goes whole to streams_dir (a 1,200 x 1,000 PGM image)
+    tile = JobSpec(module=(WORKLOADS / "mandelbrot.wasm").read_bytes(),
+                   args=("1200", "1000", "0", "0", "1200", "1000", "1"))
+    record = await scheduler.execute(tile, tmp_path / "b" / "out", estimate_ms=1,
+                                     streams_dir=tmp_path / "b" / "streams")
+    stdout = (tmp_path / "b" / "streams" / "stdout").read_bytes()
+    assert len(stdout) == record.result.stdout_bytes > len(record.result.stdout)
+    assert stdout.startswith(record.result.stdout)
+    assert hashlib.sha256(stdout).hexdigest() == record.result.stdout_sha256
 
 
 async def test_suspending_a_running_job_changes_nothing_in_its_result(scheduler: Scheduler,
