@@ -136,6 +136,10 @@ class _Held:
     handed_back: bool = False
 
 
+ACCEPT_DELAY = 0.5
+"""Seconds between queueing a job and telling its submitter (`accepted`), skipped when the job ends first.
+Well under the submitter's first re-send of an unaccepted assignment (MarketSettings.delivery_interval,
+2 s), so the wait costs no extra message; a tiny job's result arrives instead."""
 PROMISED_BYTES_MAX = 16 << 20
 """Bytes of offers that this node's live bids may keep (each keeps the offer it answers, decoded, for
 the assignment): past it, offers are declined `busy` until bids lapse or are assigned. A set of 64 tiny
@@ -485,7 +489,8 @@ class Executor:
         try:
             await self._fetch_inputs(manifest)
             await self._set_state(job_id, "fetching", "queued")
-            await self._accepted(assign)
+            if self._nursery is not None:
+                self._nursery.start_soon(self._accept_unless_done, assign, held)
             estimate = held.estimate_ms
 
             marked = trio.Event()
@@ -521,6 +526,13 @@ class Executor:
             await self._fail(job_id, row.state if row else "fetching", str(e))
             return
         await self._finish(job_id, manifest, assign, receipt, stored.small)
+
+    async def _accept_unless_done(self, assign: VerifiedEnvelope[Assign], held: _Held) -> None:
+        """The hand-off, ACCEPT_DELAY after the job was queued, unless the job has ended by then: its
+        result (or release) tells the submitter more, so a short job costs no `accepted` at all."""
+        await trio.sleep(ACCEPT_DELAY)
+        if self._held.get(assign.message.job_id.raw) is held and not held.handed_back:
+            await self._accepted(assign)
 
     async def _accepted(self, assign: VerifiedEnvelope[Assign]) -> None:
         """Tell the submitter this node holds the job's data and has queued it: the hand-off."""

@@ -15,9 +15,11 @@ countersigned with an `ack`. A repeated outcome for a finished job gets the stor
 executor that missed the first one stops retrying. Every step is written to the store before the next.
 
 Hand-off: the assigned executor's `accepted` (it holds every blob and has queued the job) is stored
-with the job; from then on this node may go offline. A node that comes back re-sends its assignments
-to the executors it can reach again (`pull`), so each delivers its outcome at once instead of at its
-next backed-off retry. Reassigning a job whose executor vanished needs this node online.
+with the job; from then on this node may go offline. An executor leaves it out for a job whose outcome
+goes within moments (half a second for the reference executor): the job is then done instead. A node
+that comes back re-sends its assignments to the executors it can reach again (`pull`), so each delivers
+its outcome at once instead of at its next backed-off retry. Reassigning a job whose executor vanished
+needs this node online.
 
 Cancel (`e31 cancel`): a signed `cancel` goes to the assigned executor and out on gossip, the job ends
 `cancelled` and its driver stops; an outcome arriving later is stored but changes nothing.

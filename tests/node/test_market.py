@@ -20,7 +20,7 @@ import pytest
 import trio
 from e31.node.blobs import BlobStore
 from e31.node.market import Market, MarketContext, MarketSettings
-from e31.node.market_executor import Executor
+from e31.node.market_executor import ACCEPT_DELAY, Executor
 from e31.node.market_rules import WindowSettings
 from e31.node.market_submitter import Submitter, UnknownJob
 from e31.node.scheduler import Scheduler
@@ -548,7 +548,29 @@ async def test_an_assignment_lost_on_the_way_is_sent_again_until_accepted(
     assert dropped and row.attempt == 1 and row.executor == str(NodeId(b.id))
     executed = await b.store.run(Store.job, job_id, "executor")
     assert executed is not None and executed.attempt == 1
-    assert len(await a.store.run(Store.envelopes_for_job, job_id, "accepted")) == 1
+    # a job this short ends before its acceptance would go: its result is the hand-off
+    assert not await a.store.run(Store.envelopes_for_job, job_id, "accepted")
+
+
+async def test_a_job_still_held_after_the_accept_delay_is_handed_off_a_short_one_only_by_its_result(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    waiting = await a.submitter.submit(a.manifest(("14", "40000000")))  # runs for a few seconds
+
+    async def handed_off() -> set[bytes]:
+        return await a.submitter.handed_off([await a.job(waiting)])
+
+    await until(handed_off, ACCEPT_DELAY + 5)
+    assert (await a.job(waiting)).state == "assigned"  # handed off by the acceptance, not by its end
+    assert len(await a.store.run(Store.envelopes_for_job, waiting, "accepted")) == 1
+    await wait_state(a, waiting, "done")
+    quick = await a.submitter.submit(a.manifest(("15", "1000")))
+    await wait_state(a, quick, "done")
+    await trio.sleep(ACCEPT_DELAY + 0.2)
+    assert not await a.store.run(Store.envelopes_for_job, quick, "accepted")
+    assert len(await a.store.run(Store.envelopes_for_job, waiting, "accepted")) == 1
 
 
 async def test_answered_offers_are_forgotten_once_expired(
