@@ -9,12 +9,13 @@ Settings and why:
   durable commit or checkpoint. The WAL is one file synced whole, so a durable commit also makes every
   commit before it durable: a promise made after a durable commit covers everything written before it.
   Durable: `transaction()` by default (callers outside this module), jobs accepted (`add_job`), job
-  states that others rely on (DURABLE_STATES: assigned, running and the ends), results, receipts,
+  states that others rely on (DURABLE_STATES: assigned and the ends), results, receipts,
   receipt log indexes and acknowledgements, the writes behind "safe to walk away" and acks.
   Not durable (each one a few microseconds instead of an fsync): the key-value cache, peers, the
   seen-cache, envelopes (kept before the durable write that names them), blob references, delivery
-  retry times, and the intermediate job states (offered, fetching); losing them to a power cut only
-  repeats work (an offer re-sent, a blob re-fetched).
+  retry times, and the intermediate job states (offered, fetching, queued, running); losing them to a
+  power cut only repeats work (an offer re-sent, a blob re-fetched, a run started again from the start,
+  which an executor does after any stop).
 - Group commit. Calls made through AsyncStore commit durable writes without their own fsync; before any
   call returns (read or write), AsyncStore waits, if some durable commit is not yet on disk, for one
   fsync of the WAL that began after it (`Store.sync`, in a thread of its own), shared by every task
@@ -69,8 +70,10 @@ def call(method: Callable[..., Any], *args: Any, **kwargs: Any) -> Call:
     return method, args, kwargs
 
 
-DURABLE_STATES = frozenset({"assigned", "running", "done", "failed", "expired", "cancelled", "disputed"})
-"""Job states whose update is a durable commit (others may see them: a hand-off, an end)."""
+DURABLE_STATES = frozenset({"assigned", "done", "failed", "expired", "cancelled", "disputed"})
+"""Job states whose update is a durable commit (others may see them: a hand-off, an end). Not `running`:
+an executor resumes a job found `queued` or `running` after a stop alike, from the start, so the state
+promises nothing, and it was one fsync per job on an executor that runs them one at a time."""
 PRUNABLE_STATES = frozenset({"done", "failed", "expired", "cancelled"})
 """Ends after which a job is forgotten once its retention is over (`prune_finished_jobs`)."""
 SHARED_KINDS = ("offer", "bid")
@@ -1048,6 +1051,8 @@ class AsyncStore:
         self._sync_limiter = trio.CapacityLimiter(1)
         self._failed: StoreError | None = None
         self._group: _Group | None = None
+        self._in_thread = 0  # calls in (or queued for) the worker thread
+        self._thread_done = trio.Event()
 
     @classmethod
     async def open(cls, path: Path | str) -> AsyncStore:
@@ -1061,8 +1066,8 @@ class AsyncStore:
         if not read:
             self._writes += 1
             if self._writes >= CHECKPOINT_EVERY:
-                await trio.to_thread.run_sync(self.store.checkpoint, limiter=self._limiter)
-                self._writes = 0
+                self._writes = 0  # before the wait: the writers arriving meanwhile must not checkpoint too
+                await self._in_the_thread(self.store.checkpoint)
         # An inline call keeps the thread's contract: cancelled means not run, returned means done.
         if read and getattr(Store, name, None) is method:
             await trio.lowlevel.checkpoint_if_cancelled()
@@ -1072,11 +1077,17 @@ class AsyncStore:
         if _short_write(method) or (
             method is Store.many and type(args[0]) is tuple and all(_short_write(m) for m, _, _ in args[0])
         ):
-            # not while the thread holds the connection; calls queued for the thread are other tasks'
-            # (a task waits for each of its calls), which nothing orders against this one
+            # not while the thread holds the connection: then after its calls (calls queued for the
+            # thread are other tasks', as a task waits for each of its calls: nothing orders them
+            # against this one). Queueing behind them would keep the connection in the thread for as
+            # long as writes keep coming, each one a thread hop.
             await trio.lowlevel.checkpoint_if_cancelled()
-            if self._group is not None or self.store._lock.acquire(blocking=False):
-                return await self._grouped(method, args, kwargs)
+            while True:
+                if self._group is not None or self.store._lock.acquire(blocking=False):
+                    return await self._grouped(method, args, kwargs)
+                if not self._in_thread:
+                    break  # held by a thread of someone else's (briefly, by a sync): join the queue
+                await self._thread_done.wait()
 
         def call() -> T:
             deferring = self.store.deferring
@@ -1086,9 +1097,22 @@ class AsyncStore:
             finally:
                 deferring.on = False
 
-        result = await trio.to_thread.run_sync(call, limiter=self._limiter)
+        result = await self._in_the_thread(call)
         await self._settle()
         return result
+
+    async def _in_the_thread(self, fn: Callable[[], T]) -> T:
+        """Run `fn` in the worker thread (one at a time), counting the calls there; each one that ends
+        sets `_thread_done`, so the short writes waiting for the connection try again before the next
+        queued call can take it (it starts from the event loop too), and none waits for a queue that
+        keeps growing."""
+        self._in_thread += 1
+        try:
+            return await trio.to_thread.run_sync(fn, limiter=self._limiter)
+        finally:
+            self._in_thread -= 1
+            self._thread_done.set()
+            self._thread_done = trio.Event()
 
     async def _grouped(self, method: Callable[..., T], args: Any, kwargs: Any) -> T:
         """Run a short write in the event loop's open write transaction (a group), opening one if there

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,7 +157,7 @@ def test_promises_are_durable_commits_and_caches_are_not(store: Store) -> None:
     levels = _sync_level_of_commits(store)
     _job(store, b"j1", role="executor", state="fetching")
     store.update_job(b"j1", "executor", 2.0, state="fetching")
-    store.update_job(b"j1", "executor", 3.0, state="running")
+    store.update_job(b"j1", "executor", 3.0, state="running")  # resumed from the start after any stop
     store.put_envelope(b"res", "result", b"r", now=1.0, job_id=b"j1")
     store.kv_set("k", b"v")
     store.ref_blob("ab" * 32, "job:j1")
@@ -166,7 +167,7 @@ def test_promises_are_durable_commits_and_caches_are_not(store: Store) -> None:
     store.update_job(b"j1", "executor", 4.0, state="done")
     with store.transaction() as c:  # callers outside the store get durable commits unless they say not
         c.execute("DELETE FROM kv")
-    assert levels == [2, 1, 2, 1, 1, 1, 2, 2, 2]
+    assert levels == [2, 1, 1, 1, 1, 1, 2, 2, 2]
     store._conn.set_trace_callback(None)
 
 
@@ -617,6 +618,31 @@ async def test_the_wal_is_checkpointed_off_the_event_loop(tmp_path: Path) -> Non
         with sqlite3.connect(tmp_path / STORE_FILE) as other:
             assert other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[0] == 0
         assert await db.run(Store.kv_get, "k3") == b"v" * 2000
+    finally:
+        await db.aclose()
+
+
+async def test_writers_arriving_during_a_wal_checkpoint_do_not_checkpoint_again(tmp_path: Path) -> None:
+    from e31.node.store import CHECKPOINT_EVERY
+
+    db = await AsyncStore.open(tmp_path / STORE_FILE)
+    try:
+        checkpoints = 0
+        checkpoint = db.store.checkpoint
+
+        def slow() -> None:
+            nonlocal checkpoints
+            checkpoints += 1
+            time.sleep(0.05)  # 100 writers come in meanwhile
+            checkpoint()
+
+        db.store.checkpoint = slow  # type: ignore[method-assign]
+        for i in range(CHECKPOINT_EVERY - 1):
+            await db.run(Store.kv_set, f"k{i % 7}", b"v")
+        async with trio.open_nursery() as nursery:
+            for i in range(100):
+                nursery.start_soon(db.run, Store.kv_set, f"c{i}", b"v")
+        assert checkpoints == 1
     finally:
         await db.aclose()
 
