@@ -134,8 +134,13 @@ class _Held:
     estimate_ms: int
     ran: bool = False
     handed_back: bool = False
+    running: bool = False
+    """Whether the store has it `running` (RUNNING_MARK_DELAY after its run started)."""
 
 
+RUNNING_MARK_DELAY = 0.1
+"""Seconds after a run starts before the job is recorded `running`; a run that ends sooner (a tiny job) is
+recorded once, from queued to done, saving a store write. `e31 jobs` shows a job queued that long."""
 ACCEPT_DELAY = 0.5
 """Seconds between queueing a job and telling its submitter (`accepted`), skipped when the job ends first.
 Well under the submitter's first re-send of an unaccepted assignment (MarketSettings.delivery_interval,
@@ -351,6 +356,8 @@ class Executor:
         job_id = manifest.job_id.raw
         now = self.ctx.now_s()
         offer = promise.offer
+        # a job whose blobs are all here already (a sweep's module) is queued at once: no fetch to wait for
+        fetched = all(self.ctx.blobs.has(ref.root.raw) for ref in _blob_refs(manifest))
         *_, added = await self.ctx.store.atomically(
             call(Store.put_envelope, env.message_id.raw, "assign", env.raw, now, job_id),
             call(Store.put_shared_envelope, offer.message_id.raw, "offer", offer.raw, now, [job_id]),
@@ -359,7 +366,7 @@ class Executor:
                 job_id=job_id,
                 role=ROLE,
                 manifest=pack(manifest.to_wire()),
-                state="fetching",
+                state="queued" if fetched else "fetching",
                 submitter=str(manifest.submitter),
                 created=now,
                 deadline=manifest.deadline / 1000,
@@ -374,7 +381,7 @@ class Executor:
         promise.jobs.pop(job_id, None)
         if not promise.jobs and self._promises.get(assign.bid_id.raw) is promise:
             self._drop_promise(assign.bid_id.raw)  # (its bid may have lapsed and gone meanwhile)
-        await self._execute(job_id, manifest, env)
+        await self._execute(job_id, manifest, env, fetched=fetched)
 
     async def _redeliver(self, env: VerifiedEnvelope[Assign]) -> None:
         """An assignment sent again, with no live bid of ours behind it. Held here: its submitter is
@@ -435,7 +442,9 @@ class Executor:
         self._deliver_now.set()
         return True
 
-    async def _execute(self, job_id: bytes, manifest: JobManifest, assign: VerifiedEnvelope[Assign]) -> None:
+    async def _execute(
+        self, job_id: bytes, manifest: JobManifest, assign: VerifiedEnvelope[Assign], *, fetched: bool = False
+    ) -> None:
         if job_id in self._active:
             return
         self._active.add(job_id)
@@ -444,7 +453,7 @@ class Executor:
         held = self._held[job_id] = _Held(trio.CancelScope(), manifest.deadline, estimate)
         try:
             with held.scope:
-                await self._run(job_id, manifest, assign, work, held)
+                await self._run(job_id, manifest, assign, work, held, fetched)
             if held.handed_back:
                 row = await self.ctx.store.run(Store.job, job_id, ROLE)
                 await self._fail(job_id, row.state if row else "queued", GIVE_BACK_TEXT, reason="deadline")
@@ -484,20 +493,23 @@ class Executor:
         return len(late)
 
     async def _run(
-        self, job_id: bytes, manifest: JobManifest, assign: VerifiedEnvelope[Assign], work: Path, held: _Held
+        self, job_id: bytes, manifest: JobManifest, assign: VerifiedEnvelope[Assign], work: Path, held: _Held,
+        fetched: bool,
     ) -> None:
         try:
-            await self._fetch_inputs(manifest)
-            await self._set_state(job_id, "fetching", "queued")
+            if not fetched:  # (stored as queued when every blob was here already)
+                await self._fetch_inputs(manifest)
+                await self._set_state(job_id, "fetching", "queued")
             if self._nursery is not None:
                 self._nursery.start_soon(self._accept_unless_done, assign, held)
             estimate = held.estimate_ms
 
             marked = trio.Event()
+            marking = trio.CancelScope()
 
             def started(at: int) -> None:
                 assert self._nursery is not None
-                self._nursery.start_soon(self._mark_running, job_id, at, marked)
+                self._nursery.start_soon(self._mark_running, job_id, at, held, marking, marked)
 
             blobs = self.ctx.blobs
 
@@ -516,7 +528,8 @@ class Executor:
                 then=then,
             )
             held.ran = True
-            await marked.wait()  # `running` is in the store before `done` can be (a short run ends first)
+            marking.cancel()  # a run that ended before it was marked running goes from queued to done
+            await marked.wait()  # a `running` being written is in the store before `done` can be
             stored = cast("_Stored | None", record.after)
             if stored is None:
                 stored = await trio.to_thread.run_sync(_store_outputs, blobs, work, record.result)
@@ -525,7 +538,8 @@ class Executor:
             row = await self.ctx.store.run(Store.job, job_id, ROLE)
             await self._fail(job_id, row.state if row else "fetching", str(e))
             return
-        await self._finish(job_id, manifest, assign, receipt, stored.small)
+        await self._finish(job_id, manifest, assign, receipt, stored.small,
+                           state="running" if held.running else "queued")
 
     async def _accept_unless_done(self, assign: VerifiedEnvelope[Assign], held: _Held) -> None:
         """The hand-off, ACCEPT_DELAY after the job was queued, unless the job has ended by then: its
@@ -541,10 +555,7 @@ class Executor:
 
     async def _fetch_inputs(self, manifest: JobManifest) -> None:
         peer = manifest.submitter.raw
-        refs = [manifest.module, *(f.blob for f in manifest.inputs)]
-        if manifest.stdin is not None:
-            refs.append(manifest.stdin)
-        for ref in refs:
+        for ref in _blob_refs(manifest):
             await self.transfer.fetch(peer, ref)
 
     def _prepare(self, manifest: JobManifest, work: Path) -> JobSpec:
@@ -576,9 +587,17 @@ class Executor:
         except SandboxError as e:
             raise JobFailed(f"the sandbox refuses the job: {e}") from None
 
-    async def _mark_running(self, job_id: bytes, at: int, marked: trio.Event) -> None:
+    async def _mark_running(
+        self, job_id: bytes, at: int, held: _Held, marking: trio.CancelScope, marked: trio.Event
+    ) -> None:
+        """Record that the job runs, RUNNING_MARK_DELAY after it started, unless its run has ended by
+        then (`marking` is cancelled): a tiny job goes from queued to done in one write."""
         try:
-            await self._set_state(job_id, "queued", "running", started=at / 1000)
+            with marking:
+                await trio.sleep(RUNNING_MARK_DELAY)
+            if not marking.cancelled_caught:
+                await self._set_state(job_id, "queued", "running", started=at / 1000)
+                held.running = True
         finally:
             marked.set()
 
@@ -624,8 +643,11 @@ class Executor:
         assign: VerifiedEnvelope[Assign],
         receipt: VerifiedEnvelope[UsageReceipt],
         small: tuple[tuple[BlobRef, bytes], ...] = (),
+        *,
+        state: str = "running",
     ) -> None:
-        """Keep the outcome, deliver it, and push the small outputs the submitter will ask for next."""
+        """Keep the outcome, deliver it, and push the small outputs the submitter will ask for next.
+        `state` is the job's state until then: running, or queued for a run too short to be marked."""
         now = self.ctx.now_s()
         available = self.ctx.clock() + min(
             manifest.retention_ms or self.ctx.settings.retention_ms, self.ctx.settings.retention_ms
@@ -663,8 +685,8 @@ class Executor:
                 now=now,
                 next_delivery=now + self.ctx.settings.delivery_interval,
             ),
-            transition(ROLE, job_id, "running", "done", now, finished=msg.finished_at / 1000,
-                       fuel_used=msg.fuel_used),
+            transition(ROLE, job_id, state, "done", now, started=msg.started_at / 1000,
+                       finished=msg.finished_at / 1000, fuel_used=msg.fuel_used),
         )
         log.info(
             "job %s ran: %s, %d fuel, %d ms compute, %d ms queued",
@@ -775,9 +797,12 @@ class Executor:
         self._unacked.pop(receipt_id, None)
         if row.delivered is None:
             now = self.ctx.now_s()
+            # not durable: lost to a power cut, the receipt is delivered again and its submitter sends
+            # the stored ack again; the receipt log's append (durable) makes it durable within moments
             await self.ctx.store.atomically(
                 call(Store.put_envelope, env.message_id.raw, "ack", env.raw, now, ack.job_id.raw),
-                call(Store.put_ack, receipt_id, env.message_id.raw, now),
+                call(Store.put_ack, receipt_id, env.message_id.raw, now, durable=False),
+                durable=False,
             )
         # Log the receipt once, whoever stored the ack first: when this node submitted the job itself,
         # its submitter role has already stored the same ack (and marked the receipt delivered).
@@ -984,6 +1009,14 @@ def _put_checked(
             f"the {path.name} stream holds {size} bytes that do not match the {total} bytes the run reported"
         )
     return BlobRef(Digest(bytes.fromhex(root)), total)
+
+
+def _blob_refs(manifest: JobManifest) -> list[BlobRef]:
+    """The blobs a job needs to run: its module, inputs and stdin."""
+    refs = [manifest.module, *(f.blob for f in manifest.inputs)]
+    if manifest.stdin is not None:
+        refs.append(manifest.stdin)
+    return refs
 
 
 def _release_reason(why: str | None) -> str:

@@ -38,7 +38,7 @@ SUBMITTER_TRANSITIONS: Mapping[str, frozenset[str]] = {
 }
 EXECUTOR_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "fetching": frozenset({"queued", "failed", "cancelled"}),
-    "queued": frozenset({"running", "failed", "cancelled"}),
+    "queued": frozenset({"running", "done", "failed", "cancelled"}),  # done: a run too short to mark
     "running": frozenset({"done", "failed", "cancelled"}),
     "done": frozenset(),
     "failed": frozenset(),

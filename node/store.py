@@ -460,10 +460,10 @@ class Store:
             finally:
                 self._depth = 0
 
-    def many(self, calls: Sequence[Call]) -> list[Any]:
-        """Run several of this store's methods as one transaction (durable): all commit or none does.
-        Returns their results in order."""
-        with self.transaction():
+    def many(self, calls: Sequence[Call], *, durable: bool = True) -> list[Any]:
+        """Run several of this store's methods as one transaction (durable unless told not: then no call
+        may be durable either): all commit or none does. Returns their results in order."""
+        with self.transaction(durable=durable):
             return [method(self, *args, **kwargs) for method, args, kwargs in calls]
 
     # --- kv ---
@@ -773,9 +773,11 @@ class Store:
         with self.transaction() as c:
             c.execute("UPDATE receipts SET log_index = ? WHERE digest = ?", (log_index, digest))
 
-    def put_ack(self, receipt_digest: bytes, message_id: bytes, now: float) -> bool:
-        """Record the submitter's acknowledgement (envelope already stored); marks the receipt delivered."""
-        with self.transaction() as c:
+    def put_ack(self, receipt_digest: bytes, message_id: bytes, now: float, *, durable: bool = True) -> bool:
+        """Record the submitter's acknowledgement (envelope already stored); marks the receipt delivered.
+        Not `durable` (an executor's copy): a power cut may take it back, and the receipt is delivered
+        again."""
+        with self.transaction(durable=durable) as c:
             cur = c.execute("INSERT INTO acks (receipt_digest, message_id, created) VALUES (?, ?, ?) "
                             "ON CONFLICT (receipt_digest) DO NOTHING", (receipt_digest, message_id, now))
             if cur.rowcount:
@@ -1218,10 +1220,11 @@ class AsyncStore:
             store._lock.release()
             group.done.set()
 
-    async def atomically(self, *calls: Call) -> list[Any]:
+    async def atomically(self, *calls: Call, durable: bool = True) -> list[Any]:
         """`Store.many` through `run`: several writes in one transaction, one commit and at most one
-        sync. Runs on the event loop when every method is one of the short writes (INLINE_WRITES)."""
-        return await self.run(Store.many, calls)
+        sync (none when not `durable`). Runs on the event loop when every method is one of the short
+        writes (INLINE_WRITES)."""
+        return await self.run(Store.many, calls, durable=durable)
 
     async def _settle(self) -> None:
         """The end of every call, cancel-shielded (the call has run): when durable commits made before

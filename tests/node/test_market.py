@@ -552,6 +552,33 @@ async def test_an_assignment_lost_on_the_way_is_sent_again_until_accepted(
     assert not await a.store.run(Store.envelopes_for_job, job_id, "accepted")
 
 
+async def test_a_tiny_run_is_recorded_once_from_queued_to_done_a_long_one_as_running_first(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    moves: list[tuple[str, str]] = []
+    set_state = b.executor._set_state
+
+    async def recording(job_id: bytes, old: str, new: str, **changes: Any) -> None:
+        moves.append((old, new))
+        await set_state(job_id, old, new, **changes)
+
+    b.executor._set_state = recording  # type: ignore[method-assign]
+    tiny = await a.submitter.submit(a.manifest(("16", "1000")))
+    await wait_state(a, tiny, "done")
+    # its blobs came with the first fetch of the module: this one was stored queued, and ran too briefly
+    # to be marked running
+    row = await b.store.run(Store.job, tiny, "executor")
+    assert row is not None and row.state == "done" and row.started is not None and row.fuel_used
+    long = await a.submitter.submit(a.manifest(("17", "40000000")))  # a few seconds
+    running = await wait_state(b, long, "running", role="executor")
+    assert running.started is not None
+    await wait_state(a, long, "done")
+    assert ("queued", "running") in moves and moves.count(("queued", "running")) == 1
+    assert all(old != "fetching" for old, _ in moves[1:])  # the module was here: no fetch state
+
+
 async def test_a_job_still_held_after_the_accept_delay_is_handed_off_a_short_one_only_by_its_result(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:

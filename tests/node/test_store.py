@@ -167,7 +167,14 @@ def test_promises_are_durable_commits_and_caches_are_not(store: Store) -> None:
     store.update_job(b"j1", "executor", 4.0, state="done")
     with store.transaction() as c:  # callers outside the store get durable commits unless they say not
         c.execute("DELETE FROM kv")
-    assert levels == [2, 1, 1, 1, 1, 1, 2, 2, 2]
+    store.put_envelope(b"rcpt", "receipt", b"r", now=5.0, job_id=b"j1")
+    store.put_envelope(b"ack", "ack", b"a", now=5.0, job_id=b"j1")
+    store.put_receipt(digest=b"rcpt", job_id=b"j1", attempt=1, executor=BOB, message_id=b"rcpt", now=5.0)
+    # an executor's copy of an ack is not durable (the receipt would be delivered again), alone or in many
+    store.many([call(Store.put_ack, b"rcpt", b"ack", 6.0, durable=False)], durable=False)
+    assert levels == [2, 1, 1, 1, 1, 1, 2, 2, 2, 1, 1, 2, 1]
+    with pytest.raises(ValueError, match="durable write inside"):
+        store.many([call(Store.put_ack, b"rcpt", b"ack", 6.0)], durable=False)
     store._conn.set_trace_callback(None)
 
 
