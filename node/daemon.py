@@ -30,6 +30,7 @@ from typing import Any
 import nacl.signing
 import trio
 
+from . import gctune
 from .blobs import BlobError, BlobStore
 from .config import NodeConfig
 from .control import Request, Router, serve_control
@@ -63,6 +64,7 @@ def run(config: NodeConfig, settings: PeerSettings | None = None) -> int:
             raise DaemonError(str(e)) from None
         try:
             node = Node(config, identity, AsyncStore(store), blobs, settings)
+            gctune.tune()
             trio.run(_main, node)
         except BaseExceptionGroup as group:
             raise _expected(group) from None
