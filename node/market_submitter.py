@@ -12,7 +12,10 @@ An outcome is a `receipt` plus the `result` naming it. Once both are in, the rec
 against the manifest and the assignment it names (protocol/receipts.py), the output blobs it lists are
 fetched from the executor (every chunk verified), and only then is the job `done` and the receipt
 countersigned with an `ack`. A repeated outcome for a finished job gets the stored ack again, so an
-executor that missed the first one stops retrying. Every step is written to the store before the next.
+executor that missed the first one stops retrying. Every step is written to the store before the next;
+the receipt and result themselves wait in memory until both are in, and are stored with the job's end
+(or, refused, as evidence): one lost in a stop is delivered again, as executors re-send until
+acknowledged.
 
 Hand-off: the assigned executor's `accepted` (it holds every blob and has queued the job) is stored
 with the job; from then on this node may go offline. An executor leaves it out for a job whose outcome
@@ -993,9 +996,9 @@ class Submitter:
             log.info("ignoring a %s for job %s from %s, which holds no assignment of it",
                      env.kind, job_id.hex()[:12], msg.executor)
             return
-        await self.ctx.store.run(
-            Store.put_envelope, env.message_id.raw, env.kind, env.raw, self.ctx.now_s(), job_id
-        )
+        # Kept in memory until its pair is in (`_outcome_pair`), then stored with the job's end in one
+        # commit, or as evidence when the pair is refused: one that waits there when this node stops is
+        # delivered again by its executor, which re-sends until acknowledged.
         try:
             receipt_env, result_env = await self._outcome_pair(job_id, env)
         except ProtocolError as e:  # a stored envelope that does not read back: never a peer's to crash
@@ -1024,6 +1027,8 @@ class Submitter:
             log.warning(
                 "job %s: the outcome from %s is refused: %s", job_id.hex()[:12], receipt_env.signer, e
             )
+            await self.ctx.store.atomically(*_kept(job_id, self.ctx.now_s(), receipt_env, result_env),
+                                            durable=False)
             signer = receipt_env.signer.raw
             job.rejected.add(signer)
             # Only the current assignment's executor, with an outcome for that assignment, ends the
@@ -1118,14 +1123,16 @@ class Submitter:
             now=self.ctx.now_s(),
             blobs=[ref.root.hex() for ref in outputs],
         )
+        kept = _kept(job_id, self.ctx.now_s(), receipt_env, result_env)
         if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)
-            await self.ctx.store.atomically(recorded)
+            await self.ctx.store.atomically(*kept, recorded)
             job.receipt = receipt_env
             job.finished.set()
             await self.ctx.send_to(executor, raw)
             return
         outcome = receipt.outcome
-        await self.ctx.store.atomically(  # one commit: the ack is kept with the job's end
+        await self.ctx.store.atomically(  # one commit: the outcome and the ack are kept with the job's end
+            *kept,
             recorded,
             self._transition(
                 job_id,
@@ -1194,8 +1201,14 @@ class Submitter:
             return
         await self.ctx.store.atomically(  # the row's log index marks the receipt as proven here
             call(Store.put_envelope, env.message_id.raw, "proof", env.raw, self.ctx.now_s(), row.job_id),
-            call(Store.set_receipt_log_index, row.digest, proof.leaf_index),
+            call(Store.set_receipt_log_index, row.digest, proof.leaf_index, durable=False),
+            durable=False,  # lost to a power cut, the proof is asked for again (`proofreq`)
         )
+
+
+def _kept(job_id: bytes, now: float, *envs: VerifiedEnvelope[Any]) -> list[Call]:
+    """The store calls keeping an outcome's receipt and result envelopes (a no-op for one kept before)."""
+    return [call(Store.put_envelope, e.message_id.raw, e.kind, e.raw, now, job_id) for e in envs]
 
 
 def new_job(manifest: JobManifest, now: float) -> dict[str, Any]:

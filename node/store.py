@@ -769,8 +769,10 @@ class Store:
             c.execute("UPDATE receipts SET delivery_tries = delivery_tries + 1, next_delivery = ? "
                       "WHERE digest = ?", (next_delivery, digest))
 
-    def set_receipt_log_index(self, digest: bytes, log_index: int) -> None:
-        with self.transaction() as c:
+    def set_receipt_log_index(self, digest: bytes, log_index: int, *, durable: bool = True) -> None:
+        """Record where a receipt sits in its executor's log: durable for the executor's own log; a
+        submitter's record of a proof it can ask for again need not be."""
+        with self.transaction(durable=durable) as c:
             c.execute("UPDATE receipts SET log_index = ? WHERE digest = ?", (log_index, digest))
 
     def put_ack(self, receipt_digest: bytes, message_id: bytes, now: float, *, durable: bool = True) -> bool:

@@ -372,6 +372,25 @@ async def test_a_receipt_that_does_not_match_the_job_is_refused(
     assert row.executor == str(NodeId(b.id))
     acks = await a.store.run(Store.envelopes_for_job, job_id, "ack")
     assert len(acks) == 1 and verify(acks[0].raw).message.executor == NodeId(b.id)
+    # the refused outcome is kept as evidence, beside the one accepted
+    receipts = await a.store.run(Store.envelopes_for_job, job_id, "receipt")
+    assert {verify(r.raw).signer for r in receipts} == {NodeId(b.id), NodeId(liar.id)}
+
+
+async def test_half_an_outcome_is_kept_only_in_memory_until_its_pair_arrives(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    lost = lose_first(net, a.id, Result)  # the result goes missing; its receipt arrives
+    job_id = await a.submitter.submit(a.manifest(("18", "1000")))
+    await until(lambda: lost, 10)
+    assert (await a.job(job_id)).state == "assigned"
+    assert not await a.store.run(Store.envelopes_for_job, job_id, "receipt")
+    # B delivers both again (it re-sends until acknowledged): the pair completes and is stored with the end
+    await wait_state(a, job_id, "done")
+    assert len(await a.store.run(Store.envelopes_for_job, job_id, "receipt")) == 1
+    assert len(await a.store.run(Store.envelopes_for_job, job_id, "result")) == 1
 
 
 async def test_a_job_nobody_can_run_expires_at_its_deadline(
