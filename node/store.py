@@ -1117,6 +1117,8 @@ class AsyncStore:
                 if not self._in_thread:
                     break  # held by a thread of someone else's (briefly, by a sync): join the queue
                 await self._thread_done.wait()
+                if self._failed is not None:  # the store failed meanwhile (a sync)
+                    raise self._failed
 
         def call() -> T:
             deferring = self.store.deferring

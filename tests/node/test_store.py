@@ -629,6 +629,42 @@ async def test_the_wal_is_checkpointed_off_the_event_loop(tmp_path: Path) -> Non
         await db.aclose()
 
 
+async def test_a_short_write_waits_for_the_thread_to_let_go_and_writes_on_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Queued behind the worker thread, a short write would keep the connection in the thread for as long
+    as writes keep coming (each a thread hop): it waits for the thread's call instead, then runs inline."""
+    db = await AsyncStore.open(tmp_path / STORE_FILE)
+    where: list[int] = []
+    original = Store.kv_set
+
+    @functools.wraps(original)
+    def kv_set(self: Store, key: str, value: bytes) -> None:
+        where.append(threading.get_ident())
+        original(self, key, value)
+
+    monkeypatch.setattr(Store, "kv_set", kv_set)
+    release = threading.Event()
+
+    def slow(store: Store) -> None:
+        with store.transaction(durable=False):  # holds the connection in the worker thread
+            release.wait(10)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(db.run, functools.partial(slow))
+            await trio.sleep(0.05)
+            nursery.start_soon(db.run, Store.kv_set, "k", b"v")
+            await trio.sleep(0.05)
+            assert where == []  # waiting for the thread's call to end
+            release.set()
+        assert where == [threading.get_ident()]  # then written here, on the event loop's thread
+        assert await db.run(Store.kv_get, "k") == b"v"
+    finally:
+        release.set()
+        await db.aclose()
+
+
 async def test_writers_arriving_during_a_wal_checkpoint_do_not_checkpoint_again(tmp_path: Path) -> None:
     from e31.node.store import CHECKPOINT_EVERY
 
