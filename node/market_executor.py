@@ -136,6 +136,8 @@ class _Held:
     handed_back: bool = False
     running: bool = False
     """Whether the store has it `running` (RUNNING_MARK_DELAY after its run started)."""
+    ending: bool = False
+    """Its result or release is on its way: an `accepted` now would come after it."""
 
 
 RUNNING_MARK_DELAY = 0.1
@@ -535,17 +537,20 @@ class Executor:
                 stored = await trio.to_thread.run_sync(_store_outputs, blobs, work, record.result)
             receipt = self._receipt(manifest, assign, record, stored.stdout, stored.stderr, stored.outputs)
         except (JobFailed, FetchError, SandboxError, BlobError, OSError, InvalidMessage) as e:
+            held.ending = True
             row = await self.ctx.store.run(Store.job, job_id, ROLE)
             await self._fail(job_id, row.state if row else "fetching", str(e))
             return
+        held.ending = True
         await self._finish(job_id, manifest, assign, receipt, stored.small,
                            state="running" if held.running else "queued")
 
     async def _accept_unless_done(self, assign: VerifiedEnvelope[Assign], held: _Held) -> None:
-        """The hand-off, ACCEPT_DELAY after the job was queued, unless the job has ended by then: its
-        result (or release) tells the submitter more, so a short job costs no `accepted` at all."""
+        """The hand-off, ACCEPT_DELAY after the job was queued, unless the job is ending by then (its
+        result or release is being sent): that tells the submitter more, so a short job costs no
+        `accepted` at all, and none comes after the job's end."""
         await trio.sleep(ACCEPT_DELAY)
-        if self._held.get(assign.message.job_id.raw) is held and not held.handed_back:
+        if self._held.get(assign.message.job_id.raw) is held and not (held.handed_back or held.ending):
             await self._accepted(assign)
 
     async def _accepted(self, assign: VerifiedEnvelope[Assign]) -> None:

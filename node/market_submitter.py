@@ -25,7 +25,8 @@ its outcome at once instead of at its next backed-off retry. Reassigning a job w
 needs this node online.
 
 Cancel (`e31 cancel`): a signed `cancel` goes to the assigned executor and out on gossip, the job ends
-`cancelled` and its driver stops; an outcome arriving later is stored but changes nothing.
+`cancelled` and its driver stops; an outcome arriving later is ignored (its executor re-sends it until
+its retention ends).
 """
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ class _Job:
     """Message ids of the receipts and results taken in for this job (copies of them are dropped)."""
     heard: dict[tuple[str, bytes], VerifiedEnvelope[Any]] = field(default_factory=dict)
     """Receipts and results taken in, by kind and receipt id: whichever of a pair comes second finds
-    the first here (the store has it too, for after a restart, but would cost a read and a re-verify)."""
+    the first here. Only here: the pair is stored with the job's end (after a restart, the executor's
+    re-sends bring both again)."""
 
     @functools.cached_property
     def size(self) -> int:

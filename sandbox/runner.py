@@ -59,7 +59,7 @@ from .errors import InvalidModule, SandboxError
 from .job import MAX_MODULE_BYTES, JobSpec
 from .limits import REVERIFIABLE, WASM_PAGE, Limits, RunResult, Status
 from .profile import PROFILE, new_engine
-from .vfs import Errno, InputFile, OutputBudget, OutputLimit, Tree
+from .vfs import Errno, InputFile, OutputBudget, OutputLimit, Tree, make_private_dirs
 
 ENTRY = "_start"
 MAX_TABLES = 16
@@ -272,18 +272,6 @@ def _spills(files: contextlib.ExitStack, streams_dir: Path) -> tuple[Opener, Ope
         return open_sink
 
     return opener("stdout"), opener("stderr")
-
-
-def make_private_dirs(path: Path) -> None:
-    """Create `path` and any missing parents, each readable by this user only (Path.mkdir gives parents
-    the default mode)."""
-    missing = []
-    while not path.is_dir():
-        missing.append(path)
-        path = path.parent
-    for p in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            p.mkdir(mode=0o700)
 
 
 def _run_locked(

@@ -413,7 +413,7 @@ class Tree:
         entries = list(self.output_entries())
         if not entries:
             return
-        dest.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(dest)
         root_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         fds = {"": root_fd}
         try:
@@ -437,3 +437,15 @@ class Tree:
         finally:
             for fd in fds.values():
                 os.close(fd)
+
+
+def make_private_dirs(path: Path) -> None:
+    """Create `path` and any missing parents, each readable by this user only (Path.mkdir gives parents
+    the default mode)."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        path = path.parent
+    for p in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            p.mkdir(mode=0o700)

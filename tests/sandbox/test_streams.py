@@ -120,3 +120,13 @@ def test_a_pool_worker_writes_the_streams(tmp_path: Path) -> None:
     assert r.status is Status.EXITED
     check_streams(r, tmp_path / "streams")
     assert r.stdout_bytes == 3 * MIB
+
+
+def test_a_run_that_leaves_files_creates_its_output_dir_and_parents_private(tmp_path: Path) -> None:
+    tile = Path(__file__).resolve().parents[2] / "sandbox" / "workloads" / "mandelbrot.wasm"
+    spec = JobSpec(tile.read_bytes(), args=("16", "8", "0", "0", "16", "8", "10", "/output/t.pgm"))
+    r = run(spec, tmp_path / "work" / "output", streams_dir=tmp_path / "work" / "streams")
+    assert r.status is Status.EXITED and set(r.output_files) == {"t.pgm"}
+    for d in (tmp_path / "work", tmp_path / "work" / "output"):
+        assert d.stat().st_mode & 0o777 == 0o700
+    assert not (tmp_path / "work" / "streams").exists()
