@@ -52,8 +52,8 @@ MAX_FDS = 1024
 MAX_IOVS = 1024
 READ_CHUNK = 1 << 20
 DISPLAY_CAP = 1 << 20
-"""Bytes of stdout and of stderr kept in memory, for display in RunResult.stdout and .stderr and as the
-whole stream when it is no longer (all of it is hashed)."""
+"""Bytes of stdout and of stderr kept in memory (RunResult.stdout and .stderr): the whole stream when it
+is no longer than that, else its start, for display (all of it is hashed)."""
 
 _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
@@ -169,11 +169,6 @@ class Stream:
         self.spill = spill
         self.sink: BinaryIO | None = None
         self.error: OSError | None = None
-
-    @property
-    def whole(self) -> bool:
-        """Whether `kept` holds every byte written (the stream never outgrew `keep`)."""
-        return self.total == len(self.kept)
 
     def write(self, data: bytes) -> None:
         if self.sink is None and self.spill is not None and self.total + len(data) > self.keep:
