@@ -145,20 +145,18 @@ def _file_ref(path: Path) -> BlobRef | None:
 
 
 def _rerun_from(result: RunResult, outputs: tuple[FileRef, ...],
-                streams: tuple[BlobRef | None, BlobRef | None] = (None, None)) -> Rerun:
+                streams: tuple[BlobRef | None, BlobRef | None]) -> Rerun:
     unchecked = []
-    stdout_ref, stderr_ref = streams
-    if stdout_ref is None:
-        stdout_ref = (blob_ref(result.stdout) if len(result.stdout) == result.stdout_bytes
-                      else _ref_from_hash(result.stdout_sha256, result.stdout_bytes))
-    if stderr_ref is None:
-        stderr_ref = (blob_ref(result.stderr) if len(result.stderr) == result.stderr_bytes
-                      else _ref_from_hash(result.stderr_sha256, result.stderr_bytes))
-    for name, ref, size in (("stdout", stdout_ref, result.stdout_bytes), ("stderr", stderr_ref,
-                                                                           result.stderr_bytes)):
+    refs = []
+    for name, ref in zip(("stdout", "stderr"), streams, strict=True):
+        _, size, sha = result.stream(name)
+        if ref is None:  # its file went missing: a stream of one chunk still has its root from the hash
+            ref = _ref_from_hash(sha, size)
         if ref is None:
             unchecked.append(f"{name} of {size} bytes was compared by size only (the sandbox keeps "
                              "only the SHA-256 of that much output)")
+        refs.append(ref)
+    stdout_ref, stderr_ref = refs
     status = str(result.status)
     exit_code = (result.exit_code or 0) if status == "exited" else None
     outcome = Outcome(status, exit_code, ((result.trap or "unknown")[:TRAP_MAX] or "unknown")

@@ -647,9 +647,9 @@ class Executor:
         manifest: JobManifest,
         assign: VerifiedEnvelope[Assign],
         receipt: VerifiedEnvelope[UsageReceipt],
-        small: tuple[tuple[BlobRef, bytes], ...] = (),
+        small: tuple[tuple[BlobRef, bytes], ...],
         *,
-        state: str = "running",
+        state: str,
     ) -> None:
         """Keep the outcome, deliver it, and push the small outputs the submitter will ask for next.
         `state` is the job's state until then: running, or queued for a run too short to be marked."""
@@ -984,8 +984,7 @@ def _put_checked(
     """Store the run's stream `name` as a blob, from the result when it holds it whole, else from its
     file under `streams`, if it is exactly the size and hash the run reported (adding it to `small`
     when it can be pushed)."""
-    total, sha = (result.stdout_bytes, result.stdout_sha256) if name == "stdout" else (
-        result.stderr_bytes, result.stderr_sha256)
+    _, total, sha = result.stream(name)
     where = whole_stream(result, streams, name)
     if isinstance(where, bytes):
         if hashlib.sha256(where).hexdigest() != sha:

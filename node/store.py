@@ -906,10 +906,9 @@ class _Reading:
         return self.store._conn
 
     def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: object) -> bool:
-        try:
-            return _translate(self.store.path).__exit__(kind, e, tb)
-        finally:
-            self.store._lock.release()
+        self.store._lock.release()
+        _raise_as_store_error(self.store.path, e)
+        return False
 
 
 class _translate:
@@ -926,9 +925,15 @@ class _translate:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: object) -> bool:
-        if e is None or isinstance(e, sqlite3.IntegrityError) or not isinstance(e, sqlite3.DatabaseError):
-            return False
-        raise StoreError(f"{self.path}: {_describe(e)}") from e  # (a closed store: ProgrammingError too)
+        _raise_as_store_error(self.path, e)
+        return False
+
+
+def _raise_as_store_error(path: Path, e: BaseException | None) -> None:
+    """Raise a StoreError naming `path` for sqlite3's error `e` (a closed store's ProgrammingError too),
+    except an IntegrityError, which callers handle; do nothing for anything else."""
+    if e is not None and isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.IntegrityError):
+        raise StoreError(f"{path}: {_describe(e)}") from e
 
 
 def _describe(e: sqlite3.Error) -> str:

@@ -78,7 +78,7 @@ def _check_int(name: str, value: object, lo: int, hi: int) -> None:
 class RunResult:
     """What one run did. `stdout` and `stderr` hold a stream's first DISPLAY_CAP (1 MiB) bytes: the
     whole stream when its size (`stdout_bytes`, `stderr_bytes`) is no more, else a copy for display (the
-    run's `streams_dir` then has it whole, runner.whole_stream); the hashes cover everything.
+    run's `streams_dir` then has it whole: `whole_stream`); the hashes cover everything.
 
     `fuel_used` is exact and reproducible for every reverifiable outcome. wasmtime checks fuel at
     loop heads and calls, so a guest can finish a few instructions past its budget; it then
@@ -114,15 +114,18 @@ class RunResult:
         d["output_files"] = dict(sorted(self.output_files.items()))
         return d
 
+    def stream(self, name: str) -> tuple[bytes, int, str]:
+        """stdout or stderr (`name`): the bytes held, the stream's size and its SHA-256 (hex)."""
+        if name == "stdout":
+            return self.stdout, self.stdout_bytes, self.stdout_sha256
+        return self.stderr, self.stderr_bytes, self.stderr_sha256
+
 
 def whole_stream(result: RunResult, streams_dir: Path | None, name: str) -> bytes | Path:
     """A run's whole stdout or stderr (`name`): its bytes when the result holds all of them (a stream of
     at most DISPLAY_CAP bytes), else the file under `streams_dir` it went to (the run must have had
     one). The caller checks what it reads against the result's size and hash."""
-    if name == "stdout":
-        held, total = result.stdout, result.stdout_bytes
-    else:
-        held, total = result.stderr, result.stderr_bytes
+    held, total, _ = result.stream(name)
     if len(held) == total:
         return held
     if streams_dir is None:

@@ -604,24 +604,30 @@ async def test_an_inline_call_never_waits_on_a_store_busy_in_another_thread(tmp_
         await db.aclose()
 
 
+def _count_checkpoints(db: AsyncStore, taking: float = 0.0) -> list[int]:
+    """Count the store's WAL checkpoints (in the list's one item), each taking `taking` seconds more."""
+    count = [0]
+    checkpoint = db.store.checkpoint
+
+    def counting() -> None:
+        count[0] += 1
+        time.sleep(taking)
+        checkpoint()
+
+    db.store.checkpoint = counting  # type: ignore[method-assign]
+    return count
+
+
 async def test_the_wal_is_checkpointed_off_the_event_loop(tmp_path: Path) -> None:
     from e31.node.store import CHECKPOINT_EVERY
 
     db = await AsyncStore.open(tmp_path / STORE_FILE)
     wal = tmp_path / (STORE_FILE + "-wal")
     try:
-        checkpoints = 0
-        checkpoint = db.store.checkpoint
-
-        def counting() -> None:
-            nonlocal checkpoints
-            checkpoints += 1
-            checkpoint()
-
-        db.store.checkpoint = counting  # type: ignore[method-assign]
+        checkpoints = _count_checkpoints(db)
         for i in range(CHECKPOINT_EVERY + 1):
             await db.run(Store.kv_set, f"k{i % 7}", b"v" * 2000)
-        assert checkpoints == 1 and wal.exists()
+        assert checkpoints == [1] and wal.exists()
         with sqlite3.connect(tmp_path / STORE_FILE) as other:
             assert other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[0] == 0
         assert await db.run(Store.kv_get, "k3") == b"v" * 2000
@@ -670,22 +676,13 @@ async def test_writers_arriving_during_a_wal_checkpoint_do_not_checkpoint_again(
 
     db = await AsyncStore.open(tmp_path / STORE_FILE)
     try:
-        checkpoints = 0
-        checkpoint = db.store.checkpoint
-
-        def slow() -> None:
-            nonlocal checkpoints
-            checkpoints += 1
-            time.sleep(0.05)  # 100 writers come in meanwhile
-            checkpoint()
-
-        db.store.checkpoint = slow  # type: ignore[method-assign]
+        checkpoints = _count_checkpoints(db, taking=0.05)  # 100 writers come in meanwhile
         for i in range(CHECKPOINT_EVERY - 1):
             await db.run(Store.kv_set, f"k{i % 7}", b"v")
         async with trio.open_nursery() as nursery:
             for i in range(100):
                 nursery.start_soon(db.run, Store.kv_set, f"c{i}", b"v")
-        assert checkpoints == 1
+        assert checkpoints == [1]
     finally:
         await db.aclose()
 
