@@ -7,7 +7,7 @@ The reader checks shape, types, caps and every blob's root, and raises BundleErr
 it does not verify envelopes (the auditor does, and reports each bad one).
 
 The exporter reads the node's store: the envelopes of each job (offers, assignments, receipts,
-acknowledgements, results, proofs), plus fresh inclusion proofs and consistency proofs from the node's
+acknowledgements, proofs), plus fresh inclusion proofs and consistency proofs from the node's
 own receipt log when it has one: an inclusion proof for each of its receipts, every tree head it ever
 signed, and consistency proofs between them. Blobs come from the node's blob store, which names them
 by the same blob root the manifests use.
@@ -43,7 +43,7 @@ VERSION = 1
 MAX_BUNDLE_BYTES = 2 << 30
 MAX_ITEMS = 1_000_000
 MAX_PROOF = 64
-EXPORT_KINDS = ("offer", "assign", "receipt", "ack", "result", "proof", "treehead")
+EXPORT_KINDS = ("offer", "assign", "receipt", "ack", "proof", "treehead")
 
 
 class BundleError(Exception):

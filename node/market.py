@@ -1,7 +1,7 @@
 """The market service: the job messages between nodes, routed to the submitter and executor roles.
 
 One `Market` per node. It is a LinkListener of the peering service: every direct job message
-(`bid`, `decline`, `assign`, `accepted`, `result`, `receipt`, `ack`, `cancel`, `blobreq`, `blobchunk`,
+(`bid`, `decline`, `assign`, `accepted`, `release`, `result`, `ack`, `cancel`, `blobreq`, `blobchunk`,
 `proofreq`, `proof`) is verified here,
 must be signed by the peer it came from, and goes to the role that handles it; offers arrive from
 gossip. Handlers never block the link's reader: slow work (disk, fetches, runs) runs in the market's
@@ -40,7 +40,6 @@ from e31.protocol.messages import (
     Release,
     Result,
 )
-from e31.protocol.receipts import UsageReceipt
 
 from .blobs import BlobStore
 from .market_rules import WindowSettings, check_transition
@@ -58,7 +57,6 @@ DIRECT_KINDS = frozenset(
         "accepted",
         "release",
         "result",
-        "receipt",
         "ack",
         "cancel",
         "blobreq",
@@ -202,7 +200,7 @@ class Market:
             self.transfer.on_chunk(peer, env)
         elif isinstance(msg, Bid | Decline):
             self.submitter.on_answer(env)
-        elif isinstance(msg, UsageReceipt | Result):
+        elif isinstance(msg, Result):
             self.submitter.on_outcome(env)
         elif isinstance(msg, Assign):
             self.executor.on_assign(env)

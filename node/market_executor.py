@@ -6,15 +6,16 @@
 - An `assign` for one of our bids, signed by the job's submitter and inside its lease, becomes an
   executor job row (`fetching`): the module, inputs and stdin are fetched from the submitter by
   hash (node/transfer.py), then the job waits in the scheduler's queue (`queued`), runs (`running`),
-  and ends `done` with a signed `receipt` and `result`, or `failed` when it could not be run.
-- Delivery: the receipt and result are sent to the submitter, and again every `delivery_interval`
+  and ends `done` with a signed `receipt`, or `failed` when it could not be run.
+- Delivery: a `result` carrying the receipt (and the job's small outputs, the first time) is sent to the
+  submitter, and again every `delivery_interval`
   (backing off) and whenever its link comes up, until its `ack` arrives. The ack is checked against
   the receipt (protocol/receipts.check_ack) and stored; acknowledged receipts are gathered for
   `proof_batch_s`, handed to `on_acked` (the receipt log: one append for the batch), and each one's
   inclusion proof (a signed `proof`, all against one new tree head) goes to its submitter; again on
   request (`proofreq`) or on a repeated ack; a proof that finds no link goes when the link comes up.
-  Receipts acknowledged but not yet logged when the node stopped are logged when it starts. Small
-  outputs are pushed to the submitter right after the result (transfer.push).
+  Receipts acknowledged but not yet logged when the node stopped are logged when it starts. The
+  result is signed anew for each delivery and not kept: the receipt is.
 
 The job's seed (WASI random_get) is its 32-byte job id, so a re-run anywhere reproduces the run.
 The run's stdout and stderr come whole in its result, or, when longer than 1 MiB, in files under the
@@ -28,7 +29,7 @@ its lease holds (a running one is run again from the start: the same outcome and
 unless that attempt's receipt was already signed (then the job is only marked done and delivered);
 a job whose lease ran out is given back. While the node is suspended for its owner, `give_back_late`
 stops and gives back the jobs that could no longer meet their deadline (a `decline`, reason
-`deadline`). Delivery stops, unacknowledged, once the result's retention has ended.
+`deadline`). Delivery stops, unacknowledged, once the outputs' retention has ended.
 """
 
 from __future__ import annotations
@@ -40,14 +41,14 @@ import os
 import secrets
 import shutil
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
 import trio
-from e31.protocol.blobs import BlobRef
+from e31.protocol.blobs import PUSH_MAX, BlobRef
 from e31.protocol.codec import pack, unpack_canonical
 from e31.protocol.envelope import (
     VerifiedEnvelope,
@@ -60,6 +61,7 @@ from e31.protocol.errors import InvalidMessage, Mismatch, ProtocolError
 from e31.protocol.ids import Digest
 from e31.protocol.jobs import FileRef, JobManifest
 from e31.protocol.messages import (
+    MAX_PUSHED,
     REASON_TEXT_MAX,
     Accepted,
     Assign,
@@ -70,9 +72,9 @@ from e31.protocol.messages import (
     Offer,
     ProofRequest,
     Release,
-    Result,
 )
 from e31.protocol.receipts import TRAP_MAX, Ack, Outcome, UsageReceipt, check_ack
+from e31.protocol.results import make_result, outputs_of
 from e31.sandbox.errors import SandboxError
 from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import Limits as SandboxLimits
@@ -90,7 +92,7 @@ from .market_rules import (
 from .nursery import own_nursery
 from .scheduler import RunRecord, Scheduler
 from .store import Store, call
-from .transfer import PUSH_PER_JOB, BlobTransfer, FetchError, pushable
+from .transfer import BlobTransfer, FetchError
 
 FINISHED_HERE = ("done", "failed", "cancelled")
 
@@ -651,30 +653,24 @@ class Executor:
         *,
         state: str,
     ) -> None:
-        """Keep the outcome, deliver it, and push the small outputs the submitter will ask for next.
-        `state` is the job's state until then: running, or queued for a run too short to be marked."""
+        """Keep the outcome and deliver it: one `result` carrying the signed receipt and the small outputs
+        the submitter would ask for next. `state` is the job's state until then: running, or queued for a
+        run too short to be marked."""
         now = self.ctx.now_s()
-        available = self.ctx.clock() + min(
-            manifest.retention_ms or self.ctx.settings.retention_ms, self.ctx.settings.retention_ms
-        )
-        result = Result(
-            self.ctx.network, manifest.job_id, assign.message_id, self.ctx.node, receipt.message_id, available
-        )
-        signed_result = sign_verified(result, self.ctx.identity)
-        result_raw, result_id = signed_result.raw, signed_result.message_id.raw
-        owner = f"result:{job_id.hex()}"
+        available = self.ctx.clock() + self._retention_ms(manifest)
+        job_hex = job_id.hex()
+        owner = f"result:{job_hex}"
         msg = receipt.message
+        receipt_id = receipt.message_id.raw
         await self.ctx.store.atomically(  # one commit: the outcome is kept whole or not at all
-            call(Store.put_envelope, receipt.message_id.raw, "receipt", receipt.raw, now, job_id),
-            call(Store.put_envelope, result_id, "result", result_raw, now, job_id),
-            *(call(Store.ref_blob, ref.root.hex(), owner, available / 1000)
-              for ref in (msg.stdout, msg.stderr, *(f.blob for f in msg.outputs))),
+            call(Store.put_envelope, receipt_id, "receipt", receipt.raw, now, job_id),
+            *(call(Store.ref_blob, ref.root.hex(), owner, available / 1000) for ref in outputs_of(msg)),
             call(
                 Store.put_result,
                 job_id=job_id,
                 attempt=assign.message.attempt,
                 executor=str(self.ctx.node),
-                message_id=result_id,
+                message_id=receipt_id,
                 status=msg.outcome.status,
                 now=now,
                 fuel_used=msg.fuel_used,
@@ -682,11 +678,11 @@ class Executor:
             ),
             call(
                 Store.put_receipt,
-                digest=receipt.message_id.raw,
+                digest=receipt_id,
                 job_id=job_id,
                 attempt=assign.message.attempt,
                 executor=str(self.ctx.node),
-                message_id=receipt.message_id.raw,
+                message_id=receipt_id,
                 now=now,
                 next_delivery=now + self.ctx.settings.delivery_interval,
             ),
@@ -695,18 +691,24 @@ class Executor:
         )
         log.info(
             "job %s ran: %s, %d fuel, %d ms compute, %d ms queued",
-            job_id.hex()[:12],
+            job_hex[:12],
             msg.outcome.status,
             msg.fuel_used,
             msg.compute_ms,
             msg.waited_ms,
         )
-        self._unacked[receipt.message_id.raw] = receipt
+        self._unacked[receipt_id] = receipt
         if len(self._unacked) > UNACKED_KEPT:
             del self._unacked[next(iter(self._unacked))]
-        submitter = manifest.submitter.raw
-        if await self._deliver(submitter, receipt.raw, result_raw) and small and submitter != self.ctx.local:
-            await self.transfer.push(submitter, list(small))
+        # Its own submitter reads the outputs from this node's blob store: nothing to carry.
+        carried = small if manifest.submitter.raw != self.ctx.local else ()
+        await self._deliver(receipt, available, carried)
+
+    def _retention_ms(self, manifest: JobManifest) -> int:
+        """How long after finishing a job its outputs stay to be fetched: the manifest's wish, within
+        this node's own retention."""
+        own = self.ctx.settings.retention_ms
+        return min(manifest.retention_ms or own, own)
 
     async def _fail(self, job_id: bytes, state: str, why: str, *, reason: str = "failed") -> None:
         """Give up a job this node cannot run: record why, and give the assignment back to the submitter
@@ -741,10 +743,16 @@ class Executor:
 
     # --- delivery until acknowledged ---
 
-    async def _deliver(self, submitter: bytes, receipt_raw: bytes, result_raw: bytes) -> bool:
-        return await self.ctx.send_to(submitter, receipt_raw) and await self.ctx.send_to(
-            submitter, result_raw
-        )
+    async def _deliver(
+        self,
+        receipt: VerifiedEnvelope[UsageReceipt],
+        available: int,
+        small: Iterable[tuple[BlobRef, bytes]] = (),
+    ) -> bool:
+        """Send the receipt's submitter its `result` (signed anew each time: it is not kept, its
+        receipt is); False when there is no link to it."""
+        result = make_result(self.ctx.network, receipt, available, small)
+        return await self.ctx.send_to(receipt.message.submitter.raw, sign_message(result, self.ctx.identity))
 
     async def _delivery_loop(self) -> None:
         settings = self.ctx.settings
@@ -756,22 +764,21 @@ class Executor:
                 await trio.to_thread.run_sync(self._empty_trash)
             now = self.ctx.now_s()
             for row in await self.ctx.store.run(Store.receipts_due, now):
-                receipt = await self.ctx.store.run(Store.envelope, row.message_id)
-                results = await self.ctx.store.run(Store.envelopes_for_job, row.job_id, "result")
-                mine = (reopen_stored(x.raw, Result) for x in results)
-                result = next((r for r in mine if r.message.receipt_id.raw == row.message_id), None)
-                if receipt is None or result is None:  # forgotten (pruned): nothing left to deliver
+                stored = await self.ctx.store.run(Store.envelope, row.message_id)
+                job = await self.ctx.store.run(Store.job, row.job_id, ROLE)
+                if stored is None or job is None:  # forgotten (pruned): nothing left to deliver
                     await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, math.inf)
                     continue
-                result_raw = result.raw
-                if result.message.available_until <= self.ctx.clock():
+                receipt = reopen_stored(stored.raw, UsageReceipt)
+                manifest = JobManifest.from_wire(unpack_canonical(job.manifest))
+                available = receipt.message.finished_at + self._retention_ms(manifest)
+                if available <= self.ctx.clock():
                     # Retention is over: the outputs may be collected, so stop offering the receipt.
                     log.info("stopped delivering the receipt of job %s: retention ended unacknowledged",
                              row.job_id.hex()[:12])
                     await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, math.inf)
                     continue
-                submitter = reopen_stored(receipt.raw, UsageReceipt).message.submitter.raw
-                await self._deliver(submitter, receipt.raw, result_raw)
+                await self._deliver(receipt, available)  # the submitter fetches the outputs it lacks
                 delay = min(
                     settings.delivery_backoff_max,
                     settings.delivery_interval * 2 ** min(row.delivery_tries, 8),
@@ -945,8 +952,8 @@ def _clip(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Stored:
-    """A run's stdout, stderr and output files, stored; and the bytes of those small enough to be pushed
-    to the submitter with the result (protocol PUSH_MAX)."""
+    """A run's stdout, stderr and output files, stored; and the bytes of those small enough to be carried
+    to the submitter in the result (protocol PUSH_MAX)."""
 
     stdout: BlobRef
     stderr: BlobRef
@@ -973,8 +980,9 @@ def _store_outputs(blobs: BlobStore, work: Path, result: RunResult) -> _Stored:
 
 
 def _maybe_push(small: list[tuple[BlobRef, bytes]], ref: BlobRef, data: bytes) -> None:
-    """Keep a small output's bytes to push with the result, within the per-job budget."""
-    if len(small) < PUSH_PER_JOB and pushable(ref, data):
+    """Keep a small output's bytes to carry in the job's `result` (protocol/results.make_result),
+    within the per-job budget."""
+    if len(small) < MAX_PUSHED and 0 < len(data) <= PUSH_MAX:
         small.append((ref, data))
 
 
@@ -983,7 +991,7 @@ def _put_checked(
 ) -> BlobRef:
     """Store the run's stream `name` as a blob, from the result when it holds it whole, else from its
     file under `streams`, if it is exactly the size and hash the run reported (adding it to `small`
-    when it can be pushed)."""
+    when it can be carried in the result)."""
     _, total, sha = result.stream(name)
     where = whole_stream(result, streams, name)
     if isinstance(where, bytes):

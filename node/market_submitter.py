@@ -32,13 +32,15 @@ its retention ends).
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from e31.protocol.blobs import BlobRef
 from e31.protocol.codec import pack
 from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_message, sign_verified, verify
 from e31.protocol.errors import Mismatch, ProtocolError
@@ -61,8 +63,10 @@ from e31.protocol.messages import (
     TreeHead,
 )
 from e31.protocol.receipts import Ack, UsageReceipt, check_receipt_assignment, check_receipt_manifest
+from e31.protocol.results import carried_outputs, open_result, outputs_of
 
 from .admission import Admission
+from .blobs import BlobError, BlobStore
 from .market import MarketContext, transition
 from .market_rules import (
     TERMINAL,
@@ -181,11 +185,8 @@ class _Job:
     receipt: VerifiedEnvelope[UsageReceipt] | None = None
     """A lane's verified receipt."""
     outcomes: set[bytes] = field(default_factory=set)
-    """Message ids of the receipts and results taken in for this job (copies of them are dropped)."""
-    heard: dict[tuple[str, bytes], VerifiedEnvelope[Any]] = field(default_factory=dict)
-    """Receipts and results taken in, by kind and receipt id: whichever of a pair comes second finds
-    the first here. Only here: the pair is stored with the job's end (after a restart, the executor's
-    re-sends bring both again)."""
+    """The receipts taken in for this job, by the SHA-256 of their bytes (results carrying one of them
+    again are dropped)."""
 
     @functools.cached_property
     def size(self) -> int:
@@ -364,7 +365,7 @@ class Submitter:
         if self._nursery is not None:
             self._nursery.start_soon(self._on_accepted, env)
 
-    async def _names_our_assignment(self, msg: Accepted | Release | UsageReceipt | Result) -> bool:
+    async def _names_our_assignment(self, msg: Accepted | Release | Result) -> bool:
         """Whether an executor's message names an assignment this node made, of that job, to it."""
         current = next((h.assign_env for h in self._holders(msg.job_id.raw) if h.assign_env is not None
                         and h.assign_env.message_id == msg.assignment_id), None)
@@ -975,38 +976,41 @@ class Submitter:
 
     # --- outcomes ---
 
-    def on_outcome(self, env: VerifiedEnvelope[Any]) -> None:
-        """A receipt or result. A copy of one already stored for a job still under way is dropped at
-        once: executors re-send until acknowledged, and each copy would otherwise cost store work
-        while the first is being verified. Copies for ended jobs go through (they get the ack again)."""
+    def on_outcome(self, env: VerifiedEnvelope[Result]) -> None:
+        """A `result`. One carrying a receipt already taken in for a job still under way is dropped at
+        once: executors deliver again until acknowledged, and each copy would otherwise cost a
+        signature check and store work while the first is being verified. Copies for ended jobs go
+        through (they get the ack again)."""
         if self._nursery is None:
             return
         job = self.jobs.get(env.message.job_id.raw)
         if job is not None:
-            if env.message_id.raw in job.outcomes:
+            key = hashlib.sha256(env.message.receipt).digest()
+            if key in job.outcomes:
                 return
-            job.outcomes.add(env.message_id.raw)
+            job.outcomes.add(key)
         self._nursery.start_soon(self._on_outcome, env)
 
-    async def _on_outcome(self, env: VerifiedEnvelope[Any]) -> None:
-        msg: UsageReceipt | Result = env.message
+    async def _on_outcome(self, env: VerifiedEnvelope[Result]) -> None:
+        msg = env.message
         job_id = msg.job_id.raw
+        try:
+            receipt_env = open_result(env)  # a receipt that does not open never will: its copies stay out
+        except ProtocolError as e:
+            log.warning("job %s: dropping a result from %s: %s", job_id.hex()[:12], env.signer, e)
+            return
+        try:
+            carried = carried_outputs(msg, receipt_env.message)
+        except Mismatch as e:  # the receipt may come again without them: the outputs are fetched then
+            log.warning("job %s: dropping a result from %s: %s", job_id.hex()[:12], env.signer, e)
+            self._forget_outcome(job_id, msg)
+            return
         row = await self.ctx.store.run(Store.job, job_id, ROLE)
         if row is None:
             return
         if not await self._names_our_assignment(msg):  # nothing a node that holds no assignment sends is kept
-            log.info("ignoring a %s for job %s from %s, which holds no assignment of it",
-                     env.kind, job_id.hex()[:12], msg.executor)
-            return
-        # Kept in memory until its pair is in (`_outcome_pair`), then stored with the job's end in one
-        # commit, or as evidence when the pair is refused: one that waits there when this node stops is
-        # delivered again by its executor, which re-sends until acknowledged.
-        try:
-            receipt_env, result_env = await self._outcome_pair(job_id, env)
-        except ProtocolError as e:  # a stored envelope that does not read back: never a peer's to crash
-            log.warning("job %s: cannot pair the %s from %s: %s", job_id.hex()[:12], env.kind, env.signer, e)
-            return
-        if receipt_env is None or result_env is None:
+            log.info("ignoring a result for job %s from %s, which holds no assignment of it",
+                     job_id.hex()[:12], msg.executor)
             return
         if row.state == "done":
             await self._resend_ack(receipt_env)
@@ -1016,21 +1020,20 @@ class Submitter:
             signer = receipt_env.signer.raw
             job = next((lane for lane in job.lanes if lane.holder == signer and lane.receipt is None), None)
         if job is not None and job.completing:
-            top = self.jobs.get(job_id)  # another outcome is being verified: take a copy later
-            if top is not None:
-                top.outcomes.discard(env.message_id.raw)
+            self._forget_outcome(job_id, msg)  # another outcome is being verified: take a copy later
             return
         if job is None or row.state in TERMINAL:
             return
         job.completing, job.settled = True, trio.Event()
         try:
-            await self._complete(job_id, job, row, receipt_env, result_env)
+            await self._complete(job_id, job, row, receipt_env, carried)
         except (Mismatch, ProtocolError, FetchError) as e:
             log.warning(
                 "job %s: the outcome from %s is refused: %s", job_id.hex()[:12], receipt_env.signer, e
             )
-            await self.ctx.store.atomically(*_kept(job_id, self.ctx.now_s(), receipt_env, result_env),
-                                            durable=False)
+            # kept as evidence (not durably: a power cut loses only that)
+            await self.ctx.store.run(Store.put_envelope, receipt_env.message_id.raw, "receipt",
+                                     receipt_env.raw, self.ctx.now_s(), job_id)
             signer = receipt_env.signer.raw
             job.rejected.add(signer)
             # Only the current assignment's executor, with an outcome for that assignment, ends the
@@ -1045,39 +1048,11 @@ class Submitter:
             job.completing = False
             job.settled.set()
 
-    async def _outcome_pair(
-        self, job_id: bytes, env: VerifiedEnvelope[Any]
-    ) -> tuple[VerifiedEnvelope[UsageReceipt] | None, VerifiedEnvelope[Result] | None]:
-        """The receipt and the result naming it, once both are in (either may come first): only a pair
-        of the same job signed by the same executor."""
-        job = self.jobs.get(job_id)
-        heard = None if job is None else job.heard
-        if isinstance(env.message, Result):
-            result_env: VerifiedEnvelope[Result] = env
-            receipt_id = env.message.receipt_id.raw
-            if heard is not None:
-                heard["result", receipt_id] = env
-            receipt_env = None if heard is None else heard.get(("receipt", receipt_id))
-            if receipt_env is None:
-                stored = await self.ctx.store.run(Store.envelope, receipt_id)
-                if stored is None or stored.kind != "receipt":
-                    return None, result_env
-                receipt_env = reopen_stored(stored.raw, UsageReceipt)
-            if receipt_env.message.job_id.raw != job_id or receipt_env.signer != result_env.signer:
-                return None, result_env
-            return receipt_env, result_env
-        receipt_env = env
-        if heard is not None:
-            heard["receipt", env.message_id.raw] = env
-            pending = heard.get(("result", env.message_id.raw))
-            if pending is not None and pending.signer == receipt_env.signer:
-                return receipt_env, pending
-        rows = await self.ctx.store.run(Store.envelopes_for_job, job_id, "result")
-        for r in rows:
-            candidate = reopen_stored(r.raw, Result)
-            if candidate.message.receipt_id == env.message_id and candidate.signer == receipt_env.signer:
-                return receipt_env, candidate
-        return receipt_env, None
+    def _forget_outcome(self, job_id: bytes, msg: Result) -> None:
+        """Let a later copy of this result's receipt in again."""
+        top = self.jobs.get(job_id)
+        if top is not None:
+            top.outcomes.discard(hashlib.sha256(msg.receipt).digest())
 
     async def _complete(
         self,
@@ -1085,9 +1060,9 @@ class Submitter:
         job: _Job,
         row: JobRow,
         receipt_env: VerifiedEnvelope[UsageReceipt],
-        result_env: VerifiedEnvelope[Result],
+        carried: dict[bytes, bytes],
     ) -> None:
-        receipt, result = receipt_env.message, result_env.message
+        receipt = receipt_env.message
         assign_env = job.assign_env
         if assign_env is None or assign_env.message_id != receipt.assignment_id:  # an earlier attempt's
             assign_row = await self.ctx.store.run(Store.envelope, receipt.assignment_id.raw)
@@ -1096,14 +1071,11 @@ class Submitter:
             assign_env = reopen_stored(assign_row.raw, Assign)
         check_receipt_manifest(receipt, job.manifest)
         check_receipt_assignment(receipt, assign_env.message, assign_env.message_id)
-        if result.assignment_id != receipt.assignment_id or result.executor != receipt.executor:
-            raise Mismatch("the result and its receipt name different assignments or executors")
         if receipt.network != self.ctx.network:
             raise Mismatch("the receipt is for another network")
         executor = receipt.executor.raw
-        outputs = (receipt.stdout, receipt.stderr, *(f.blob for f in receipt.outputs))
-        for ref in outputs:
-            await self.transfer.fetch(executor, ref)
+        outputs = outputs_of(receipt)
+        await self._collect(executor, outputs, carried)
         ack = Ack(
             self.ctx.network,
             receipt.job_id,
@@ -1125,16 +1097,17 @@ class Submitter:
             now=self.ctx.now_s(),
             blobs=[ref.root.hex() for ref in outputs],
         )
-        kept = _kept(job_id, self.ctx.now_s(), receipt_env, result_env)
+        kept = call(Store.put_envelope, receipt_env.message_id.raw, "receipt", receipt_env.raw,
+                    self.ctx.now_s(), job_id)
         if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)
-            await self.ctx.store.atomically(*kept, recorded)
+            await self.ctx.store.atomically(kept, recorded)
             job.receipt = receipt_env
             job.finished.set()
             await self.ctx.send_to(executor, raw)
             return
         outcome = receipt.outcome
-        await self.ctx.store.atomically(  # one commit: the outcome and the ack are kept with the job's end
-            *kept,
+        await self.ctx.store.atomically(  # one commit: the receipt and the ack are kept with the job's end
+            kept,
             recorded,
             self._transition(
                 job_id,
@@ -1157,6 +1130,22 @@ class Submitter:
             receipt.fuel_used,
         )
         await self.ctx.send_to(executor, raw)
+
+    async def _collect(
+        self, executor: bytes, outputs: Sequence[BlobRef], carried: dict[bytes, bytes]
+    ) -> None:
+        """Make every output of a receipt present here: those its result carried (already checked
+        against their BlobRefs) stored in one thread hop, the others fetched from the executor."""
+        have = [(ref, carried[ref.root.raw]) for ref in outputs
+                if ref.root.raw in carried and not self.ctx.blobs.has(ref.root.raw)]
+        if have:
+            try:
+                await trio.to_thread.run_sync(_store_all, self.ctx.blobs, have)
+            except (BlobError, OSError) as e:
+                raise FetchError(f"cannot store the outputs of the result: {e}") from None
+        for ref in outputs:
+            if ref.root.raw not in carried:
+                await self.transfer.fetch(executor, ref)
 
     async def _resend_ack(self, receipt_env: VerifiedEnvelope[UsageReceipt]) -> None:
         ack = await self.ctx.store.run(Store.ack_for, receipt_env.message_id.raw)
@@ -1208,9 +1197,9 @@ class Submitter:
         )
 
 
-def _kept(job_id: bytes, now: float, *envs: VerifiedEnvelope[Any]) -> list[Call]:
-    """The store calls keeping an outcome's receipt and result envelopes (a no-op for one kept before)."""
-    return [call(Store.put_envelope, e.message_id.raw, e.kind, e.raw, now, job_id) for e in envs]
+def _store_all(blobs: BlobStore, items: list[tuple[BlobRef, bytes]]) -> None:
+    for ref, data in items:
+        blobs.put_stream([data], ref.root.raw)
 
 
 def new_job(manifest: JobManifest, now: float) -> dict[str, Any]:

@@ -11,10 +11,8 @@ to the root. No unverified byte is ever kept.
 
 Serving answers each `blobreq` with a `blobchunk` read from the blob store; chunk lists are computed
 once per blob (the whole blob is checked then) and cached. Replies are matched to requests by
-(peer, root, index). A chunk nobody asked for is dropped, except a pushed one: an executor sends the
-small outputs of a job (a single chunk of at most PUSH_MAX bytes) unasked, right after the result, and
-such a chunk 0 is kept in memory for a while (PUSHED_KEPT bytes in all, oldest dropped first) as the
-answer to the request for it that would follow; it is checked like any answer when it is used.
+(peer, root, index); a chunk nobody asked for is dropped. (A job's small outputs need no fetch: they
+come in its `result`, protocol/results.py.)
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from dataclasses import dataclass, field
 
 import nacl.signing
 import trio
-from e31.protocol.blobs import CHUNK_SIZE, PUSH_MAX, BlobRef, ChunkList, blob_ref
+from e31.protocol.blobs import CHUNK_SIZE, BlobRef, ChunkList, blob_ref
 from e31.protocol.envelope import VerifiedEnvelope, check_fresh, sign_message
 from e31.protocol.errors import BadBlob, ProtocolError
 from e31.protocol.ids import Digest, NodeId
@@ -39,20 +37,6 @@ log = logging.getLogger("e31.transfer")
 
 SendTo = Callable[[bytes, bytes], Awaitable[bool]]
 """Send a signed envelope to a peer (32-byte key); False when there is no link to it."""
-
-
-PUSHED_KEPT = 4 * 1024 * 1024
-"""Bytes of pushed chunks kept waiting to be used, from all peers together (each counted with
-PUSHED_OVERHEAD more for its keeping, so many tiny ones cannot hold more memory than big ones)."""
-PUSHED_OVERHEAD = 512
-"""Bytes a kept chunk is counted for beyond its data (its key, entry and object headers)."""
-PUSH_PER_JOB = 16
-"""At most this many blobs pushed for one job (1 MiB at most): well inside what a receiver keeps."""
-
-
-def pushable(ref: BlobRef, data: bytes) -> bool:
-    """Whether a blob may be pushed: its bytes, of one chunk of at most PUSH_MAX, not empty."""
-    return 0 < ref.size <= PUSH_MAX and len(data) == ref.size
 
 
 class FetchError(Exception):
@@ -98,9 +82,6 @@ class BlobTransfer:
         self._waiters: dict[tuple[bytes, bytes, int | None], _Waiter] = {}
         self._locks: dict[bytes, trio.Lock] = {}
         self._lists: OrderedDict[bytes, bytes] = OrderedDict()
-        self._pushed: OrderedDict[tuple[bytes, bytes], bytes] = OrderedDict()
-        """Pushed chunks not yet used, by (peer, root)."""
-        self._pushed_bytes = 0
         self._serve_limit = trio.CapacityLimiter(self.settings.serve_concurrency)
         self._nursery: trio.Nursery | None = None
         self.served_chunks = 0
@@ -128,36 +109,9 @@ class BlobTransfer:
         if env.signer.raw != peer or msg.network != self.network:
             return
         waiter = self._waiters.get((peer, msg.blob.raw, msg.index))
-        if waiter is not None:
-            if waiter.data is None:
-                waiter.data = msg.data
-                waiter.event.set()
-        elif msg.index == 0 and 0 < len(msg.data) <= PUSH_MAX:
-            self._keep_pushed((peer, msg.blob.raw), msg.data)
-
-    def _keep_pushed(self, key: tuple[bytes, bytes], data: bytes) -> None:
-        old = self._pushed.pop(key, None)
-        if old is not None:
-            self._pushed_bytes -= len(old) + PUSHED_OVERHEAD
-        self._pushed[key] = data
-        self._pushed_bytes += len(data) + PUSHED_OVERHEAD
-        while self._pushed_bytes > PUSHED_KEPT:
-            _, dropped = self._pushed.popitem(last=False)
-            self._pushed_bytes -= len(dropped) + PUSHED_OVERHEAD
-
-    def _take_pushed(self, peer: bytes, root: bytes) -> bytes | None:
-        data = self._pushed.pop((peer, root), None)
-        if data is not None:
-            self._pushed_bytes -= len(data) + PUSHED_OVERHEAD
-        return data
-
-    async def push(self, peer: bytes, blobs: list[tuple[BlobRef, bytes]]) -> None:
-        """Send `peer` the blobs of one job it is about to ask for, unasked: the first PUSH_PER_JOB of
-        one chunk of at most PUSH_MAX bytes (it fetches the others)."""
-        for ref, data in [(ref, data) for ref, data in blobs if pushable(ref, data)][:PUSH_PER_JOB]:
-            chunk = BlobChunk(self.network, NodeId(self.local), ref.root, 0, data)
-            if not await self.send(peer, sign_message(chunk, self.identity)):
-                return
+        if waiter is not None and waiter.data is None:
+            waiter.data = msg.data
+            waiter.event.set()
 
     # --- serving ---
 
@@ -210,13 +164,9 @@ class BlobTransfer:
                 self._locks.pop(root, None)
 
     async def _fetch_one_chunk(self, peer: bytes, ref: BlobRef) -> None:
-        data = self._take_pushed(peer, ref.root.raw)
-        if data is None or len(data) != ref.size or blob_ref(data) != ref:  # not pushed, or pushed wrong
-            data = await self._ask(peer, ref.root, 0)
-            if len(data) != ref.size or blob_ref(data) != ref:
-                raise FetchError(
-                    f"{NodeId(peer)} sent a bad chunk of {ref.root}: it does not hash to its root"
-                )
+        data = await self._ask(peer, ref.root, 0)
+        if len(data) != ref.size or blob_ref(data) != ref:
+            raise FetchError(f"{NodeId(peer)} sent a bad chunk of {ref.root}: it does not hash to its root")
         try:
             await trio.to_thread.run_sync(self.blobs.put_stream, [data], ref.root.raw)
         except (BlobError, OSError) as e:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field
 
-from .blobs import CHUNK_SIZE, MAX_CHUNKS
+from .blobs import CHUNK_SIZE, MAX_CHUNKS, PUSH_MAX
+from .codec import MAX_FRAME
 from .errors import InvalidMessage
 from .ids import DIGEST_SIZE, Digest, NodeId
 from .jobs import NONCE_SIZE, JobManifest
@@ -52,6 +53,11 @@ MAX_PROOF_HASHES = 64
 TREEHEAD_MAX = 512
 MAX_SET = 64
 """Jobs in one offer, and items in one bid or decline."""
+MAX_PUSHED = 16
+"""Small outputs carried in one `result`."""
+RECEIPT_MAX = MAX_FRAME - 4096
+"""The largest receipt envelope a `result` carries (the rest of the frame holds the result's own
+fields; an executor adds small outputs only while the whole still fits in a frame)."""
 
 
 _IPV6_CHARS = frozenset("0123456789abcdefABCDEF:.")
@@ -267,15 +273,19 @@ class BlobChunk(Message):
 @message("result", issuer="executor")
 @dataclass(frozen=True, slots=True)
 class Result(Message):
-    """The executor tells the submitter a job has finished: the receipt (by id) and how long
-    the outputs it names stay downloadable."""
+    """The executor delivers a finished job: its signed usage receipt whole (`receipt`, a complete
+    `receipt` envelope of the same job, assignment and executor), until when the outputs the receipt
+    names can be fetched, and the bytes of its small outputs (`outputs`, each of one chunk of at most
+    PUSH_MAX bytes and hashing to a BlobRef the receipt names), so the submitter need not ask for them.
+    protocol/results.py opens one."""
 
     network: str = field(metadata=w(NETWORK))
     job_id: Digest = field(metadata=w(Hash()))
     assignment_id: Digest = field(metadata=w(Hash()))
     executor: NodeId = field(metadata=w(Key()))
-    receipt_id: Digest = field(metadata=w(Hash()))
+    receipt: bytes = field(metadata=w(Bin(RECEIPT_MAX, min_len=1)))
     available_until: int = field(metadata=w(TIME))
+    outputs: tuple[bytes, ...] = field(metadata=w(Seq(Bin(PUSH_MAX, min_len=1), MAX_PUSHED)))
 
 
 @message("accepted", issuer="executor")
@@ -372,7 +382,9 @@ __all__ = [
     "BY_JOB",
     "CANCEL_REASONS",
     "DECLINE_REASONS",
+    "MAX_PUSHED",
     "MAX_SET",
+    "RECEIPT_MAX",
     "REGISTRY",
     "RELEASE_REASONS",
     "Accepted",

@@ -340,7 +340,7 @@ async def test_an_unacknowledged_receipt_is_retried_until_its_retention_ends(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     """In memory (test_market's harness): the submitter's acks never reach the executor, which keeps
-    delivering until the result's retention is over, then stops; the receipt stays unacknowledged."""
+    delivering until the outputs' retention is over, then stops; the receipt stays unacknowledged."""
     from dataclasses import replace
 
     from e31.node.store import Store
@@ -357,8 +357,9 @@ async def test_an_unacknowledged_receipt_is_retried_until_its_retention_ends(
             await to_b(peer, raw)
 
     async def count_receipts(peer: bytes, raw: bytes) -> None:
-        if verify(raw).kind == "receipt":
-            deliveries.append(raw)
+        env = verify(raw)
+        if env.kind == "result":
+            deliveries.append(env.message.receipt)
         await to_a(peer, raw)
 
     net.handlers[b.id], net.handlers[a.id] = drop_acks, count_receipts
@@ -373,7 +374,7 @@ async def test_an_unacknowledged_receipt_is_retried_until_its_retention_ends(
     assert not await b.store.run(Store.receipts_due, time.time() + 10**6), "delivery never stopped"
     (row,) = await b.store.run(Store.receipts_for_job, job_id)
     assert row.delivered is None and row.delivery_tries >= 1
-    assert len(deliveries) >= 2 and len(set(deliveries)) == 1
+    assert len(deliveries) >= 2 and len(set(deliveries)) == 1, "the same receipt, delivered again"
 
 
 async def test_a_receipt_signed_just_before_a_stop_is_not_run_again(

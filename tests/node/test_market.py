@@ -221,10 +221,7 @@ class Liar:
             finished_at=now,
         )
         raw_receipt = sign_message(receipt, self.key)
-        result = Result(
-            NETWORK, a.job_id, env.message_id, NodeId(self.id), verify(raw_receipt).message_id, now + 60_000
-        )
-        await self.send(peer, raw_receipt)
+        result = Result(NETWORK, a.job_id, env.message_id, NodeId(self.id), raw_receipt, now + 60_000, ())
         await self.send(peer, sign_message(result, self.key))
 
 
@@ -377,20 +374,27 @@ async def test_a_receipt_that_does_not_match_the_job_is_refused(
     assert {verify(r.raw).signer for r in receipts} == {NodeId(b.id), NodeId(liar.id)}
 
 
-async def test_half_an_outcome_is_kept_only_in_memory_until_its_pair_arrives(
+async def test_a_lost_result_comes_again_without_its_outputs_which_are_fetched(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
-    lost = lose_first(net, a.id, Result)  # the result goes missing; its receipt arrives
+    lost = lose_first(net, a.id, Result)  # the first delivery, carrying the job's stdout, goes missing
     job_id = await a.submitter.submit(a.manifest(("18", "1000")))
     await until(lambda: lost, 10)
+    first = verify(lost[0], Result).message
+    assert len(first.outputs) == 1, "the first delivery carries the job's small stdout"
     assert (await a.job(job_id)).state == "assigned"
     assert not await a.store.run(Store.envelopes_for_job, job_id, "receipt")
-    # B delivers both again (it re-sends until acknowledged): the pair completes and is stored with the end
-    await wait_state(a, job_id, "done")
-    assert len(await a.store.run(Store.envelopes_for_job, job_id, "receipt")) == 1
-    assert len(await a.store.run(Store.envelopes_for_job, job_id, "result")) == 1
+    # B delivers again (until acknowledged), the receipt alone: A fetches the stdout, and keeps only
+    # the receipt (a result is not kept)
+    row = await wait_state(a, job_id, "done")
+    receipts = await a.store.run(Store.envelopes_for_job, job_id, "receipt")
+    assert [r.raw for r in receipts] == [first.receipt]
+    assert not await a.store.run(Store.envelopes_for_job, job_id, "result")
+    stdout = verify(first.receipt, UsageReceipt).message.stdout
+    assert a.blobs.read(stdout.root.raw) == first.outputs[0]
+    assert row.state == "done"
 
 
 async def test_a_job_nobody_can_run_expires_at_its_deadline(
@@ -700,11 +704,11 @@ async def test_a_strangers_outcomes_neither_crash_the_submitter_nor_take_the_job
     evil = nacl.signing.SigningKey(b"\x77" * 32)
     eid = NodeId(bytes(evil.verify_key))
     now = wall_ms()
-    # A result naming, as its receipt, a stored envelope that is no receipt (the job's offer).
-    offer_id = (await a.store.run(Store.envelopes_for_job, job_id, "offer"))[0].message_id
-    odd = Result(NETWORK, Digest(job_id), Digest(b"\x05" * 32), eid, Digest(offer_id), now + 60_000)
+    # A result carrying, as its receipt, an envelope that is no receipt (the job's offer).
+    offer_raw = (await a.store.run(Store.envelopes_for_job, job_id, "offer"))[0].raw
+    odd = Result(NETWORK, Digest(job_id), Digest(b"\x05" * 32), eid, offer_raw, now + 60_000, ())
     await a.market.message(eid.raw, sign_message(odd, evil))
-    # A well-formed receipt and result for the job, signed by a node it was never assigned to.
+    # A well-formed receipt of the job in a result, signed by a node it was never assigned to.
     empty = blob_ref(b"")
     forged = UsageReceipt(
         NETWORK, Digest(job_id), Digest(b"\x09" * 32), manifest.submitter, eid, manifest.module, (), None,
@@ -713,8 +717,7 @@ async def test_a_strangers_outcomes_neither_crash_the_submitter_nor_take_the_job
     )
     forged_raw = sign_message(forged, evil)
     forged_id = verify(forged_raw).message_id
-    claim = Result(NETWORK, Digest(job_id), Digest(b"\x09" * 32), eid, forged_id, now + 60_000)
-    await a.market.message(eid.raw, forged_raw)
+    claim = Result(NETWORK, Digest(job_id), Digest(b"\x09" * 32), eid, forged_raw, now + 60_000, ())
     await a.market.message(eid.raw, sign_message(claim, evil))
     row = await wait_state(a, job_id, "done")
     assert row.executor == str(NodeId(b.id)) and row.attempt == 1, "the honest executor kept its job"

@@ -11,15 +11,8 @@ import nacl.signing
 import pytest
 import trio
 from e31.node.blobs import BlobStore
-from e31.node.transfer import (
-    PUSH_PER_JOB,
-    PUSHED_KEPT,
-    PUSHED_OVERHEAD,
-    BlobTransfer,
-    FetchError,
-    TransferSettings,
-)
-from e31.protocol.blobs import CHUNK_SIZE, PUSH_MAX, BlobRef, blob_ref, chunk_list
+from e31.node.transfer import BlobTransfer, FetchError, TransferSettings
+from e31.protocol.blobs import CHUNK_SIZE, BlobRef, blob_ref, chunk_list
 from e31.protocol.envelope import sign_message, verify
 from e31.protocol.ids import NodeId
 from e31.protocol.messages import BlobChunk, BlobRequest
@@ -133,59 +126,16 @@ def _asked(pair: Pair) -> list[bytes]:
     return asked
 
 
-async def test_a_pushed_small_output_is_used_without_asking_and_only_once(pair: Pair) -> None:
-    asked = _asked(pair)
-    out, err = b"samples 1000\npi 3.14\n", b"a warning\n"
-    for data in (out, err):
-        pair.stores["a"].put(data)
-    refs = [blob_ref(out), blob_ref(err)]
-    await pair.nodes["a"].push(pair.ids["b"], [(r, d) for r, d in zip(refs, (out, err), strict=True)])
-    for ref in refs:
-        await pair.fetch(ref)
-    assert asked == [] and pair.stores["b"].read(refs[0].root.raw) == out
-    pair.stores["b"].delete(refs[1].root.hex())
-    await pair.fetch(refs[1])  # a pushed chunk serves one fetch: asked for again
-    assert asked == [refs[1].root.raw]
-
-
-async def test_a_wrong_or_unwanted_pushed_chunk_is_never_used(pair: Pair) -> None:
+async def test_an_unasked_chunk_is_never_used(pair: Pair) -> None:
     asked = _asked(pair)
     data = b"the real output"
     pair.stores["a"].put(data)
     ref = blob_ref(data)
     lie = BlobChunk(NETWORK, NodeId(pair.ids["a"]), ref.root, 0, b"forged output!!")
     pair.nodes["b"].on_chunk(pair.ids["a"], verify(sign_message(lie, pair.keys["a"])))
-    other = blob_ref(b"x" * (PUSH_MAX + 1))  # too big to be kept, like any chunk but a blob's first
-    for index, payload in ((0, b"x" * (PUSH_MAX + 1)), (1, b"y")):
-        chunk = BlobChunk(NETWORK, NodeId(pair.ids["a"]), other.root, index, payload)
-        pair.nodes["b"].on_chunk(pair.ids["a"], verify(sign_message(chunk, pair.keys["a"])))
     await pair.fetch(ref)
-    assert asked == [ref.root.raw], "a pushed chunk that does not hash to the root is replaced by asking"
+    assert asked == [ref.root.raw], "a chunk sent before it was asked for is dropped: it is asked for"
     assert pair.stores["b"].read(ref.root.raw) == data
-    assert pair.nodes["b"]._pushed == {}
-
-
-async def test_pushed_chunks_kept_are_bounded_oldest_dropped_first(pair: Pair) -> None:
-    blobs = [blob(PUSH_MAX) for _ in range(PUSHED_KEPT // PUSH_MAX + 3)]
-    for i in range(0, len(blobs), 8):  # jobs of 8 outputs each
-        await pair.nodes["a"].push(pair.ids["b"], [(blob_ref(d), d) for d in blobs[i:i + 8]])
-    kept = pair.nodes["b"]._pushed
-    assert sum(len(d) + PUSHED_OVERHEAD for d in kept.values()) <= PUSHED_KEPT
-    assert [root for _, root in kept] == [blob_ref(d).root.raw for d in blobs[-len(kept):]]
-    assert len(kept) == PUSHED_KEPT // (PUSH_MAX + PUSHED_OVERHEAD)
-    # many tiny pushes cannot hold more than the same bound, bookkeeping counted
-    tiny = [os.urandom(8) for _ in range(20_000)]
-    for d in tiny:
-        pair.nodes["b"]._keep_pushed((pair.ids["a"], blob_ref(d).root.raw), d)
-    assert len(kept) == PUSHED_KEPT // (8 + PUSHED_OVERHEAD)
-
-
-async def test_one_job_pushes_at_most_its_first_small_outputs(pair: Pair) -> None:
-    small = [blob(PUSH_MAX // 2) for _ in range(PUSH_PER_JOB + 2)]
-    mixed = [blob(PUSH_MAX + 1), blob(0), *small]  # too big to push, empty: skipped
-    await pair.nodes["a"].push(pair.ids["b"], [(blob_ref(d), d) for d in mixed])
-    kept = pair.nodes["b"]._pushed
-    assert [root for _, root in kept] == [blob_ref(d).root.raw for d in small[:PUSH_PER_JOB]]
 
 
 async def test_a_single_chunk_blob_that_does_not_hash_to_its_root_is_refused(pair: Pair) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import nacl.signing
-from e31.protocol.blobs import BlobRef, chunk_list
+from e31.protocol.blobs import PUSH_MAX, BlobRef, chunk_list
 from e31.protocol.codec import pack
 from e31.protocol.envelope import message_id, node_id_of, sign, sign_message, verify
 from e31.protocol.ids import Digest, NodeId, sha256
@@ -26,6 +26,7 @@ from e31.protocol.jobs import EnvVar, FileRef, JobManifest, Limits
 from e31.protocol.merkle import MerkleLog
 from e31.protocol.messages import (
     BY_JOB,
+    MAX_PUSHED,
     MAX_SET,
     Accepted,
     Ack,
@@ -121,7 +122,8 @@ def samples() -> list[tuple[str, str, Message]]:
         profile=PROFILE, limits=LIMITS, outcome=Outcome("exited", 0, None), fuel_used=123_456_789,
         peak_memory=3 << 20, compute_ms=1_234, queued_at=T0 + 10_000, started_at=T0 + 70_000,
         finished_at=T0 + 71_300)
-    receipt_id = verify(sign_message(receipt, key("executor"))).message_id
+    receipt_raw = sign_message(receipt, key("executor"))
+    receipt_id = verify(receipt_raw).message_id
     contact = Contact(NET, nid("executor"), ("192.0.2.7:7531", "[2001:db8::7]:7531"), T0 + 3_600_000)
     contact_env = sign_message(contact, key("executor"))
     chunks = chunk_list(b"x" * 1000)
@@ -147,8 +149,10 @@ def samples() -> list[tuple[str, str, Message]]:
         ("blobchunk-list", "submitter",
          BlobChunk(NET, nid("submitter"), chunks.root, None, chunks.to_bytes())),
         ("blobchunk", "submitter", BlobChunk(NET, nid("submitter"), chunks.root, 0, b"x" * 1000)),
-        ("result", "executor", Result(NET, man.job_id, assignment_id, nid("executor"), receipt_id,
-                                      T0 + 7 * 86_400_000)),
+        ("result", "executor", Result(NET, man.job_id, assignment_id, nid("executor"), receipt_raw,
+                                      T0 + 7 * 86_400_000, (b"[[1,2],[3,4]]",))),
+        ("result-no-outputs", "executor", Result(NET, man.job_id, assignment_id, nid("executor"),
+                                                 receipt_raw, T0 + 7 * 86_400_000, ())),
         ("receipt", "executor", receipt),
         ("receipt-trap", "executor", dataclasses.replace(
             receipt, outcome=Outcome("trap", None, "unreachable"), outputs=(), fuel_used=77)),
@@ -276,6 +280,12 @@ def invalid() -> list[dict[str, Any]]:
     signed("bid-items-unsorted", "bid", "executor", (*bw[:4], (two, one)))
     too_many = tuple(sorted((digest(f"job {i}").raw, T0, T0 + 1) for i in range(MAX_SET + 1)))
     signed(f"bid-{MAX_SET + 1}-items", "bid", "executor", (*bw[:4], too_many))
+    res = sample("result").to_wire()
+    signed("result-output-over-push-max", "result", "executor", (*res[:6], (b"x" * (PUSH_MAX + 1),)))
+    signed("result-empty-output", "result", "executor", (*res[:6], (b"",)))
+    signed(f"result-{MAX_PUSHED + 1}-outputs", "result", "executor",
+           (*res[:6], tuple(bytes([i]) for i in range(MAX_PUSHED + 1))))
+    signed("result-no-receipt", "result", "executor", (*res[:4], b"", *res[5:]))
     dw = sample("decline").to_wire()
     signed("decline-job-ids-unsorted", "decline", "arm-executor", (dw[0], tuple(reversed(dw[1])), *dw[2:]))
     signed("decline-no-job-ids", "decline", "arm-executor", (dw[0], (), *dw[2:]))

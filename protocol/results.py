@@ -1,0 +1,92 @@
+"""A `result`, the delivery of a finished job: the receipt it carries, and the outputs it carries.
+
+An executor delivers a job in one message: a `result` holding the job's signed usage receipt whole and
+the bytes of its small outputs. `make_result` builds one within a frame; `open_result` checks a
+received one and returns its receipt, verified; `carried_outputs` matches the bytes it carries to the
+BlobRefs the receipt names. Sans-I/O: bytes in, checked values out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .blobs import PUSH_MAX, BlobRef, blob_ref
+from .codec import MAX_FRAME
+from .envelope import VerifiedEnvelope, verify
+from .errors import Mismatch
+from .messages import MAX_PUSHED, RECEIPT_MAX, Result
+from .receipts import UsageReceipt
+
+FRAME_ROOM = 4096
+"""Bytes of a frame kept for a `result`'s own fields and its envelope (a few hundred are used)."""
+PER_OUTPUT = 8
+"""Bytes of msgpack header around each carried output (a bin 32 header is 5)."""
+
+
+def make_result(
+    network: str,
+    receipt: VerifiedEnvelope[UsageReceipt],
+    available_until: int,
+    small: Iterable[tuple[BlobRef, bytes]] = (),
+) -> Result:
+    """The `result` delivering `receipt`, carrying as many of the `small` outputs (in order) as fit: each
+    of 1..PUSH_MAX bytes and matching its BlobRef, at most MAX_PUSHED of them, the whole within a frame."""
+    msg = receipt.message
+    room = MAX_FRAME - FRAME_ROOM - len(receipt.raw)
+    carried: list[bytes] = []
+    seen: set[bytes] = set()
+    for ref, data in small:
+        if len(carried) == MAX_PUSHED:
+            break
+        if not 0 < ref.size <= PUSH_MAX or len(data) != ref.size or ref.root.raw in seen:
+            continue
+        if len(data) + PER_OUTPUT > room:
+            continue
+        carried.append(data)
+        seen.add(ref.root.raw)
+        room -= len(data) + PER_OUTPUT
+    return Result(
+        network, msg.job_id, msg.assignment_id, msg.executor, receipt.raw, available_until, tuple(carried)
+    )
+
+
+def open_result(env: VerifiedEnvelope[Result]) -> VerifiedEnvelope[UsageReceipt]:
+    """The receipt a verified `result` carries, verified in turn: raises a ProtocolError (Mismatch when
+    it is a sound receipt of another job, assignment, network or executor than the result's)."""
+    result = env.message
+    receipt = verify(result.receipt, UsageReceipt, max_len=RECEIPT_MAX)
+    msg = receipt.message
+    _expect(receipt.signer == env.signer, "the result carries a receipt signed by another node")
+    _expect(msg.executor == result.executor, "the result carries a receipt of another executor")
+    _expect(msg.network == result.network, "the result carries a receipt of another network")
+    _expect(msg.job_id == result.job_id, "the result carries a receipt of another job")
+    _expect(msg.assignment_id == result.assignment_id, "the result carries a receipt of another assignment")
+    return receipt
+
+
+def carried_outputs(result: Result, receipt: UsageReceipt) -> dict[bytes, bytes]:
+    """The outputs a result carries, by blob root: raises Mismatch for bytes that are none of the
+    receipt's stdout, stderr and output files (each is hashed in full here)."""
+    if not result.outputs:
+        return {}
+    named: dict[bytes, BlobRef] = {ref.root.raw: ref for ref in outputs_of(receipt)}
+    carried: dict[bytes, bytes] = {}
+    for data in result.outputs:
+        ref = blob_ref(data)
+        if named.get(ref.root.raw) != ref:
+            raise Mismatch(f"the result carries {len(data)} bytes that are no output its receipt names")
+        carried[ref.root.raw] = data
+    return carried
+
+
+def outputs_of(receipt: UsageReceipt) -> tuple[BlobRef, ...]:
+    """Every blob a receipt names as the job's output: stdout, stderr, then the output files."""
+    return (receipt.stdout, receipt.stderr, *(f.blob for f in receipt.outputs))
+
+
+def _expect(ok: bool, what: str) -> None:
+    if not ok:
+        raise Mismatch(what)
+
+
+__all__ = ["FRAME_ROOM", "PER_OUTPUT", "carried_outputs", "make_result", "open_result", "outputs_of"]
