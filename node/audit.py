@@ -220,18 +220,23 @@ class _Audit:
         tried: set[Digest] = set()
         for env in self.proofs:
             p = env.message
-            receipt = self.receipt_by_id.get(p.receipt_id)
-            if receipt is None:
-                self.add("note", "inclusion", f"inclusion proof for receipt {_short(p.receipt_id)}, which is "
-                         "not in the bundle", None, p.executor)
-                continue
-            tried.add(p.receipt_id)
             self._keep_head(p)
-            try:
-                check_inclusion(env, receipt)
-            except (ProtocolError, Mismatch) as e:
-                self.add("problem", "inclusion", f"receipt {_short(p.receipt_id)}: {_one_line(str(e))}",
-                         receipt.message.job_id, p.executor)
+            known = self.receipt_by_id
+            placed = [known[e.receipt_id] for e in p.entries if e.receipt_id in known]
+            if not placed:  # (a proof placing some receipts of the bundle may place others too: no note)
+                n = len(p.entries)
+                self.add("note", "inclusion", f"inclusion proof for {n} receipt{'' if n == 1 else 's'}, "
+                         f"none of them in the bundle (the first {_short(p.entries[0].receipt_id)})", None,
+                         p.executor)
+                continue
+            for receipt in placed:
+                tried.add(receipt.message_id)
+                try:
+                    check_inclusion(env, receipt)
+                except (ProtocolError, Mismatch) as e:
+                    self.add("problem", "inclusion",
+                             f"receipt {_short(receipt.message_id)}: {_one_line(str(e))}",
+                             receipt.message.job_id, p.executor)
         for receipt_id in sorted(acked - tried, key=lambda d: d.raw):
             r = self.receipt_by_id[receipt_id].message
             self.add("note", "inclusion", f"receipt {_short(receipt_id)} is acknowledged but the bundle "
@@ -383,13 +388,15 @@ def audit(bundle: Bundle, *, reexecute: bool = False) -> AuditReport:
 
 def check_inclusion(proof: VerifiedEnvelope[InclusionProof],
                     receipt: VerifiedEnvelope[UsageReceipt]) -> TreeHead:
-    """Check a verified `proof` against the receipt it names (docs/protocol.md 10.5); return its tree head.
+    """Check that a verified `proof` places the receipt in its executor's log (docs/protocol.md 10.5); return
+    its tree head.
 
     Raises Mismatch, BadProof or another ProtocolError naming what is wrong.
     """
     p = proof.message
-    if p.receipt_id != receipt.message_id:
-        raise Mismatch("the proof names another receipt")
+    entry = p.entry(receipt.message_id)
+    if entry is None:
+        raise Mismatch("the proof does not place that receipt")
     if p.executor != receipt.message.executor:
         raise Mismatch("the proof is not signed by the receipt's executor")
     if p.network != receipt.message.network:
@@ -405,7 +412,8 @@ def check_inclusion(proof: VerifiedEnvelope[InclusionProof],
     if head.size != p.tree_size:
         raise Mismatch(f"the proof is for a tree of {p.tree_size} leaves, its signed head for {head.size}")
     try:
-        verify_entry_inclusion(receipt.raw, p.leaf_index, p.tree_size, [h.raw for h in p.path], head.root.raw)
+        verify_entry_inclusion(receipt.raw, entry.leaf_index, p.tree_size, [h.raw for h in entry.path],
+                               head.root.raw)
     except BadProof as e:
         raise BadProof(f"the inclusion proof does not match the signed tree head: {e}") from None
     return head

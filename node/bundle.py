@@ -276,12 +276,10 @@ def _verified(envelopes: Iterable[bytes]) -> list[Any]:
 
 
 def _own_proofs(verified: list[Any], log: ReceiptLog, now: int) -> list[bytes]:
-    out = []
-    for env in verified:
-        mine = isinstance(env.message, UsageReceipt) and str(env.signer) == log.node
-        if mine and log.index_of(env.message_id.raw) is not None:
-            out.append(log.inclusion(env.message_id.raw, now))
-    return out
+    """Fresh proofs placing this node's own receipts of the bundle in its log, against its latest head."""
+    mine = [env.message_id.raw for env in verified
+            if isinstance(env.message, UsageReceipt) and str(env.signer) == log.node]
+    return log.inclusions(mine, now)
 
 
 def _consistency(verified: list[Any], log: ReceiptLog) -> tuple[Consistency, ...]:

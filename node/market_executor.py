@@ -11,8 +11,8 @@
   submitter, and again every `delivery_interval`
   (backing off) and whenever its link comes up, until its `ack` arrives. The ack is checked against
   the receipt (protocol/receipts.check_ack) and stored; acknowledged receipts are gathered for
-  `proof_batch_s`, handed to `on_acked` (the receipt log: one append for the batch), and each one's
-  inclusion proof (a signed `proof`, all against one new tree head) goes to its submitter; again on
+  `proof_batch_s`, handed to `on_acked` (the receipt log: one append for the batch), and one signed
+  `proof` per submitter places all of its receipts of the batch against one new tree head; again on
   request (`proofreq`) or on a repeated ack; a proof that finds no link goes when the link comes up.
   Receipts acknowledged but not yet logged when the node stopped are logged when it starts. The
   result is signed anew for each delivery and not kept: the receipt is.
@@ -105,9 +105,10 @@ log = logging.getLogger("e31.executor")
 ROLE = "executor"
 OnAcked = Callable[[list[VerifiedEnvelope[UsageReceipt]]], Awaitable[object]]
 """Acknowledged receipts of this node, to append to its receipt log (all at once)."""
-Prover = Callable[[list[bytes], int], list[bytes | None]]
-"""(receipt message ids, now in ms) -> a signed `proof` envelope each from this node's receipt log, all
-against one signed tree head, or None for a receipt not in the log (blocking)."""
+Prover = Callable[[dict[bytes, list[bytes]], int], dict[bytes, list[bytes]]]
+"""({peer: receipt message ids}, now in ms) -> {peer: the signed `proof` envelopes from this node's
+receipt log placing those of its receipts that are in the log}, all against one signed tree head, a
+proof per MAX_PROOF_ENTRIES receipts (blocking)."""
 _ProofsDue = dict[bytes, tuple[frozenset[bytes], VerifiedEnvelope[UsageReceipt] | None]]
 """Receipts (message id) whose proof is due: the peers to send it to, and the receipt when it is still
 to be appended to the log."""
@@ -861,33 +862,33 @@ class Executor:
                 return False
         if self.prover is None:
             return True
+        wanted: dict[bytes, list[bytes]] = {}
+        for receipt_id, (peers, _) in batch.items():
+            for peer in peers:
+                wanted.setdefault(peer, []).append(receipt_id)
         try:
-            proofs = await trio.to_thread.run_sync(self.prover, list(batch), self.ctx.clock())
+            proofs = await trio.to_thread.run_sync(self.prover, wanted, self.ctx.clock())
         except Exception:
             log.exception("proving %d receipts failed; trying again", len(batch))
             return False
-        by_peer: dict[bytes, list[tuple[bytes, bytes]]] = {}
-        for (receipt_id, (peers, _)), raw in zip(batch.items(), proofs, strict=True):
-            if raw is None:  # not in the log: the asker learns nothing, as the protocol says
-                log.debug("no inclusion proof for receipt %s", receipt_id.hex()[:12])
-                continue
-            for peer in peers:
-                by_peer.setdefault(peer, []).append((receipt_id, raw))
         assert self._nursery is not None
-        for peer, proofs_for_peer in by_peer.items():  # a stalled link holds up only its own proofs
-            self._nursery.start_soon(self._send_proofs, peer, proofs_for_peer)
+        for peer, raws in proofs.items():  # a stalled link holds up only its own proofs
+            if raws:
+                self._nursery.start_soon(self._send_proofs, peer, raws, wanted[peer])
         return True
 
-    async def _send_proofs(self, peer: bytes, proofs: list[tuple[bytes, bytes]]) -> None:
-        """Send proofs to a peer; those it cannot take now (no link) go again when its link comes up."""
-        for i, (_, raw) in enumerate(proofs):
+    async def _send_proofs(self, peer: bytes, proofs: list[bytes], receipt_ids: list[bytes]) -> None:
+        """Send a peer the proofs placing `receipt_ids`; if it cannot take them now, all of them go
+        again (to a replaced link with the next batch; else when its link comes up): a proof it gets
+        twice is only checked twice."""
+        for raw in proofs:
             if not await self.ctx.send_to(peer, raw):
                 if peer in self.ctx.connected():  # the link was replaced meanwhile: the next batch
-                    for receipt_id, _ in proofs[i:]:
+                    for receipt_id in receipt_ids:
                         self._prove(peer, receipt_id, None)
                     return
                 waiting = self._proofs_waiting.setdefault(peer, {})
-                for receipt_id, _ in proofs[i:]:
+                for receipt_id in receipt_ids:
                     waiting[receipt_id] = None
                 while len(waiting) > PROOFS_WAITING_KEPT:
                     del waiting[next(iter(waiting))]

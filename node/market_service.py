@@ -25,9 +25,9 @@ from .config import NodeConfig
 from .control import Router
 from .jobs_api import JobsApi, compile_check
 from .market import Market, MarketContext, MarketSettings
-from .market_executor import Executor
+from .market_executor import Executor, Prover
 from .market_submitter import Submitter
-from .receiptlog import ReceiptLogError
+from .receiptlog import ReceiptLog, ReceiptLogError
 from .scheduler import Scheduler
 from .store import AsyncStore
 from .transfer import BlobTransfer
@@ -104,12 +104,6 @@ async def run_jobs(
         _all_or_each(receipt_log.append_many, receipt_log.append, receipts,
                      lambda r: f"receipt {r.message_id.hex()[:12]} stays out of the receipt log")
 
-    def prove(receipt_ids: list[bytes], now: int) -> list[bytes | None]:
-        assert receipt_log is not None
-        return _all_or_each(lambda ids: receipt_log.inclusions(ids, now),
-                            lambda i: receipt_log.inclusion(i, now), receipt_ids,
-                            lambda i: f"no inclusion proof for receipt {i.hex()[:12]}")
-
     async def acked(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
         if receipt_log is not None:
             await trio.to_thread.run_sync(append, receipts)
@@ -122,7 +116,7 @@ async def run_jobs(
         profile=PROFILE.digest,
         memory_bytes=config.memory,
         on_acked=acked,
-        prover=None if receipt_log is None else prove,
+        prover=None if receipt_log is None else log_prover(receipt_log),
     )
     submitter = Submitter(
         ctx,
@@ -159,6 +153,28 @@ async def run_jobs(
         if adverts is not None:
             nursery.start_soon(capacity.listen, adverts)
         task_status.started(market)
+
+
+def log_prover(receipt_log: ReceiptLog) -> Prover:
+    """The executor's Prover over this node's receipt log: for each peer, the proofs placing the receipts
+    due to it (one proof per MAX_PROOF_ENTRIES of them). A receipt the log cannot prove (a damaged row:
+    ReceiptLogError) is left out with a warning, and the peer's others still go, one by one."""
+
+    def prove(wanted: dict[bytes, list[bytes]], now: int) -> dict[bytes, list[bytes]]:
+        out: dict[bytes, list[bytes]] = {}
+        for peer, receipt_ids in wanted.items():
+            try:
+                out[peer] = receipt_log.inclusions(receipt_ids, now)
+            except ReceiptLogError:
+                out[peer] = []
+                for receipt_id in receipt_ids:
+                    try:
+                        out[peer] += receipt_log.inclusions([receipt_id], now)
+                    except ReceiptLogError as e:
+                        log.warning("no inclusion proof for receipt %s: %s", receipt_id.hex()[:12], e)
+        return out
+
+    return prove
 
 
 def _all_or_each(

@@ -79,7 +79,7 @@ from .market_rules import (
 )
 from .nursery import own_nursery
 from .peers import TokenBucket
-from .store import Call, JobRow, Store, call
+from .store import Call, JobRow, ReceiptRow, Store, call
 from .transfer import BlobTransfer, FetchError
 
 log = logging.getLogger("e31.submitter")
@@ -1159,14 +1159,9 @@ class Submitter:
             self._nursery.start_soon(self._on_proof, env)
 
     async def _on_proof(self, env: VerifiedEnvelope[InclusionProof]) -> None:
-        """Keep an executor's proof that one of our receipts is in its log, once it checks out."""
+        """Keep an executor's proof that receipts of ours are in its log: each entry that checks out
+        marks its receipt proven; the proof is kept once, linked to the jobs of those receipts."""
         proof = env.message
-        row = await self.ctx.store.run(Store.receipt, proof.receipt_id.raw)
-        if row is None or row.executor != str(proof.executor) or row.delivered is None:
-            return
-        stored = await self.ctx.store.run(Store.envelope, row.message_id)
-        if stored is None:
-            return
         try:
             head = self._heads.pop(proof.treehead, None)
             if head is not None:
@@ -1180,19 +1175,32 @@ class Submitter:
                 raise Mismatch("the proof's tree head is not the executor's head of that size")
             if head.message.network != self.ctx.network:
                 raise Mismatch("the proof's tree head is for another network")
-            verify_entry_inclusion(
-                stored.raw,
-                proof.leaf_index,
-                proof.tree_size,
-                [h.raw for h in proof.path],
-                head.message.root.raw,
-            )
         except ProtocolError as e:
             log.warning("refusing an inclusion proof from %s: %s", proof.executor, e)
             return
-        await self.ctx.store.atomically(  # the row's log index marks the receipt as proven here
-            call(Store.put_envelope, env.message_id.raw, "proof", env.raw, self.ctx.now_s(), row.job_id),
-            call(Store.set_receipt_log_index, row.digest, proof.leaf_index, durable=False),
+        ids = [e.receipt_id.raw for e in proof.entries]
+        rows = await self.ctx.store.run(Store.receipts_with_envelopes, ids)
+        executor = str(proof.executor)
+        proven: list[tuple[ReceiptRow, int]] = []
+        for row, raw in rows:
+            if row.executor != executor or row.delivered is None:
+                continue
+            entry = proof.entry(Digest(row.digest))
+            assert entry is not None  # the rows were asked for by the entries' receipt ids
+            try:
+                verify_entry_inclusion(raw, entry.leaf_index, proof.tree_size, [h.raw for h in entry.path],
+                                       head.message.root.raw)
+            except ProtocolError as e:
+                log.warning("refusing the inclusion of receipt %s from %s: %s", row.digest.hex()[:12],
+                            proof.executor, e)
+                continue
+            proven.append((row, entry.leaf_index))
+        if not proven:
+            return
+        await self.ctx.store.atomically(  # the rows' log indexes mark the receipts as proven here
+            call(Store.put_shared_envelope, env.message_id.raw, "proof", env.raw, self.ctx.now_s(),
+                 sorted({row.job_id for row, _ in proven})),
+            *(call(Store.set_receipt_log_index, row.digest, index, durable=False) for row, index in proven),
             durable=False,  # lost to a power cut, the proof is asked for again (`proofreq`)
         )
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -33,7 +33,7 @@ from e31.protocol.envelope import VerifiedEnvelope, node_id_of, sign_message, ve
 from e31.protocol.errors import ProtocolError
 from e31.protocol.ids import Digest
 from e31.protocol.merkle import leaf_hash
-from e31.protocol.messages import InclusionProof, TreeHead, UsageReceipt
+from e31.protocol.messages import MAX_PROOF_ENTRIES, InclusionProof, ProofEntry, TreeHead, UsageReceipt
 
 from . import receipt_tree as tree
 from .store import Store
@@ -167,32 +167,30 @@ class ReceiptLog:
     def inclusion(self, receipt_id: bytes, now: int) -> bytes:
         """A signed `proof` message placing the receipt in the log, against the latest signed head
         (signing a new head first if the log grew since)."""
-        proof = self.inclusions([receipt_id], now)[0]
-        if proof is None:
+        proofs = self.inclusions([receipt_id], now)
+        if not proofs:
             raise ReceiptLogError(f"receipt {bytes(receipt_id).hex()} is not in this node's log")
-        return proof
+        return proofs[0]
 
-    def inclusions(self, receipt_ids: Sequence[bytes], now: int) -> list[bytes | None]:
-        """`inclusion` for several receipts against one head (signed at most once): a signed `proof`
-        each, or None for a receipt not in the log."""
+    def inclusions(self, receipt_ids: Iterable[bytes], now: int) -> list[bytes]:
+        """Signed `proof` messages placing the receipts of `receipt_ids` that are in the log, against one
+        head (signed at most once): one proof per MAX_PROOF_ENTRIES receipts, none for those not in it."""
+        wanted = sorted({bytes(r) for r in receipt_ids})
         with self._lock:
             with self._reading() as c:
-                found = [_index_of(c, bytes(r)) for r in receipt_ids]
-            if all(idx is None for idx in found):
-                return [None] * len(found)
+                found = [(r, idx) for r in wanted if (idx := _index_of(c, r)) is not None]
+            if not found:
+                return []
             head = self._head_locked(now)
             size = head.head.size
-            out: list[bytes | None] = []
             with self._reading() as c:
-                for receipt_id, idx in zip(receipt_ids, found, strict=True):
-                    if idx is None:
-                        out.append(None)
-                        continue
-                    path = tuple(Digest(h) for h in tree.inclusion_proof(c, idx, size))
-                    proof = InclusionProof(self._network, self._node, Digest(bytes(receipt_id)), idx, size,
-                                           path, head.raw)
-                    out.append(sign_message(proof, self._key))
-            return out
+                entries = [ProofEntry(Digest(r), idx, tuple(map(Digest, tree.inclusion_proof(c, idx, size))))
+                           for r, idx in found]
+            return [
+                sign_message(InclusionProof(self._network, self._node, size, head.raw,
+                                            tuple(entries[i:i + MAX_PROOF_ENTRIES])), self._key)
+                for i in range(0, len(entries), MAX_PROOF_ENTRIES)
+            ]
 
     def consistency(self, old_size: int, new_size: int | None = None) -> tuple[bytes, ...]:
         """The RFC 9162 consistency proof from `old_size` to `new_size` (default: the current size)."""

@@ -76,7 +76,7 @@ an executor resumes a job found `queued` or `running` after a stop alike, from t
 promises nothing, and it was one fsync per job on an executor that runs them one at a time."""
 PRUNABLE_STATES = frozenset({"done", "failed", "expired", "cancelled"})
 """Ends after which a job is forgotten once its retention is over (`prune_finished_jobs`)."""
-SHARED_KINDS = ("offer", "bid")
+SHARED_KINDS = ("offer", "bid", "proof")
 """Kinds of envelope that may be shared by several jobs (`put_shared_envelope`); pruning deletes one
 once no job links it any more."""
 
@@ -718,6 +718,21 @@ class Store:
         with self.reading() as c:
             row = c.execute(f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE digest = ?", (digest,)).fetchone()
         return None if row is None else ReceiptRow(*row)
+
+    def receipts_with_envelopes(self, digests: Sequence[bytes]) -> list[tuple[ReceiptRow, bytes]]:
+        """The receipts of `digests` this store indexes, each with its stored envelope's bytes (one
+        query for a proof's batch of receipts; a receipt whose envelope is gone is left out)."""
+        out: list[tuple[ReceiptRow, bytes]] = []
+        columns = ", ".join(f"r.{c}" for c in ReceiptRow.__slots__)
+        with self.reading() as c:
+            for i in range(0, len(digests), 500):  # within SQLite's bound on parameters
+                part = digests[i:i + 500]
+                marks = ", ".join("?" * len(part))
+                sql = (f"SELECT {columns}, e.raw FROM receipts r JOIN envelopes e "
+                       f"ON e.message_id = r.message_id WHERE r.digest IN ({marks})")
+                rows = c.execute(sql, part).fetchall()
+                out += [(ReceiptRow(*row[:-1]), bytes(row[-1])) for row in rows]
+        return out
 
     def receipts_for_job(self, job_id: bytes) -> list[ReceiptRow]:
         with self.reading() as c:

@@ -50,6 +50,8 @@ DECLINE_REASONS = ("busy", "no_profile", "limits", "deadline", "expired", "polic
 CANCEL_REASONS = ("withdrawn", "done", "deadline", "other")
 RELEASE_REASONS = ("unknown", "failed", "deadline", "lease", "other")
 MAX_PROOF_HASHES = 64
+MAX_PROOF_ENTRIES = 256
+"""Receipts placed by one `proof` (a path of 64 hashes each at most: about 560 KiB, inside a frame)."""
 TREEHEAD_MAX = 512
 MAX_SET = 64
 """Jobs in one offer, and items in one bid or decline."""
@@ -352,23 +354,45 @@ class ProofRequest(Message):
     expires: int = field(metadata=w(TIME))
 
 
+@record
+@dataclass(frozen=True, slots=True)
+class ProofEntry(Record):
+    """Where one receipt (named by message id) sits in a log: its leaf index and RFC 9162 inclusion path,
+    leaf side first."""
+
+    receipt_id: Digest = field(metadata=w(Hash()))
+    leaf_index: int = field(metadata=w(UInt()))
+    path: tuple[Digest, ...] = field(metadata=w(Seq(Hash(), MAX_PROOF_HASHES)))
+
+
+BY_RECEIPT = operator.attrgetter("receipt_id.raw")
+"""Order of the entries of a proof: by receipt id bytes."""
+
+
 @message("proof", issuer="executor")
 @dataclass(frozen=True, slots=True)
 class InclusionProof(Message):
-    """Where a receipt sits in its executor's log: leaf `leaf_index` of the tree of `tree_size` leaves
-    whose signed head (a complete `treehead` envelope, same executor and size) travels in `treehead`."""
+    """Where receipts sit in their executor's log: each entry places one receipt in the tree of
+    `tree_size` leaves whose signed head (a complete `treehead` envelope, same executor and size)
+    travels in `treehead`. One proof answers a batch of receipts under one head."""
 
     network: str = field(metadata=w(NETWORK))
     executor: NodeId = field(metadata=w(Key()))
-    receipt_id: Digest = field(metadata=w(Hash()))
-    leaf_index: int = field(metadata=w(UInt()))
     tree_size: int = field(metadata=w(UInt(minimum=1)))
-    path: tuple[Digest, ...] = field(metadata=w(Seq(Hash(), MAX_PROOF_HASHES)))
     treehead: bytes = field(metadata=w(Bin(TREEHEAD_MAX, min_len=1)))
+    entries: tuple[ProofEntry, ...] = field(
+        metadata=w(Seq(Sub(ProofEntry), MAX_PROOF_ENTRIES, min_items=1, order_key=BY_RECEIPT)))
 
     def _validate(self) -> None:
-        if self.leaf_index >= self.tree_size:
-            raise InvalidMessage("InclusionProof: leaf_index is not below tree_size")
+        if any(e.leaf_index >= self.tree_size for e in self.entries):
+            raise InvalidMessage("InclusionProof: a leaf_index is not below tree_size")
+
+    def entry(self, receipt_id: Digest) -> ProofEntry | None:
+        """The entry placing this receipt, if the proof has one."""
+        for e in self.entries:
+            if e.receipt_id == receipt_id:
+                return e
+        return None
 
 
 AnyMessage = (Ping | Pong | Contact | Peers | Capacity | Offer | Bid | Decline | Assign | BlobRequest
@@ -382,6 +406,7 @@ __all__ = [
     "BY_JOB",
     "CANCEL_REASONS",
     "DECLINE_REASONS",
+    "MAX_PROOF_ENTRIES",
     "MAX_PUSHED",
     "MAX_SET",
     "RECEIPT_MAX",
@@ -405,6 +430,7 @@ __all__ = [
     "Peers",
     "Ping",
     "Pong",
+    "ProofEntry",
     "ProofRequest",
     "Release",
     "Result",

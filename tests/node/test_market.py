@@ -789,9 +789,9 @@ async def test_proofs_go_to_every_asker_and_wait_for_a_link_that_is_down(
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     proved: list[list[bytes]] = []
 
-    def prover(receipt_ids: list[bytes], now: int) -> list[bytes | None]:
-        proved.append(list(receipt_ids))
-        return [b"proof of " + r for r in receipt_ids]
+    def prover(wanted: dict[bytes, list[bytes]], now: int) -> dict[bytes, list[bytes]]:
+        proved.extend(wanted.values())
+        return {peer: [b"proof of " + r for r in ids] for peer, ids in wanted.items()}
 
     b.executor.prover = prover
     sent: list[tuple[bytes, bytes]] = []
@@ -825,6 +825,7 @@ async def test_proofs_go_to_every_asker_and_wait_for_a_link_that_is_down(
 async def test_a_submitter_asks_again_for_a_proof_it_never_got_when_the_link_comes_up(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
+    from e31.node.market_service import log_prover
     from e31.node.receiptlog import ReceiptLog
     from e31.protocol.messages import InclusionProof
 
@@ -834,7 +835,7 @@ async def test_a_submitter_asks_again_for_a_proof_it_never_got_when_the_link_com
     async def append(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
         await trio.to_thread.run_sync(log.append_many, receipts)
 
-    b.executor.on_acked, b.executor.prover = append, log.inclusions
+    b.executor.on_acked, b.executor.prover = append, log_prover(log)
     lost = lose_first(net, a.id, InclusionProof)
     await start(nursery, a, b)
     job_id = await a.submitter.submit(a.manifest(("5", "1000")))
@@ -846,6 +847,39 @@ async def test_a_submitter_asks_again_for_a_proof_it_never_got_when_the_link_com
     await until(lambda: a.store.run(Store.envelopes_for_job, job_id, "proof"))
     assert len(await a.store.run(Store.envelopes_for_job, job_id, "proof")) == 1
     assert await a.store.run(Store.acked_without_proof, str(NodeId(b.id))) == []
+
+
+async def test_a_proof_keeps_the_entries_that_check_out_and_refuses_the_others(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    from e31.node.receiptlog import ReceiptLog
+    from e31.protocol.messages import InclusionProof
+
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    log = ReceiptLog(b.store.store, b.key, NETWORK)
+
+    async def append(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
+        await trio.to_thread.run_sync(log.append_many, receipts)
+
+    b.executor.on_acked, b.executor.prover = append, None  # logged, but no proof is sent
+    await start(nursery, a, b)
+    jobs = [await a.submitter.submit(a.manifest(("5", str(1000 + i)))) for i in range(2)]
+    for job_id in jobs:
+        await wait_state(a, job_id, "done")
+    ids = [(await a.store.run(Store.receipts_for_job, j))[0].digest for j in jobs]
+    await until(lambda: all(log.index_of(r) is not None for r in ids))
+    (raw,) = log.inclusions(ids, wall_ms())
+    proof = verify(raw, InclusionProof).message
+    good, bad = (proof.entry(Digest(r)) for r in ids)
+    assert good is not None and bad is not None
+    lying = replace(bad, leaf_index=good.leaf_index)  # the second receipt placed where the first is
+    entries = tuple(sorted((good, lying), key=lambda e: e.receipt_id.raw))
+    forged = sign_message(replace(proof, entries=entries), b.key)
+    await a.market.message(b.id, forged)
+    await until(lambda: a.store.run(Store.envelopes_for_job, jobs[0], "proof"))
+    assert await a.store.run(Store.envelopes_for_job, jobs[1], "proof") == [], "kept only for what it proves"
+    unproven = await a.store.run(Store.acked_without_proof, str(NodeId(b.id)))
+    assert [r.digest for r in unproven] == [ids[1]]
 
 
 async def test_a_run_that_ends_before_its_start_is_recorded_still_ends_done_at_the_executor(

@@ -16,9 +16,9 @@ from e31.node.audit import check_inclusion
 from e31.node.receiptlog import ReceiptLog, ReceiptLogError
 from e31.node.store import Store
 from e31.protocol.envelope import sign_message, verify
-from e31.protocol.errors import BadProof
+from e31.protocol.errors import BadProof, Mismatch
 from e31.protocol.merkle import MerkleLog, verify_consistency
-from e31.protocol.messages import InclusionProof, TreeHead, UsageReceipt
+from e31.protocol.messages import MAX_PROOF_ENTRIES, InclusionProof, TreeHead, UsageReceipt
 from receipt_fixtures import NET, T0, key, mandelbrot, mandelbrot_file, montecarlo, resign_receipt
 
 
@@ -71,19 +71,32 @@ def test_one_bad_receipt_appends_none_of_its_batch(store: Store) -> None:
     assert log.append_many(entries) == [0, 1, 2]
 
 
-def test_proofs_of_a_batch_share_one_new_head(store: Store) -> None:
+def test_a_batch_is_placed_by_one_proof_under_one_new_head(store: Store) -> None:
     log = ReceiptLog(store, key("executor"), NET)
     entries = receipts(5)
     log.append_many(entries[:3])
     ids = [verify(r).message_id.raw for r in entries]
-    proofs = log.inclusions([ids[0], ids[4], ids[2]], T0 + 50)
-    assert proofs[1] is None, "a receipt not in the log gets no proof"
-    decoded = [verify(p, InclusionProof) for p in proofs if p is not None]
-    assert {p.message.treehead for p in decoded} == {decoded[0].message.treehead}
+    (raw,) = log.inclusions([ids[0], ids[4], ids[2], ids[0]], T0 + 50)
+    proof = verify(raw, InclusionProof)
+    assert [e.receipt_id.raw for e in proof.message.entries] == sorted((ids[0], ids[2])), \
+        "a receipt not in the log is left out; each is placed once, in order"
     assert [verify(h, TreeHead).message.size for h in log.heads()] == [3]
-    for proof, r in zip(decoded, (entries[0], entries[2]), strict=True):
+    for r in (entries[0], entries[2]):
         assert check_inclusion(proof, verify(r, UsageReceipt)).size == 3
-    assert log.inclusions([ids[3]], T0 + 60) == [None]
+    with pytest.raises(Mismatch, match="does not place that receipt"):
+        check_inclusion(proof, verify(entries[1], UsageReceipt))
+    assert log.inclusions([ids[3]], T0 + 60) == []
+
+
+def test_a_batch_larger_than_a_proof_holds_takes_several(store: Store) -> None:
+    log = ReceiptLog(store, key("executor"), NET)
+    entries = receipts(MAX_PROOF_ENTRIES + 3)
+    log.append_many(entries)
+    ids = [verify(r).message_id.raw for r in entries]
+    proofs = [verify(p, InclusionProof).message for p in log.inclusions(ids, T0)]
+    assert [len(p.entries) for p in proofs] == [MAX_PROOF_ENTRIES, 3]
+    assert len({p.treehead for p in proofs}) == 1
+    assert sorted(e.receipt_id.raw for p in proofs for e in p.entries) == sorted(ids)
 
 
 def test_the_log_survives_reopening(tmp_path: Path) -> None:
@@ -149,7 +162,7 @@ def test_inclusion_proofs_verify_against_the_latest_head(store: Store) -> None:
     for i, r in enumerate(entries):
         raw = log.inclusion(verify(r).message_id.raw, T0 + 100)
         proof = verify(raw, InclusionProof)
-        assert proof.message.leaf_index == i and proof.message.tree_size == 7
+        assert proof.message.entries[0].leaf_index == i and proof.message.tree_size == 7
         head = check_inclusion(proof, verify(r, UsageReceipt))
         assert head.size == 7 and head.root.raw == log.root()
 
@@ -163,7 +176,7 @@ def test_an_old_proof_stays_valid_and_a_proof_for_another_receipt_fails(store: S
     for r in entries[2:]:
         log.append(r)
     assert check_inclusion(old, verify(entries[0], UsageReceipt)).size == 2
-    with pytest.raises(Exception, match="another receipt"):
+    with pytest.raises(Mismatch, match="does not place that receipt"):
         check_inclusion(old, verify(entries[1], UsageReceipt))
     with pytest.raises(ReceiptLogError, match="not in this node's log"):
         log.inclusion(verify(montecarlo().receipt).message_id.raw, T0)
@@ -175,7 +188,7 @@ def test_a_proof_with_a_wrong_path_does_not_match_the_head(store: Store) -> None
     for r in entries:
         log.append(r)
     proof = verify(log.inclusion(verify(entries[1]).message_id.raw, T0), InclusionProof).message
-    forged = dataclasses.replace(proof, leaf_index=2)
+    forged = dataclasses.replace(proof, entries=(dataclasses.replace(proof.entries[0], leaf_index=2),))
     with pytest.raises(BadProof, match="does not match the signed tree head"):
         check_inclusion(verify(sign_message(forged, key("executor")), InclusionProof),
                         verify(entries[1], UsageReceipt))

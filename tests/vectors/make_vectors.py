@@ -44,6 +44,7 @@ from e31.protocol.messages import (
     Peers,
     Ping,
     Pong,
+    ProofEntry,
     ProofRequest,
     Release,
     Result,
@@ -122,6 +123,8 @@ def samples() -> list[tuple[str, str, Message]]:
         profile=PROFILE, limits=LIMITS, outcome=Outcome("exited", 0, None), fuel_used=123_456_789,
         peak_memory=3 << 20, compute_ms=1_234, queued_at=T0 + 10_000, started_at=T0 + 70_000,
         finished_at=T0 + 71_300)
+    trap = dataclasses.replace(receipt, outcome=Outcome("trap", None, "unreachable"), outputs=(),
+                               fuel_used=77)
     receipt_raw = sign_message(receipt, key("executor"))
     receipt_id = verify(receipt_raw).message_id
     contact = Contact(NET, nid("executor"), ("192.0.2.7:7531", "[2001:db8::7]:7531"), T0 + 3_600_000)
@@ -154,8 +157,7 @@ def samples() -> list[tuple[str, str, Message]]:
         ("result-no-outputs", "executor", Result(NET, man.job_id, assignment_id, nid("executor"),
                                                  receipt_raw, T0 + 7 * 86_400_000, ())),
         ("receipt", "executor", receipt),
-        ("receipt-trap", "executor", dataclasses.replace(
-            receipt, outcome=Outcome("trap", None, "unreachable"), outputs=(), fuel_used=77)),
+        ("receipt-trap", "executor", trap),
         ("receipt-timeout", "executor", dataclasses.replace(
             receipt, outcome=Outcome("timeout", None, None), fuel_used=LIMITS.fuel)),
         ("accepted", "executor", Accepted(NET, man.job_id, assignment_id, nid("executor"))),
@@ -167,7 +169,8 @@ def samples() -> list[tuple[str, str, Message]]:
         ("treehead", "executor", TreeHead(NET, nid("executor"), 42, digest("root"), T0 + 90_000)),
         ("proofreq", "submitter", ProofRequest(NET, nid("submitter"), nid("executor"), receipt_id,
                                                T0 + 120_000)),
-        ("proof", "executor", inclusion_proof(receipt, receipt_id)),
+        ("proof", "executor", inclusion_proof(receipt)),
+        ("proof-two-receipts", "executor", inclusion_proof(receipt, trap)),
     ]
 
 
@@ -175,16 +178,20 @@ def sample(name: str) -> Message:
     return next(m for n, _, m in samples() if n == name)
 
 
-def inclusion_proof(receipt: UsageReceipt, receipt_id: Digest) -> InclusionProof:
-    """The proof of a receipt that is leaf 1 of a three-leaf log, against that log's signed head."""
+def inclusion_proof(*receipts: UsageReceipt) -> InclusionProof:
+    """The proof placing receipts that are leaves 1, 2... of a log whose leaf 0 is another entry, against
+    that log's signed head."""
     log = MerkleLog()
     log.append(b"an earlier receipt envelope")
-    index = log.append(sign_message(receipt, key("executor")))
-    log.append(b"a later receipt envelope")
+    placed = []
+    for receipt in receipts:
+        raw = sign_message(receipt, key("executor"))
+        placed.append((verify(raw).message_id, log.append(raw)))
     head = sign_message(TreeHead(NET, nid("executor"), log.size, Digest(log.root()), T0 + 95_000),
                         key("executor"))
-    path = tuple(Digest(h) for h in log.inclusion_proof(index))
-    return InclusionProof(NET, nid("executor"), receipt_id, index, log.size, path, head)
+    entries = sorted((ProofEntry(rid, index, tuple(Digest(h) for h in log.inclusion_proof(index)))
+                      for rid, index in placed), key=lambda e: e.receipt_id.raw)
+    return InclusionProof(NET, nid("executor"), log.size, head, tuple(entries))
 
 
 def _env(version: bytes, kind: str, body: bytes, signer: bytes, sig: bytes) -> bytes:
@@ -280,6 +287,10 @@ def invalid() -> list[dict[str, Any]]:
     signed("bid-items-unsorted", "bid", "executor", (*bw[:4], (two, one)))
     too_many = tuple(sorted((digest(f"job {i}").raw, T0, T0 + 1) for i in range(MAX_SET + 1)))
     signed(f"bid-{MAX_SET + 1}-items", "bid", "executor", (*bw[:4], too_many))
+    pw = sample("proof-two-receipts").to_wire()
+    signed("proof-entries-unsorted", "proof", "executor", (*pw[:4], tuple(reversed(pw[4]))))
+    signed("proof-no-entries", "proof", "executor", (*pw[:4], ()))
+    signed("proof-leaf-beyond-tree-size", "proof", "executor", (pw[0], pw[1], 2, *pw[3:]))
     res = sample("result").to_wire()
     signed("result-output-over-push-max", "result", "executor", (*res[:6], (b"x" * (PUSH_MAX + 1),)))
     signed("result-empty-output", "result", "executor", (*res[:6], (b"",)))
