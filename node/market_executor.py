@@ -378,7 +378,12 @@ class Executor:
                 fuel_limit=manifest.limits.fuel,
                 executor=str(self.ctx.node),
                 attempt=assign.attempt,
+                durable=False,
             ),
+            # Not synced: nothing is promised yet. A power cut may take the job back; its submitter
+            # sends the assignment again and hears `release` (unknown). The promise is `accepted`, made
+            # after a sync (_accepted), or the result, whose commit is synced.
+            durable=False,
         )
         if not added:
             self._deliver_now.set()  # a repeated assignment: make sure the outcome goes out again
@@ -557,7 +562,9 @@ class Executor:
             await self._accepted(assign)
 
     async def _accepted(self, assign: VerifiedEnvelope[Assign]) -> None:
-        """Tell the submitter this node holds the job's data and has queued it: the hand-off."""
+        """Tell the submitter this node holds the job's data and has queued it: the hand-off, a promise
+        made only once the job's rows are on disk (they are stored without a sync)."""
+        await self.ctx.store.flush()
         msg = Accepted(self.ctx.network, assign.message.job_id, assign.message_id, self.ctx.node)
         await self.ctx.send_to(assign.message.submitter.raw, sign_message(msg, self.ctx.identity))
 

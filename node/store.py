@@ -563,13 +563,14 @@ class Store:
     def add_job(
         self, *, job_id: bytes, role: str, manifest: bytes, state: str, submitter: str, created: float,
         deadline: float, fuel_limit: int | None = None, executor: str | None = None, attempt: int = 0,
-        blobs: Sequence[str] = (),
+        blobs: Sequence[str] = (), durable: bool = True,
     ) -> bool:
         """Insert a job; returns False (and changes nothing) if this node already holds it in `role`.
 
-        `blobs` (hashes) are referenced by owner "job:<hex id>" in the same transaction."""
+        `blobs` (hashes) are referenced by owner "job:<hex id>" in the same transaction. Not `durable`:
+        a power cut may take the job back (an executor's, until it promises it: see AsyncStore.flush)."""
         _check_job(role, state)
-        with self.transaction() as c:
+        with self.transaction(durable=durable) as c:
             cur = c.execute(
                 "INSERT INTO jobs (job_id, role, manifest, state, submitter, executor, attempt, created, "
                 "deadline, updated, fuel_limit) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
@@ -721,7 +722,7 @@ class Store:
 
     def receipts_with_envelopes(self, digests: Sequence[bytes]) -> list[tuple[ReceiptRow, bytes]]:
         """The receipts of `digests` this store indexes, each with its stored envelope's bytes (one
-        query for a proof's batch of receipts; a receipt whose envelope is gone is left out)."""
+        query for a proof's batch of receipts; digests it does not index are left out)."""
         out: list[tuple[ReceiptRow, bytes]] = []
         columns = ", ".join(f"r.{c}" for c in ReceiptRow.__slots__)
         with self.reading() as c:
@@ -1048,8 +1049,9 @@ T = TypeVar("T")
 
 
 INLINE_READS = frozenset({"job", "jobs_held", "envelope", "envelopes_for_job", "receipts_for_job", "kv_get",
-                          "receipt", "ack_for", "results_for_job"})
-"""Point reads by key: run on the event loop, on a read-only connection of their own."""
+                          "receipt", "ack_for", "results_for_job", "receipts_with_envelopes"})
+"""Point reads by key (or by a proof's keys, 256 at most): run on the event loop, on a read-only
+connection of their own."""
 INLINE_WRITES = frozenset({
     "put_envelope", "put_shared_envelope", "ref_blob", "kv_set", "mark_seen", "receipt_delivery_failed",
     "update_job", "add_job", "put_result", "put_receipt", "set_receipt_log_index", "put_ack", "record_ack",
@@ -1296,18 +1298,39 @@ class AsyncStore:
                 if self._syncing is not None:
                     await self._syncing.wait()
                     continue
-                done = self._syncing = trio.Event()
-                try:
-                    await trio.lowlevel.checkpoint()  # shielded: a yield, so this batch's commits join
-                    covered = await trio.to_thread.run_sync(self.store.sync, limiter=self._sync_limiter)
-                    self._synced = max(self._synced, covered)
-                except StoreError as e:
-                    self._failed = StoreError(f"the database could not be synced to disk ({e}); its last "
-                                              "writes may not be durable: stop the node and check the disk")
-                    raise self._failed from e
-                finally:
-                    self._syncing = None
-                    done.set()
+                await self._sync_once()
+
+    async def flush(self) -> None:
+        """Put every commit made so far on disk, those made not durable included: for a promise that
+        rests on writes which needed no sync when they were made (an executor's `accepted`). Shares a
+        sync that starts after this call; raises StoreError as `_settle` does."""
+        with trio.CancelScope(shield=True):
+            running = self._syncing
+            if running is not None:  # it may have begun before the commits to cover
+                await running.wait()
+            if self._failed is not None:
+                raise self._failed
+            if self._syncing is not None:  # begun after this call: it covers them
+                await self._syncing.wait()
+                if self._failed is not None:
+                    raise self._failed
+            else:
+                await self._sync_once()
+
+    async def _sync_once(self) -> None:
+        """One sync in a thread, covering every commit made before it begins (callers shield it)."""
+        done = self._syncing = trio.Event()
+        try:
+            await trio.lowlevel.checkpoint()  # a yield, so the commits of tasks ready now join
+            covered = await trio.to_thread.run_sync(self.store.sync, limiter=self._sync_limiter)
+            self._synced = max(self._synced, covered)
+        except StoreError as e:
+            self._failed = StoreError(f"the database could not be synced to disk ({e}); its last "
+                                      "writes may not be durable: stop the node and check the disk")
+            raise self._failed from e
+        finally:
+            self._syncing = None
+            done.set()
 
     async def aclose(self) -> None:
         self._reader.close()

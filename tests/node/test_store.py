@@ -944,6 +944,63 @@ async def test_a_failed_sync_fails_the_store_for_good(
         await db.aclose()
 
 
+async def test_flush_puts_writes_made_without_a_sync_on_disk_with_a_sync_begun_after_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = await AsyncStore.open(tmp_path / STORE_FILE)
+    real_sync = Store.sync
+    started, release = threading.Event(), threading.Event()
+    syncs: list[int] = []  # the rows on disk-to-be when each sync began
+
+    def sync(self: Store) -> int:
+        with self.reading() as c:
+            syncs.append(c.execute("SELECT count(*) FROM jobs").fetchone()[0])
+        if len(syncs) == 1:
+            started.set()
+            release.wait(10)  # the first sync is still running when the second write commits
+        return real_sync(self)
+
+    monkeypatch.setattr(Store, "sync", sync)
+    try:
+        await db.run(Store.add_job, **_job_fields(b"a" * 32), durable=False)
+        assert syncs == [], "a write made not durable waits for no sync"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(db.flush)
+            await trio.to_thread.run_sync(started.wait, 10)
+            await db.run(Store.add_job, **_job_fields(b"b" * 32), durable=False)
+            flushed = trio.Event()
+
+            async def second() -> None:
+                await db.flush()
+                flushed.set()
+
+            nursery.start_soon(second)
+            await trio.sleep(0.1)
+            assert not flushed.is_set(), "a sync begun before the write does not cover it"
+            release.set()
+        assert syncs == [1, 2], "the second flush ran a sync of its own, after the write"
+        monkeypatch.setattr(Store, "sync", lambda self: (_ for _ in ()).throw(StoreError("fsync failed")))
+        with pytest.raises(StoreError, match="could not be synced"):
+            await db.flush()
+    finally:
+        release.set()
+        await db.aclose()
+
+
+def test_receipts_are_read_with_their_envelopes_by_the_batch(store: Store) -> None:
+    job = b"\x33" * 32
+    store.add_job(**_job_fields(job))
+    digests = [bytes([0xA0, i % 256, i // 256]) + b"\x00" * 29 for i in range(600)]  # past one query's 500
+    for i, digest in enumerate(digests):
+        store.put_envelope(digest, "receipt", b"receipt %d" % i, 1.0, job)
+        store.put_receipt(digest=digest, job_id=job, attempt=1, executor="exec-a", message_id=digest, now=1.0)
+    found = store.receipts_with_envelopes([*digests, b"\x02" * 32])  # one this store does not hold
+    assert sorted((row.digest, raw) for row, raw in found) == sorted(
+        (d, b"receipt %d" % i) for i, d in enumerate(digests))
+    assert all(row.executor == "exec-a" and row.job_id == job for row, _ in found)
+    assert store.receipts_with_envelopes([]) == []
+
+
 def test_acknowledged_receipts_without_a_proof_are_found_per_receipt_newest_first(store: Store) -> None:
     job = b"\x31" * 32
     store.add_job(**_job_fields(job))
