@@ -143,6 +143,9 @@ class _Joining:
     job: _Job
     expires: int
     """The latest expiry this round of the job allows (market_rules.offer_expiry)."""
+    to_offered: Call | None = None
+    """The store call moving the job to `offered`, made in the commit that stores the offer (None: the
+    job is there already)."""
     done: trio.Event = field(default_factory=trio.Event)
     gossiped: bool = False
     error: Exception | None = None
@@ -489,9 +492,8 @@ class Submitter:
                 )
                 log.info("job %s failed: %s", job_id.hex()[:12], job.refusal)
                 return
-            if row.state != "offered":
-                await self._set_state(job_id, row.state, "offered")
-            bid = await self._offer_round(job_id, job)
+            moving = None if row.state == "offered" else row.state
+            bid = await self._offer_round(job_id, job, from_state=moving)
             if bid is None:
                 idle += 1
                 await trio.sleep(min(REOFFER_MAX, self.ctx.settings.reoffer_delay * 2 ** min(idle - 1, 8)))
@@ -592,12 +594,20 @@ class Submitter:
                 await trio.sleep(max(0.0, cost - self._offers.tokens) / OFFER_RATE)
 
     async def _offer_round(
-        self, job_id: bytes, job: _Job, avoid: Callable[[], frozenset[bytes]] = frozenset
+        self,
+        job_id: bytes,
+        job: _Job,
+        avoid: Callable[[], frozenset[bytes]] = frozenset,
+        *,
+        from_state: str | None = None,
     ) -> BidView | None:
+        """Offer the job (in the next set) and wait for the round's bid to take; None when none came.
+        A job in `from_state` is moved to `offered` in the commit that stores its offer."""
         now = self.ctx.clock()
         expires = offer_expiry(now, job.manifest.deadline, self.ctx.settings.offer_ttl_ms, job.rounds)
         job.rounds += job.round_step
-        entry = _Joining(job_id, job, expires)
+        move = None if from_state is None else self._transition(job_id, from_state, "offered")
+        entry = _Joining(job_id, job, expires, move)
         self._joining.append(entry)
         self._offer_wake.set()
         try:
@@ -693,14 +703,15 @@ class Submitter:
                     env = self._offer_of(taken) if taken else None
                     if env is None:
                         continue
-            await self.ctx.store.run(
-                Store.put_shared_envelope,
-                env.message_id.raw,
-                env.kind,
-                env.raw,
-                self.ctx.now_s(),
-                [e.job_id for e in taken],
+            moving = [e for e in taken if e.to_offered is not None]
+            await self.ctx.store.atomically(  # the offer, and its jobs `offered`, in one commit
+                call(Store.put_shared_envelope, env.message_id.raw, env.kind, env.raw, self.ctx.now_s(),
+                     [e.job_id for e in taken]),
+                *(e.to_offered for e in moving if e.to_offered is not None),
+                durable=False,  # neither the offer nor `offered` is a promise
             )
+            for entry in moving:
+                self._notify(entry.job_id)
             opened = trio.current_time()
             for entry in taken:
                 entry.job.round = _Round(env.message_id.raw, opened)
