@@ -463,7 +463,7 @@ class Submitter:
         if job.manifest.replicas > 1:
             await self._replicas(job_id, job)
             return
-        row = await self.ctx.store.run(Store.job, job_id, ROLE)
+        row: JobRow | None = await self.ctx.store.run(Store.job, job_id, ROLE)
         if row is not None and row.state == "assigned":
             key = _key(row.executor)
             if key is not None:
@@ -478,9 +478,11 @@ class Submitter:
             finally:
                 if key is not None:
                     self._unload(key)
+            row = None  # it has moved on since
         idle = 0
         while not job.finished.is_set():
-            row = await self.ctx.store.run(Store.job, job_id, ROLE)
+            if row is None:  # (a new job's first round uses the row just read)
+                row = await self.ctx.store.run(Store.job, job_id, ROLE)
             if row is None or row.state in TERMINAL:
                 return
             if job.refusal is not None and self._candidates() <= job.rejected:
@@ -493,6 +495,7 @@ class Submitter:
                 log.info("job %s failed: %s", job_id.hex()[:12], job.refusal)
                 return
             moving = None if row.state == "offered" else row.state
+            attempt, row = row.attempt, None  # read again next round
             bid = await self._offer_round(job_id, job, from_state=moving)
             if bid is None:
                 idle += 1
@@ -500,7 +503,7 @@ class Submitter:
                 continue
             idle = 0
             try:
-                if await self._assign(job_id, job, bid, row.attempt + 1):
+                if await self._assign(job_id, job, bid, attempt + 1):
                     lease_s = self._lease_of(job)
                     await self._await_outcome(job_id, job, NodeId(bid.executor), lease_s)
                 else:
