@@ -9,7 +9,8 @@ A blob is kept while any of these holds; everything else is deleted, oldest firs
   the job against its receipt;
 - it was written less than `grace_s` ago: a blob just stored, whose job row or reference is about to
   be written, is never taken from under its writer.
-Partial downloads live apart and are never touched. Run directories (DATA/runs/JOB) of jobs this node
+Small blobs kept in the database (a job's outputs its result carried) go once no live reference names
+them. Partial downloads live apart and are never touched. Run directories (DATA/runs/JOB) of jobs this node
 is no longer running (a kill -9 leaves them) are removed. The seen-message cache is pruned.
 
 Jobs that ended more than `retention_s` ago (done, failed, expired, cancelled; never `disputed`) are
@@ -61,10 +62,13 @@ class GcReport:
     runs_removed: int
     seen_pruned: int
     jobs_pruned: int = 0
+    small_blobs_dropped: int = 0
+    """Small blobs kept in the database (Store.put_small_blob) that no live reference names any more."""
 
     @property
     def changed(self) -> bool:
-        return bool(self.blobs_deleted or self.refs_expired or self.runs_removed or self.jobs_pruned)
+        return bool(self.blobs_deleted or self.refs_expired or self.runs_removed or self.jobs_pruned
+                    or self.small_blobs_dropped)
 
 
 def keep_set(store: Store, *, now: float, retention_s: float) -> set[str] | None:
@@ -105,6 +109,7 @@ def collect(
     if pruned:
         forget_pruned_jobs(store)
     expired = store.expire_blob_refs(now)
+    small = store.drop_small_blobs(now)
     keep = keep_set(store, now=now, retention_s=retention_s)
     candidates: list[tuple[float, str, int]] = []
     kept = used = 0
@@ -125,7 +130,7 @@ def collect(
             freed += size
     runs = _remove_stale_runs(store, runs_dir) if runs_dir is not None else 0
     seen = store.prune_seen(now)
-    return GcReport(deleted, freed, kept, used, expired, runs, seen, pruned)
+    return GcReport(deleted, freed, kept, used, expired, runs, seen, pruned, small)
 
 
 def _remove_stale_runs(store: Store, runs_dir: Path) -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from e31.protocol.blobs import MAX_BLOB_SIZE, BlobRef
+from e31.protocol.blobs import MAX_BLOB_SIZE, BlobRef, blob_ref
 from e31.protocol.codec import unpack_canonical
 from e31.protocol.envelope import reopen_stored
 from e31.protocol.errors import ProtocolError
@@ -48,6 +48,7 @@ from e31.protocol.jobs import (
 )
 from e31.protocol.messages import REASON_TEXT_MAX
 from e31.protocol.receipts import UsageReceipt
+from e31.protocol.results import outputs_of
 
 from . import batch
 from .blobs import BlobError, BlobStore
@@ -430,22 +431,35 @@ class JobsApi:
         receipt = await self._receipt(row)
         if row.state != "done" or receipt is None:
             raise HttpError(409, f"job {row.job_id.hex()} has no verified result yet (it is {row.state})")
-        written = await trio.to_thread.run_sync(self._write_results, out, receipt)
+        r: UsageReceipt = receipt.message
+        small = await self.ctx.store.run(Store.small_blobs, [ref.root.hex() for ref in outputs_of(r)])
+        written = await trio.to_thread.run_sync(self._write_results, out, receipt, small)
         return {"job_id": row.job_id.hex(), "out": str(out), "files": written}
 
-    def _write_results(self, out: Path, receipt: Any) -> list[str]:
+    def _write_results(self, out: Path, receipt: Any, small: dict[str, bytes]) -> list[str]:
+        """Write the job's outputs (from the database's small blobs or the blob store, each checked
+        against its hash) and its receipt into `out` (in a thread)."""
         r: UsageReceipt = receipt.message
+
+        def read(ref: BlobRef) -> bytes:
+            data = small.get(ref.root.hex())
+            if data is None:
+                return self.blobs.read(ref.root.raw)
+            if blob_ref(data) != ref:
+                raise BlobError(f"the stored output {ref.root.hex()} does not match its hash")
+            return data
+
         try:
             out.mkdir(parents=True, exist_ok=True)
             files = {"stdout": r.stdout, "stderr": r.stderr}
             written = []
             for name, ref in files.items():
-                _write(out / name, self.blobs.read(ref.root.raw))
+                _write(out / name, read(ref))
                 written.append(name)
             for f in r.outputs:
                 target = out / "output" / f.name
                 target.parent.mkdir(parents=True, exist_ok=True)
-                _write(target, self.blobs.read(f.blob.root.raw))
+                _write(target, read(f.blob))
                 written.append(f"output/{f.name}")
             _write(out / "receipt", receipt.raw)
             written.append("receipt")

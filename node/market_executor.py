@@ -411,8 +411,9 @@ class Executor:
         if job.state == "failed":
             await self._release(env, _release_reason(job.reason), job.reason or "it failed here")
             return
-        if job.state in ("queued", "running"):
-            await self._accepted(env)  # its submitter may have missed the first
+        held = self._held.get(assign.job_id.raw)
+        if job.state in ("queued", "running") and held is not None:
+            await self._accepted(env, held)  # its submitter may have missed the first
         now = self.ctx.now_s()
         for row in await self.ctx.store.run(Store.receipts_for_job, assign.job_id.raw):
             if row.delivered is None:
@@ -558,15 +559,23 @@ class Executor:
         result or release is being sent): that tells the submitter more, so a short job costs no
         `accepted` at all, and none comes after the job's end."""
         await trio.sleep(ACCEPT_DELAY)
-        if self._held.get(assign.message.job_id.raw) is held and not (held.handed_back or held.ending):
-            await self._accepted(assign)
+        await self._accepted(assign, held)
 
-    async def _accepted(self, assign: VerifiedEnvelope[Assign]) -> None:
+    async def _accepted(self, assign: VerifiedEnvelope[Assign], held: _Held) -> None:
         """Tell the submitter this node holds the job's data and has queued it: the hand-off, a promise
-        made only once the job's rows are on disk (they are stored without a sync)."""
+        made only once the job's rows are on disk (they are stored without a sync), and only while the
+        job is still held and not ending, checked again after that sync: an `accepted` never follows
+        the job's result or release (their sends begin after `ending` is set)."""
+
+        def still() -> bool:
+            return self._held.get(assign.message.job_id.raw) is held and not (held.handed_back or held.ending)
+
+        if not still():
+            return
         await self.ctx.store.flush()
-        msg = Accepted(self.ctx.network, assign.message.job_id, assign.message_id, self.ctx.node)
-        await self.ctx.send_to(assign.message.submitter.raw, sign_message(msg, self.ctx.identity))
+        if still():  # no await between this check and the send's turn on the link
+            msg = Accepted(self.ctx.network, assign.message.job_id, assign.message_id, self.ctx.node)
+            await self.ctx.send_to(assign.message.submitter.raw, sign_message(msg, self.ctx.identity))
 
     async def _fetch_inputs(self, manifest: JobManifest) -> None:
         peer = manifest.submitter.raw

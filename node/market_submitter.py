@@ -8,14 +8,15 @@ Each job the node submitted and has not finished has one driver task, which runs
     ends; a lease that runs out, a refused assignment or an outcome that fails verification starts a
     new round without that executor; the deadline ends it all (`expired`).
 
-An outcome is a `receipt` plus the `result` naming it. Once both are in, the receipt is checked
-against the manifest and the assignment it names (protocol/receipts.py), the output blobs it lists are
-fetched from the executor (every chunk verified), and only then is the job `done` and the receipt
-countersigned with an `ack`. A repeated outcome for a finished job gets the stored ack again, so an
-executor that missed the first one stops retrying. Every step is written to the store before the next;
-the receipt and result themselves wait in memory until both are in, and are stored with the job's end
-(or, refused, as evidence): one lost in a stop is delivered again, as executors re-send until
-acknowledged.
+An outcome is a `result` carrying the signed `receipt` and the small outputs (protocol/results.py).
+The receipt is checked against the manifest and the assignment it names (protocol/receipts.py), the
+output blobs it lists that the result did not carry are fetched from the executor (every chunk
+verified), and only then is the job `done` and the receipt countersigned with an `ack`, in one commit
+with the receipt and the carried outputs (kept in the database). A repeated outcome for a finished job
+gets the stored ack again, so an executor that missed the first one stops retrying. A refused receipt
+is stored as evidence. One lost in a stop is delivered again, as executors re-send until
+acknowledged. Inclusion proofs come a batch at a time; one whose entry for a receipt of ours fails
+is refused whole.
 
 Hand-off: the assigned executor's `accepted` (it holds every blob and has queued the job) is stored
 with the job; from then on this node may go offline. An executor leaves it out for a job whose outcome
@@ -66,7 +67,6 @@ from e31.protocol.receipts import Ack, UsageReceipt, check_receipt_assignment, c
 from e31.protocol.results import carried_outputs, open_result, outputs_of
 
 from .admission import Admission
-from .blobs import BlobError, BlobStore
 from .market import MarketContext, transition
 from .market_rules import (
     TERMINAL,
@@ -188,8 +188,8 @@ class _Job:
     receipt: VerifiedEnvelope[UsageReceipt] | None = None
     """A lane's verified receipt."""
     outcomes: set[bytes] = field(default_factory=set)
-    """The receipts taken in for this job, by the SHA-256 of their bytes (results carrying one of them
-    again are dropped)."""
+    """The receipts taken in for this job, by signer and SHA-256 of their bytes (`_outcome_key`):
+    results from that signer carrying one of them again are dropped."""
 
     @functools.cached_property
     def size(self) -> int:
@@ -999,7 +999,7 @@ class Submitter:
             return
         job = self.jobs.get(env.message.job_id.raw)
         if job is not None:
-            key = hashlib.sha256(env.message.receipt).digest()
+            key = _outcome_key(env)
             if key in job.outcomes:
                 return
             job.outcomes.add(key)
@@ -1017,7 +1017,7 @@ class Submitter:
             carried = carried_outputs(msg, receipt_env.message)
         except Mismatch as e:  # the receipt may come again without them: the outputs are fetched then
             log.warning("job %s: dropping a result from %s: %s", job_id.hex()[:12], env.signer, e)
-            self._forget_outcome(job_id, msg)
+            self._forget_outcome(job_id, env)
             return
         row = await self.ctx.store.run(Store.job, job_id, ROLE)
         if row is None:
@@ -1034,7 +1034,7 @@ class Submitter:
             signer = receipt_env.signer.raw
             job = next((lane for lane in job.lanes if lane.holder == signer and lane.receipt is None), None)
         if job is not None and job.completing:
-            self._forget_outcome(job_id, msg)  # another outcome is being verified: take a copy later
+            self._forget_outcome(job_id, env)  # another outcome is being verified: take a copy later
             return
         if job is None or row.state in TERMINAL:
             return
@@ -1062,11 +1062,11 @@ class Submitter:
             job.completing = False
             job.settled.set()
 
-    def _forget_outcome(self, job_id: bytes, msg: Result) -> None:
-        """Let a later copy of this result's receipt in again."""
+    def _forget_outcome(self, job_id: bytes, env: VerifiedEnvelope[Result]) -> None:
+        """Let a later copy of this result's receipt, from its signer, in again."""
         top = self.jobs.get(job_id)
         if top is not None:
-            top.outcomes.discard(hashlib.sha256(msg.receipt).digest())
+            top.outcomes.discard(_outcome_key(env))
 
     async def _complete(
         self,
@@ -1089,7 +1089,7 @@ class Submitter:
             raise Mismatch("the receipt is for another network")
         executor = receipt.executor.raw
         outputs = outputs_of(receipt)
-        await self._collect(executor, outputs, carried)
+        small = await self._collect(executor, outputs, carried)
         ack = Ack(
             self.ctx.network,
             receipt.job_id,
@@ -1114,13 +1114,14 @@ class Submitter:
         kept = call(Store.put_envelope, receipt_env.message_id.raw, "receipt", receipt_env.raw,
                     self.ctx.now_s(), job_id)
         if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)
-            await self.ctx.store.atomically(kept, recorded)
+            await self.ctx.store.atomically(*small, kept, recorded)
             job.receipt = receipt_env
             job.finished.set()
             await self.ctx.send_to(executor, raw)
             return
         outcome = receipt.outcome
-        await self.ctx.store.atomically(  # one commit: the receipt and the ack are kept with the job's end
+        await self.ctx.store.atomically(  # one commit: the receipt, outputs and ack, with the job's end
+            *small,
             kept,
             recorded,
             self._transition(
@@ -1147,19 +1148,19 @@ class Submitter:
 
     async def _collect(
         self, executor: bytes, outputs: Sequence[BlobRef], carried: dict[bytes, bytes]
-    ) -> None:
+    ) -> list[Call]:
         """Make every output of a receipt present here: those its result carried (already checked
-        against their BlobRefs) stored in one thread hop, the others fetched from the executor."""
-        have = [(ref, carried[ref.root.raw]) for ref in outputs
-                if ref.root.raw in carried and not self.ctx.blobs.has(ref.root.raw)]
-        if have:
-            try:
-                await trio.to_thread.run_sync(_store_all, self.ctx.blobs, have)
-            except (BlobError, OSError) as e:
-                raise FetchError(f"cannot store the outputs of the result: {e}") from None
+        against their BlobRefs) are returned as store calls, to keep them in the database in the commit
+        that ends the job; the others are fetched from the executor into the blob store."""
+        keep: list[Call] = []
         for ref in outputs:
-            if ref.root.raw not in carried:
+            root = ref.root.raw
+            if root in carried:
+                if not self.ctx.blobs.has(root):
+                    keep.append(call(Store.put_small_blob, ref.root.hex(), carried[root]))
+            else:
                 await self.transfer.fetch(executor, ref)
+        return keep
 
     async def _resend_ack(self, receipt_env: VerifiedEnvelope[UsageReceipt]) -> None:
         ack = await self.ctx.store.run(Store.ack_for, receipt_env.message_id.raw)
@@ -1198,16 +1199,18 @@ class Submitter:
         proven: list[tuple[ReceiptRow, int]] = []
         for row, raw in rows:
             if row.executor != executor or row.delivered is None:
-                continue
+                continue  # not a receipt of ours from that executor: nothing to check or keep
             entry = proof.entry(Digest(row.digest))
             assert entry is not None  # the rows were asked for by the entries' receipt ids
             try:
                 verify_entry_inclusion(raw, entry.leaf_index, proof.tree_size, [h.raw for h in entry.path],
                                        head.message.root.raw)
             except ProtocolError as e:
-                log.warning("refusing the inclusion of receipt %s from %s: %s", row.digest.hex()[:12],
-                            proof.executor, e)
-                continue
+                # Refused whole: kept, it would carry a failing entry into every bundle of ours that
+                # holds that receipt. Its receipts stay unproven and are asked for again (proofreq).
+                log.warning("refusing an inclusion proof from %s: receipt %s: %s", proof.executor,
+                            row.digest.hex()[:12], e)
+                return
             proven.append((row, entry.leaf_index))
         if not proven:
             return
@@ -1219,9 +1222,10 @@ class Submitter:
         )
 
 
-def _store_all(blobs: BlobStore, items: list[tuple[BlobRef, bytes]]) -> None:
-    for ref, data in items:
-        blobs.put_stream([data], ref.root.raw)
+def _outcome_key(env: VerifiedEnvelope[Result]) -> bytes:
+    """A delivered receipt, as the submitter dedupes it: its signer's result carrying those bytes (a
+    node that wraps another's receipt in a result of its own does not keep the real one out)."""
+    return env.signer.raw + hashlib.sha256(env.message.receipt).digest()
 
 
 def new_job(manifest: JobManifest, now: float) -> dict[str, Any]:

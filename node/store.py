@@ -8,14 +8,15 @@ Settings and why:
   fsyncs the WAL before it returns; any other commit (synchronous=NORMAL) reaches the disk at the next
   durable commit or checkpoint. The WAL is one file synced whole, so a durable commit also makes every
   commit before it durable: a promise made after a durable commit covers everything written before it.
-  Durable: `transaction()` by default (callers outside this module), jobs accepted (`add_job`), job
+  Durable: `transaction()` by default (callers outside this module), jobs submitted (`add_job`), job
   states that others rely on (DURABLE_STATES: assigned and the ends), results, receipts,
   receipt log indexes and acknowledgements, the writes behind "safe to walk away" and acks.
   Not durable (each one a few microseconds instead of an fsync): the key-value cache, peers, the
-  seen-cache, envelopes (kept before the durable write that names them), blob references, delivery
-  retry times, and the intermediate job states (offered, fetching, queued, running); losing them to a
-  power cut only repeats work (an offer re-sent, a blob re-fetched, a run started again from the start,
-  which an executor does after any stop).
+  seen-cache, envelopes and small blobs (kept before, or with, the durable write that names them),
+  blob references, delivery retry times, the intermediate job states (offered, fetching, queued,
+  running), and an executor's job until it promises it (AsyncStore.flush before `accepted`); losing
+  them to a power cut only repeats work (an offer re-sent, a blob re-fetched, a run started again from
+  the start, which an executor does after any stop, a job offered again).
 - Group commit. Calls made through AsyncStore commit durable writes without their own fsync; before any
   call returns (read or write), AsyncStore waits, if some durable commit is not yet on disk, for one
   fsync of the WAL that began after it (`Store.sync`, in a thread of its own), shared by every task
@@ -51,6 +52,7 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import trio
+from e31.protocol.blobs import PUSH_MAX
 
 from .config import STORE_FILE
 
@@ -211,7 +213,24 @@ The indexes on the columns that reference envelopes let a deleted envelope's for
 up its referrers instead of scanning their tables once per envelope, and jobs_ended gives pruning its
 oldest ended jobs without a scan (both made pruning quadratic in the jobs held)."""
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+_V5 = """
+CREATE TABLE small_blobs (
+    blob_hash TEXT PRIMARY KEY,
+    data      BLOB NOT NULL
+);
+UPDATE receipts SET log_index = NULL WHERE log_index IS NOT NULL
+    AND job_id IN (SELECT job_id FROM envelopes WHERE kind = 'proof' AND job_id IS NOT NULL);
+DELETE FROM envelopes WHERE kind = 'proof';
+"""
+"""Small blobs kept in the database instead of as files: a job's outputs that its `result` carried
+(PUSH_MAX bytes each at most), stored by the submitter in the commit that ends the job, so a tiny job's
+outputs cost neither a file, two fsyncs nor a thread hop. Referenced like any blob (blob_refs); they go
+once no live reference names them (drop_small_blobs).
+Proofs stored before v5 place one receipt each, a `proof` body this version no longer reads: they go,
+and the receipts they proved are marked unproven, so the submitter asks for them again (`proofreq`)
+and keeps proofs of the current form (an executor's own log indexes, set by its log, stay)."""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -688,7 +707,8 @@ class Store:
 
     def put_result(self, *, job_id: bytes, attempt: int, executor: str, message_id: bytes, status: str,
                    outputs: dict[str, str], now: float, fuel_used: int | None = None) -> bool:
-        """Index a result whose envelope is already stored; False if this attempt's result is known."""
+        """Index an executor's result of an attempt (`message_id`: its receipt's envelope, already stored);
+        False if this attempt's result is known."""
         with self.transaction() as c:
             cur = c.execute(
                 "INSERT INTO results (job_id, attempt, executor, message_id, status, fuel_used, outputs, "
@@ -835,6 +855,33 @@ class Store:
     def unref_owner(self, owner: str) -> int:
         with self.transaction(durable=False) as c:
             return c.execute("DELETE FROM blob_refs WHERE owner = ?", (owner,)).rowcount
+
+    def put_small_blob(self, blob_hash: str, data: bytes) -> None:
+        """Keep a small blob (at most PUSH_MAX bytes, already checked against its hash) in the database;
+        a no-op when it is there. Reference it (ref_blob) in the same transaction, or it is dropped."""
+        if len(data) > PUSH_MAX:
+            raise ValueError(f"a small blob is at most {PUSH_MAX} bytes, not {len(data)}")
+        with self.transaction(durable=False) as c:
+            c.execute("INSERT INTO small_blobs (blob_hash, data) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                      (blob_hash, data))
+
+    def small_blobs(self, blob_hashes: Sequence[str]) -> dict[str, bytes]:
+        """The small blobs of `blob_hashes` the database holds, by hash."""
+        out: dict[str, bytes] = {}
+        with self.reading() as c:
+            for h in dict.fromkeys(blob_hashes):
+                row = c.execute("SELECT data FROM small_blobs WHERE blob_hash = ?", (h,)).fetchone()
+                if row is not None:
+                    out[h] = bytes(row[0])
+        return out
+
+    def drop_small_blobs(self, now: float) -> int:
+        """Forget the small blobs no live reference names (as `live_blobs` judges it at `now`)."""
+        with self.transaction(durable=False) as c:
+            return c.execute(
+                "DELETE FROM small_blobs WHERE NOT EXISTS (SELECT 1 FROM blob_refs r WHERE r.blob_hash = "
+                "small_blobs.blob_hash AND (r.retain_until IS NULL OR r.retain_until > ?))", (now,),
+            ).rowcount
 
     def live_blobs(self, now: float) -> set[str]:
         """Hashes still referenced (no end of retention, or one in the future): not to be collected."""
@@ -1049,12 +1096,13 @@ T = TypeVar("T")
 
 
 INLINE_READS = frozenset({"job", "jobs_held", "envelope", "envelopes_for_job", "receipts_for_job", "kv_get",
-                          "receipt", "ack_for", "results_for_job", "receipts_with_envelopes"})
+                          "receipt", "ack_for", "results_for_job", "receipts_with_envelopes", "small_blobs"})
 """Point reads by key (or by a proof's keys, 256 at most): run on the event loop, on a read-only
 connection of their own."""
 INLINE_WRITES = frozenset({
     "put_envelope", "put_shared_envelope", "ref_blob", "kv_set", "mark_seen", "receipt_delivery_failed",
     "update_job", "add_job", "put_result", "put_receipt", "set_receipt_log_index", "put_ack", "record_ack",
+    "put_small_blob",
 })
 """Writes of a row or two: they commit in microseconds (a durable one waits for its group's fsync after)."""
 CHECKPOINT_EVERY = 500

@@ -22,7 +22,8 @@ from .schema import Hash, Record, UInt, record, w
 CHUNK_SIZE = 256 * 1024
 MAX_BLOB_SIZE = 4 << 30
 PUSH_MAX = 64 * 1024
-"""A blob of one chunk of at most this many bytes may be pushed to a peer about to ask for it."""
+"""A blob of one chunk of at most this many bytes may travel inside a message instead of being asked
+for: a job's small outputs in its `result` (protocol/results.py)."""
 MAX_CHUNKS = MAX_BLOB_SIZE // CHUNK_SIZE
 BLOB_DOMAIN = b"e31/blob\x00"
 

@@ -161,6 +161,9 @@ def _evidence(store: Store, job_id: bytes, tag: bytes, at: float) -> dict[str, b
                       message_id=ids["receipt"], now=at)
     store.put_ack(ids["receipt"], ids["ack"], at)
     store.ref_blob("ab" * 32, f"job:{job_id.hex()}")
+    stdout = hashlib.sha256(b"stdout of " + tag).hexdigest()  # an output its result carried
+    store.put_small_blob(stdout, b"stdout of " + tag)
+    store.ref_blob(stdout, f"job:{job_id.hex()}")
     return ids
 
 
@@ -183,6 +186,10 @@ def test_jobs_past_their_retention_are_forgotten_but_their_receipts_and_acks_sta
     both_ids = _evidence(store, both, b"both", NOW - 2 * DAY)
     report = collect(store, blobs, now=NOW, retention_s=DAY)
     assert report.jobs_pruned == 3  # `old`, `never_ran`, and the submitter row of `both`
+    # the outputs kept in the database go with the job, unless another row of it still holds them
+    assert report.small_blobs_dropped == 1
+    small = [hashlib.sha256(b"stdout of " + tag).hexdigest() for tag in (b"old", b"recent", b"both")]
+    assert set(store.small_blobs(small)) == set(small[1:])
     assert store.job(old, "submitter") is None and store.job(never_ran, "submitter") is None
     assert store.results_for_job(old) == []
     assert store.envelope(old_ids["result"]) is None and store.envelope(old_ids["bid"]) is None

@@ -207,6 +207,16 @@ def test_a_sweep_over_three_nodes_is_done_verified_and_acknowledged(
     assert receipt.message.stderr == blob_ref((out / "stderr").read_bytes())
     assert str(receipt.signer) == docs[ids.index(remote)]["executor"]
     assert receipt.message.outcome.status == "exited" and receipt.message.fuel_used > 0
+    # Its stdout came in the result and is kept in the database; bytes altered there are refused.
+    import sqlite3
+
+    with sqlite3.connect(a.data_dir / "node.sqlite") as db:
+        changed = db.execute("UPDATE small_blobs SET data = ? WHERE blob_hash = ?",
+                             (b"forged", receipt.message.stdout.root.hex())).rowcount
+    assert changed == 1
+    refused = e31("results", remote[:10], "--out", str(tmp_path / "again"), data_dir=a.data_dir)
+    assert refused.returncode != 0 and "does not match its hash" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
     # The same job run again anywhere gives the same output: the seed is the job, not the machine.
     seeds = Counter(d["args"][0] for d in docs)

@@ -263,6 +263,12 @@ async def wait_state(
     raise AssertionError(f"job never reached {state}")
 
 
+async def output_bytes(node: RealNode, ref: BlobRef) -> bytes:
+    """An output a submitter holds: in its database when the result carried it, else in its blob store."""
+    kept = await node.store.run(Store.small_blobs, [ref.root.hex()])
+    return kept.get(ref.root.hex()) or node.blobs.read(ref.root.raw)
+
+
 async def until(check: Callable[[], object], seconds: float = 5.0) -> None:
     """Poll `check` (a function, or one returning an awaitable) every 50 ms until it is true or
     `seconds` have passed; the caller asserts what it waited for."""
@@ -287,7 +293,10 @@ async def test_a_job_runs_on_another_node_and_comes_back_verified_and_acknowledg
     receipts = await a.store.run(Store.receipts_for_job, job_id)
     assert len(receipts) == 1 and receipts[0].delivered is not None
     receipt = verify((await a.store.run(Store.envelope, receipts[0].message_id)).raw, UsageReceipt)
-    assert a.blobs.read(receipt.message.stdout.root.raw).startswith(b"samples 1000\n")
+    stdout = receipt.message.stdout.root
+    # its stdout came in the result and is kept in A's database (no file), stderr is empty
+    kept = await a.store.run(Store.small_blobs, [stdout.hex()])
+    assert kept[stdout.hex()].startswith(b"samples 1000\n") and not a.blobs.has(stdout.raw)
     await until(lambda: b.acked, 10)
     assert b.acked == [receipt.message_id.raw]
     executed = await b.store.run(Store.job, job_id, "executor")
@@ -310,7 +319,7 @@ async def test_a_run_that_leaves_files_has_its_directory_deleted_once_they_are_s
     receipts = await a.store.run(Store.receipts_for_job, job_id)
     receipt = verify((await a.store.run(Store.envelope, receipts[0].message_id)).raw, UsageReceipt)
     [output] = receipt.message.outputs
-    assert output.name == "tile.pgm" and a.blobs.read(output.blob.root.raw).startswith(b"P5\n64 48\n")
+    assert output.name == "tile.pgm" and (await output_bytes(a, output.blob)).startswith(b"P5\n64 48\n")
     # the run's directory held /output; it is moved aside when the run ends and deleted at the delivery
     # loop's next turn
     runs = tmp_path / "b-runs"
@@ -623,6 +632,38 @@ async def test_a_job_still_held_after_the_accept_delay_is_handed_off_a_short_one
     assert len(await a.store.run(Store.envelopes_for_job, waiting, "accepted")) == 1
 
 
+async def test_accepted_waits_for_the_sync_and_never_follows_the_result(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    real_flush, flushes, heard = b.store.flush, [], []
+    result_in = trio.Event()
+
+    async def slow_flush() -> None:  # a slow disk: the job ends while its rows are being synced
+        flushes.append(trio.current_time())
+        await result_in.wait()
+        await real_flush()
+
+    def outcome(env: Any) -> None:
+        heard.append("result")
+        result_in.set()
+        on_outcome(env)
+
+    def accepted(env: Any) -> None:
+        heard.append("accepted")
+        on_accepted(env)
+
+    on_outcome, on_accepted = a.submitter.on_outcome, a.submitter.on_accepted
+    b.store.flush, a.submitter.on_outcome, a.submitter.on_accepted = (  # type: ignore[method-assign]
+        slow_flush, outcome, accepted)
+    job_id = await a.submitter.submit(a.manifest(("19", "40000000")))  # held past ACCEPT_DELAY
+    await wait_state(a, job_id, "done")
+    await trio.sleep(0.5)
+    assert flushes, "the job was held past ACCEPT_DELAY: an `accepted` was due, after a sync"
+    assert heard and "accepted" not in heard, "the job ended during the sync: no `accepted` after it"
+
+
 async def test_answered_offers_are_forgotten_once_expired(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
@@ -849,7 +890,7 @@ async def test_a_submitter_asks_again_for_a_proof_it_never_got_when_the_link_com
     assert await a.store.run(Store.acked_without_proof, str(NodeId(b.id))) == []
 
 
-async def test_a_proof_keeps_the_entries_that_check_out_and_refuses_the_others(
+async def test_a_proof_with_an_entry_that_fails_is_refused_whole(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     from e31.node.receiptlog import ReceiptLog
@@ -874,12 +915,16 @@ async def test_a_proof_keeps_the_entries_that_check_out_and_refuses_the_others(
     assert good is not None and bad is not None
     lying = replace(bad, leaf_index=good.leaf_index)  # the second receipt placed where the first is
     entries = tuple(sorted((good, lying), key=lambda e: e.receipt_id.raw))
-    forged = sign_message(replace(proof, entries=entries), b.key)
-    await a.market.message(b.id, forged)
-    await until(lambda: a.store.run(Store.envelopes_for_job, jobs[0], "proof"))
-    assert await a.store.run(Store.envelopes_for_job, jobs[1], "proof") == [], "kept only for what it proves"
+    await a.market.message(b.id, sign_message(replace(proof, entries=entries), b.key))
+    await trio.sleep(0.3)
+    # kept, it would carry a failing entry into a's bundles: nothing of it is kept
+    assert [await a.store.run(Store.envelopes_for_job, j, "proof") for j in jobs] == [[], []]
     unproven = await a.store.run(Store.acked_without_proof, str(NodeId(b.id)))
-    assert [r.digest for r in unproven] == [ids[1]]
+    assert sorted(r.digest for r in unproven) == sorted(ids)
+    await a.market.message(b.id, raw)  # the true proof places both
+    await until(lambda: a.store.run(Store.envelopes_for_job, jobs[1], "proof"))
+    assert await a.store.run(Store.envelopes_for_job, jobs[0], "proof")
+    assert await a.store.run(Store.acked_without_proof, str(NodeId(b.id))) == []
 
 
 async def test_a_run_that_ends_before_its_start_is_recorded_still_ends_done_at_the_executor(

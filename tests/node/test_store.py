@@ -29,6 +29,7 @@ from e31.node.store import (
     call,
     migrate,
 )
+from e31.protocol.blobs import PUSH_MAX
 
 ALICE = "e31n" + "a" * 52
 BOB = "e31n" + "b" * 52
@@ -379,6 +380,27 @@ def test_migration_from_version_3_keeps_every_envelope_and_adds_links(tmp_path: 
         # the job had a receipt: its offers stay, the one stored for it and the one it shares
         assert [e.message_id for e in s.envelopes_for_job(b"\x01")] == [b"offer", b"rct", b"set"]
         assert s.envelope(b"contact") is not None
+
+
+def test_migration_to_version_5_drops_proofs_of_the_old_form(tmp_path: Path) -> None:
+    path = tmp_path / STORE_FILE
+    conn = _store_at_version(path, 4)
+    conn.executemany("INSERT INTO jobs (job_id, role, manifest, state, submitter, created, deadline, "
+                     "updated) VALUES (?, 'submitter', x'00', 'done', ?, 1.0, 2.0, 1.0)",
+                     [(b"\x01", ALICE), (b"\x02", ALICE)])
+    conn.executemany("INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, ?, ?)",
+                     [(b"r1", "receipt", b"r", b"\x01", 1.0), (b"r2", "receipt", b"r", b"\x02", 1.0),
+                      (b"p1", "proof", b"old form", b"\x01", 2.0)])
+    conn.executemany("INSERT INTO receipts (digest, job_id, attempt, executor, message_id, created, "
+                     "log_index) VALUES (?, ?, 1, ?, ?, 1.0, ?)",
+                     [(b"r1", b"\x01", BOB, b"r1", 7), (b"r2", b"\x02", BOB, b"r2", 3)])
+    conn.close()
+    with Store(path) as s:
+        assert s.schema_version == SCHEMA_VERSION
+        assert s.envelope(b"p1") is None and s.envelope(b"r1") is not None
+        # proven by the dropped proof: asked for again; one set by a log (no proof stored): kept
+        assert [r.log_index for r in s.receipts_for_job(b"\x01")] == [None]
+        assert [r.log_index for r in s.receipts_for_job(b"\x02")] == [3]
 
 
 def test_a_failing_migration_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -999,6 +1021,25 @@ def test_receipts_are_read_with_their_envelopes_by_the_batch(store: Store) -> No
         (d, b"receipt %d" % i) for i, d in enumerate(digests))
     assert all(row.executor == "exec-a" and row.job_id == job for row, _ in found)
     assert store.receipts_with_envelopes([]) == []
+
+
+def test_small_blobs_live_in_the_database_while_a_live_reference_names_them(store: Store) -> None:
+    kept, expiring, orphan = "aa" * 32, "bb" * 32, "cc" * 32
+    with store.transaction():
+        for h in (kept, expiring, orphan):
+            store.put_small_blob(h, h.encode())
+        store.put_small_blob(kept, b"ignored: it is there")  # a no-op
+        store.ref_blob(kept, "job:01")
+        store.ref_blob(expiring, "result:02", retain_until=100.0)
+    assert store.small_blobs([kept, expiring, orphan, "dd" * 32]) == {
+        kept: kept.encode(), expiring: expiring.encode(), orphan: orphan.encode()}
+    assert store.drop_small_blobs(now=50.0) == 1  # the one no reference names
+    assert set(store.small_blobs([kept, expiring, orphan])) == {kept, expiring}
+    assert store.drop_small_blobs(now=100.0) == 1  # its reference's retention is over
+    store.unref_owner("job:01")
+    assert store.drop_small_blobs(now=100.0) == 1 and store.small_blobs([kept]) == {}
+    with pytest.raises(ValueError, match="at most"):
+        store.put_small_blob("ee" * 32, b"x" * (PUSH_MAX + 1))
 
 
 def test_acknowledged_receipts_without_a_proof_are_found_per_receipt_newest_first(store: Store) -> None:
