@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import trio
-from e31.protocol.blobs import PUSH_MAX, BlobRef
+from e31.protocol.blobs import PUSH_MAX, BlobRef, blob_ref
 from e31.protocol.codec import pack, unpack_canonical
 from e31.protocol.envelope import (
     VerifiedEnvelope,
@@ -61,7 +61,6 @@ from e31.protocol.errors import InvalidMessage, Mismatch, ProtocolError
 from e31.protocol.ids import Digest
 from e31.protocol.jobs import FileRef, JobManifest
 from e31.protocol.messages import (
-    MAX_PUSHED,
     REASON_TEXT_MAX,
     Accepted,
     Assign,
@@ -681,6 +680,7 @@ class Executor:
         receipt_id = receipt.message_id.raw
         await self.ctx.store.atomically(  # one commit: the outcome is kept whole or not at all
             call(Store.put_envelope, receipt_id, "receipt", receipt.raw, now, job_id),
+            *(call(Store.put_small_blob, ref.root.hex(), data) for ref, data in small),
             *(call(Store.ref_blob, ref.root.hex(), owner, available / 1000) for ref in outputs_of(msg)),
             call(
                 Store.put_result,
@@ -717,9 +717,7 @@ class Executor:
         self._unacked[receipt_id] = receipt
         if len(self._unacked) > UNACKED_KEPT:
             del self._unacked[next(iter(self._unacked))]
-        # Its own submitter reads the outputs from this node's blob store: nothing to carry.
-        carried = small if manifest.submitter.raw != self.ctx.local else ()
-        await self._deliver(receipt, available, carried)
+        await self._deliver(receipt, available, small)
 
     def _retention_ms(self, manifest: JobManifest) -> int:
         """How long after finishing a job its outputs stay to be fetched: the manifest's wish, within
@@ -969,8 +967,9 @@ def _clip(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Stored:
-    """A run's stdout, stderr and output files, stored; and the bytes of those small enough to be carried
-    to the submitter in the result (protocol PUSH_MAX)."""
+    """A run's stdout, stderr and output files, checked; the larger ones stored as blobs, and the small
+    ones (1..PUSH_MAX bytes) in `small`: kept in the database with the job's end (no file, no fsync of
+    their own) and carried to the submitter in the result."""
 
     stdout: BlobRef
     stderr: BlobRef
@@ -979,8 +978,8 @@ class _Stored:
 
 
 def _store_outputs(blobs: BlobStore, work: Path, result: RunResult) -> _Stored:
-    """Store a run's stdout, stderr and output files as blobs, each checked against the hash the run
-    reported (in the thread that waited for the run)."""
+    """Check a run's stdout, stderr and output files against the hashes the run reported and store the
+    larger ones as blobs (in the thread that waited for the run); the small ones are returned."""
     streams = work / "streams"
     small: list[tuple[BlobRef, bytes]] = []
     stdout = _put_checked(blobs, streams, "stdout", result, small)
@@ -990,33 +989,33 @@ def _store_outputs(blobs: BlobStore, work: Path, result: RunResult) -> _Stored:
         data = (work / "output" / name).read_bytes()
         if hashlib.sha256(data).hexdigest() != sha:
             raise JobFailed(f"output file {name!r} changed after the run")
-        ref = BlobRef(Digest(bytes.fromhex(blobs.put(data))), len(data))
+        ref = _small(small, data) or BlobRef(Digest(bytes.fromhex(blobs.put(data))), len(data))
         outputs.append(FileRef(name, ref))
-        _maybe_push(small, ref, data)
     return _Stored(stdout, stderr, tuple(outputs), tuple(small))
 
 
-def _maybe_push(small: list[tuple[BlobRef, bytes]], ref: BlobRef, data: bytes) -> None:
-    """Keep a small output's bytes to carry in the job's `result` (protocol/results.make_result),
-    within the per-job budget."""
-    if len(small) < MAX_PUSHED and 0 < len(data) <= PUSH_MAX:
-        small.append((ref, data))
+def _small(small: list[tuple[BlobRef, bytes]], data: bytes) -> BlobRef | None:
+    """The BlobRef of an output of 1..PUSH_MAX bytes, added to `small` (kept in the database, carried
+    in the result: protocol/results.make_result takes the first MAX_PUSHED); None for another size."""
+    if not 0 < len(data) <= PUSH_MAX:
+        return None
+    ref = blob_ref(data)
+    small.append((ref, data))
+    return ref
 
 
 def _put_checked(
     blobs: BlobStore, streams: Path, name: str, result: RunResult, small: list[tuple[BlobRef, bytes]]
 ) -> BlobRef:
     """Store the run's stream `name` as a blob, from the result when it holds it whole, else from its
-    file under `streams`, if it is exactly the size and hash the run reported (adding it to `small`
-    when it can be carried in the result)."""
+    file under `streams`, if it is exactly the size and hash the run reported (a small one goes to
+    `small` instead)."""
     _, total, sha = result.stream(name)
     where = whole_stream(result, streams, name)
     if isinstance(where, bytes):
         if hashlib.sha256(where).hexdigest() != sha:
             raise JobFailed(f"the run's {name} does not match the hash it reported")
-        ref = BlobRef(Digest(bytes.fromhex(blobs.put(where))), total)
-        _maybe_push(small, ref, where)
-        return ref
+        return _small(small, where) or BlobRef(Digest(bytes.fromhex(blobs.put(where))), total)
     path = where
     digest = hashlib.sha256()
     size = 0

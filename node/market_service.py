@@ -29,8 +29,8 @@ from .market_executor import Executor, Prover
 from .market_submitter import Submitter
 from .receiptlog import ReceiptLog, ReceiptLogError
 from .scheduler import Scheduler
-from .store import AsyncStore
-from .transfer import BlobTransfer
+from .store import AsyncStore, Store
+from .transfer import BlobTransfer, SmallBlobs
 
 log = logging.getLogger("e31.market")
 X = TypeVar("X")
@@ -79,6 +79,7 @@ async def run_jobs(
         peer_send=peering.send,
         connected=peering.connected,
     )
+
     transfer = BlobTransfer(
         identity=identity,
         network=config.network,
@@ -86,6 +87,7 @@ async def run_jobs(
         send=ctx.send_to,
         wall_ms=ctx.clock,
         settings=settings.transfer,
+        small_blobs=small_blob_reader(store),
     )
     workers = max(1, config.cores)
     data_limit = (
@@ -153,6 +155,15 @@ async def run_jobs(
         if adverts is not None:
             nursery.start_soon(capacity.listen, adverts)
         task_status.started(market)
+
+
+def small_blob_reader(store: AsyncStore) -> SmallBlobs:
+    """The transfer's reader of the small blobs this node keeps in its database (outputs of jobs)."""
+
+    async def small_blob(root: bytes) -> bytes | None:
+        return (await store.run(Store.small_blobs, [root.hex()])).get(root.hex())
+
+    return small_blob
 
 
 def log_prover(receipt_log: ReceiptLog) -> Prover:

@@ -222,9 +222,9 @@ UPDATE receipts SET log_index = NULL WHERE log_index IS NOT NULL
     AND job_id IN (SELECT job_id FROM envelopes WHERE kind = 'proof' AND job_id IS NOT NULL);
 DELETE FROM envelopes WHERE kind = 'proof';
 """
-"""Small blobs kept in the database instead of as files: a job's outputs that its `result` carried
-(PUSH_MAX bytes each at most), stored by the submitter in the commit that ends the job, so a tiny job's
-outputs cost neither a file, two fsyncs nor a thread hop. Referenced like any blob (blob_refs); they go
+"""Small blobs kept in the database instead of as files: a job's outputs of PUSH_MAX bytes at most
+(those its `result` carries), stored by its executor and by its submitter in the commit that ends the
+job on each, so a tiny job's outputs cost neither a file, two fsyncs nor a thread hop. Referenced like any blob (blob_refs); they go
 once no live reference names them (drop_small_blobs).
 Proofs stored before v5 place one receipt each, a `proof` body this version no longer reads: they go,
 and the receipts they proved are marked unproven, so the submitter asks for them again (`proofreq`)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import nacl.signing
 import trio
-from e31.protocol.blobs import CHUNK_SIZE, BlobRef, ChunkList, blob_ref
+from e31.protocol.blobs import CHUNK_SIZE, BlobRef, ChunkList, blob_ref, chunk_list
 from e31.protocol.envelope import VerifiedEnvelope, check_fresh, sign_message
 from e31.protocol.errors import BadBlob, ProtocolError
 from e31.protocol.ids import Digest, NodeId
@@ -37,6 +37,9 @@ log = logging.getLogger("e31.transfer")
 
 SendTo = Callable[[bytes, bytes], Awaitable[bool]]
 """Send a signed envelope to a peer (32-byte key); False when there is no link to it."""
+SmallBlobs = Callable[[bytes], Awaitable[bytes | None]]
+"""A small blob (one chunk, PUSH_MAX bytes at most) the node keeps in its database rather than its blob
+store, by root; None when it holds none."""
 
 
 class FetchError(Exception):
@@ -71,6 +74,7 @@ class BlobTransfer:
         send: SendTo,
         wall_ms: Callable[[], int],
         settings: TransferSettings | None = None,
+        small_blobs: SmallBlobs | None = None,
     ) -> None:
         self.identity = identity
         self.local = bytes(identity.verify_key)
@@ -79,6 +83,7 @@ class BlobTransfer:
         self.send = send
         self.wall_ms = wall_ms
         self.settings = settings or TransferSettings()
+        self.small_blobs = small_blobs
         self._waiters: dict[tuple[bytes, bytes, int | None], _Waiter] = {}
         self._locks: dict[bytes, trio.Lock] = {}
         self._lists: OrderedDict[bytes, bytes] = OrderedDict()
@@ -118,7 +123,12 @@ class BlobTransfer:
     async def _serve(self, peer: bytes, request: BlobRequest) -> None:
         async with self._serve_limit:
             try:
-                if request.index is None:
+                small = await self._small(request.blob.raw)
+                if small is not None:  # one chunk: its chunk list is its own digest
+                    data = chunk_list(small).to_bytes() if request.index is None else small
+                    if request.index not in (None, 0):
+                        raise BlobError(f"blob {request.blob} has one chunk, not {request.index + 1}")
+                elif request.index is None:
                     data = await self._chunk_list(request.blob.raw)
                 else:
                     data = await trio.to_thread.run_sync(
@@ -130,6 +140,16 @@ class BlobTransfer:
         reply = BlobChunk(self.network, NodeId(self.local), request.blob, request.index, data)
         if await self.send(peer, sign_message(reply, self.identity)):
             self.served_chunks += 1
+
+    async def _small(self, root: bytes) -> bytes | None:
+        """The blob from the database when the blob store has no file of it (checked: a row that does
+        not hash to its root is not served)."""
+        if self.small_blobs is None or self.blobs.has(root):
+            return None
+        data = await self.small_blobs(root)
+        if data is None or blob_ref(data).root.raw != root:
+            return None
+        return data
 
     async def _chunk_list(self, root: bytes) -> bytes:
         cached = self._lists.get(root)

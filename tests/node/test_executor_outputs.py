@@ -1,6 +1,7 @@
 """How an executor stores a run's streams: from the result when it holds them whole, else from the files
-the run spilled them to; checked against the hash and size the run reported either way, and a stream
-already held (an empty stderr) not written again."""
+the run spilled them to; checked against the hash and size the run reported either way. A small one
+(1..PUSH_MAX bytes) is handed back to be kept in the database and carried in the result, not written
+as a file; an empty one already held is not written again."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from e31.node.blobs import BlobStore
 from e31.node.market_executor import JobFailed, _put_checked
-from e31.protocol.blobs import BlobRef
+from e31.protocol.blobs import PUSH_MAX, BlobRef, blob_ref
 from e31.sandbox.limits import RunResult, Status
 
 TEXT = b"pi is about 3.14\n"
@@ -28,15 +29,23 @@ def _result(stdout: bytes, *, held: bytes | None = None, size: int | None = None
     )
 
 
-def test_a_stream_held_whole_is_stored_from_the_result_and_pushed(tmp_path: Path) -> None:
+def test_a_small_stream_held_whole_is_handed_back_and_written_nowhere(tmp_path: Path) -> None:
     blobs = BlobStore(tmp_path / "blobs")
-    pushed: list[tuple[BlobRef, bytes]] = []
-    ref = _put_checked(blobs, tmp_path / "no-such-dir", "stdout", _result(TEXT), pushed)
-    assert blobs.read(ref.root.raw) == TEXT and ref.size == len(TEXT)
-    assert pushed == [(ref, TEXT)]
+    small: list[tuple[BlobRef, bytes]] = []
+    ref = _put_checked(blobs, tmp_path / "no-such-dir", "stdout", _result(TEXT), small)
+    assert ref == blob_ref(TEXT) and small == [(ref, TEXT)]
+    assert not blobs.has(ref.root.raw) and list(blobs.hashes()) == []
 
 
-def test_a_long_stream_is_stored_from_its_file_and_not_pushed(tmp_path: Path) -> None:
+def test_a_larger_stream_held_whole_is_stored_as_a_blob(tmp_path: Path) -> None:
+    blobs = BlobStore(tmp_path / "blobs")
+    big = b"x" * (PUSH_MAX + 1)
+    small: list[tuple[BlobRef, bytes]] = []
+    ref = _put_checked(blobs, tmp_path / "no-such-dir", "stdout", _result(big), small)
+    assert blobs.read(ref.root.raw) == big and ref == blob_ref(big) and small == []
+
+
+def test_a_spilled_stream_is_stored_from_its_file(tmp_path: Path) -> None:
     blobs = BlobStore(tmp_path / "blobs")
     (tmp_path / "stdout").write_bytes(TEXT)
     pushed: list[tuple[BlobRef, bytes]] = []

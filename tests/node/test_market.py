@@ -22,6 +22,7 @@ from e31.node.blobs import BlobStore
 from e31.node.market import Market, MarketContext, MarketSettings
 from e31.node.market_executor import ACCEPT_DELAY, Executor
 from e31.node.market_rules import WindowSettings
+from e31.node.market_service import small_blob_reader
 from e31.node.market_submitter import Submitter, UnknownJob
 from e31.node.scheduler import Scheduler
 from e31.node.store import AsyncStore, Store
@@ -102,6 +103,7 @@ class RealNode:
             send=self.ctx.send_to,
             wall_ms=wall_ms,
             settings=SETTINGS.transfer,
+            small_blobs=small_blob_reader(self.store),
         )
         scheduler = Scheduler(1, lambda: WorkerPool(1, tmp / "cache"))
 
@@ -585,8 +587,12 @@ async def test_an_assignment_lost_on_the_way_is_sent_again_until_accepted(
 
 
 async def test_a_tiny_run_is_recorded_once_from_queued_to_done_a_long_one_as_running_first(
-    net: Net, nursery: trio.Nursery, tmp_path: Path
+    net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import e31.node.market_executor as executor_module
+
+    # a mark well past a tiny run (milliseconds) even on a busy host, well short of the long one
+    monkeypatch.setattr(executor_module, "RUNNING_MARK_DELAY", 0.3)
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
     moves: list[tuple[str, str]] = []
@@ -597,18 +603,21 @@ async def test_a_tiny_run_is_recorded_once_from_queued_to_done_a_long_one_as_run
         await set_state(job_id, old, new, **changes)
 
     b.executor._set_state = recording  # type: ignore[method-assign]
+    first = await a.submitter.submit(a.manifest(("15", "1000")))  # fetches the module, compiles it
+    await wait_state(a, first, "done")
+    moves.clear()
     tiny = await a.submitter.submit(a.manifest(("16", "1000")))
     await wait_state(a, tiny, "done")
-    # its blobs came with the first fetch of the module: this one was stored queued, and ran too briefly
-    # to be marked running
+    # its blobs were here: it was stored queued, and ran too briefly to be marked running
     row = await b.store.run(Store.job, tiny, "executor")
     assert row is not None and row.state == "done" and row.started is not None and row.fuel_used
-    long = await a.submitter.submit(a.manifest(("17", "40000000")))  # a few seconds
+    assert ("queued", "running") not in moves
+    long = await a.submitter.submit(a.manifest(("17", "100000000")))  # over a second (9e9 fuel)
     running = await wait_state(b, long, "running", role="executor")
     assert running.started is not None
     await wait_state(a, long, "done")
-    assert ("queued", "running") in moves and moves.count(("queued", "running")) == 1
-    assert all(old != "fetching" for old, _ in moves[1:])  # the module was here: no fetch state
+    assert moves.count(("queued", "running")) == 1
+    assert all(old != "fetching" for old, _ in moves)  # the module was here: no fetch state
 
 
 async def test_a_job_still_held_after_the_accept_delay_is_handed_off_a_short_one_only_by_its_result(
