@@ -224,8 +224,8 @@ DELETE FROM envelopes WHERE kind = 'proof';
 """
 """Small blobs kept in the database instead of as files: a job's outputs of PUSH_MAX bytes at most
 (those its `result` carries), stored by its executor and by its submitter in the commit that ends the
-job on each, so a tiny job's outputs cost neither a file, two fsyncs nor a thread hop. Referenced like any blob (blob_refs); they go
-once no live reference names them (drop_small_blobs).
+job on each, so a tiny job's outputs cost neither a file, two fsyncs nor a thread hop. Referenced like
+any blob (blob_refs); they go once no live reference names them (drop_small_blobs).
 Proofs stored before v5 place one receipt each, a `proof` body this version no longer reads: they go,
 and the receipts they proved are marked unproven, so the submitter asks for them again (`proofreq`)
 and keeps proofs of the current form (an executor's own log indexes, set by its log, stay)."""
