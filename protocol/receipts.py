@@ -116,37 +116,38 @@ class Ack(Message):
     acked_at: int = field(metadata=w(TIME))
 
 
-def _expect(ok: bool, what: str) -> None:
+def expect(ok: bool, what: str) -> None:
+    """Raise Mismatch(what) unless `ok`: how the checks tying signed messages together read."""
     if not ok:
         raise Mismatch(what)
 
 
 def check_receipt_manifest(receipt: UsageReceipt, manifest: JobManifest) -> None:
     """Raise Mismatch unless the receipt describes a run of exactly this manifest, within its limits."""
-    _expect(receipt.job_id == manifest.job_id, "receipt names another job")
-    _expect(receipt.submitter == manifest.submitter, "receipt names another submitter")
-    _expect(receipt.module == manifest.module, "receipt names another module")
-    _expect(receipt.inputs == manifest.inputs, "receipt names other inputs")
-    _expect(receipt.stdin == manifest.stdin, "receipt names another stdin")
-    _expect(receipt.profile == manifest.profile, "receipt names another execution profile")
-    _expect(receipt.limits == manifest.limits, "receipt names other limits")
-    _expect(receipt.output_bytes <= manifest.limits.max_output_bytes,
+    expect(receipt.job_id == manifest.job_id, "receipt names another job")
+    expect(receipt.submitter == manifest.submitter, "receipt names another submitter")
+    expect(receipt.module == manifest.module, "receipt names another module")
+    expect(receipt.inputs == manifest.inputs, "receipt names other inputs")
+    expect(receipt.stdin == manifest.stdin, "receipt names another stdin")
+    expect(receipt.profile == manifest.profile, "receipt names another execution profile")
+    expect(receipt.limits == manifest.limits, "receipt names other limits")
+    expect(receipt.output_bytes <= manifest.limits.max_output_bytes,
             "receipt's outputs exceed the job's max_output_bytes")
 
 
 def check_receipt_assignment(receipt: UsageReceipt, assignment: Assign, assignment_id: Digest) -> None:
     """Raise Mismatch unless the receipt fulfils this assignment (given with its message id)."""
-    _expect(receipt.assignment_id == assignment_id, "receipt names another assignment")
-    _expect(receipt.network == assignment.network, "receipt and assignment are on different networks")
-    _expect(receipt.job_id == assignment.job_id, "receipt and assignment name different jobs")
-    _expect(receipt.executor == assignment.executor, "receipt is signed by someone not assigned the job")
-    _expect(receipt.submitter == assignment.submitter, "receipt and assignment name different submitters")
+    expect(receipt.assignment_id == assignment_id, "receipt names another assignment")
+    expect(receipt.network == assignment.network, "receipt and assignment are on different networks")
+    expect(receipt.job_id == assignment.job_id, "receipt and assignment name different jobs")
+    expect(receipt.executor == assignment.executor, "receipt is signed by someone not assigned the job")
+    expect(receipt.submitter == assignment.submitter, "receipt and assignment name different submitters")
 
 
 def check_ack(ack: Ack, receipt: UsageReceipt, receipt_id: Digest) -> None:
     """Raise Mismatch unless the ack countersigns this receipt (given with its message id)."""
-    _expect(ack.receipt_id == receipt_id, "ack names another receipt")
-    _expect(ack.network == receipt.network, "ack and receipt are on different networks")
-    _expect(ack.job_id == receipt.job_id, "ack and receipt name different jobs")
-    _expect(ack.submitter == receipt.submitter, "ack is not signed by the receipt's submitter")
-    _expect(ack.executor == receipt.executor, "ack and receipt name different executors")
+    expect(ack.receipt_id == receipt_id, "ack names another receipt")
+    expect(ack.network == receipt.network, "ack and receipt are on different networks")
+    expect(ack.job_id == receipt.job_id, "ack and receipt name different jobs")
+    expect(ack.submitter == receipt.submitter, "ack is not signed by the receipt's submitter")
+    expect(ack.executor == receipt.executor, "ack and receipt name different executors")

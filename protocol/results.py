@@ -11,14 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .blobs import PUSH_MAX, BlobRef, blob_ref
-from .codec import MAX_FRAME
 from .envelope import VerifiedEnvelope, verify
 from .errors import Mismatch
 from .messages import MAX_PUSHED, RECEIPT_MAX, Result
-from .receipts import UsageReceipt
+from .receipts import UsageReceipt, expect
 
-FRAME_ROOM = 4096
-"""Bytes of a frame kept for a `result`'s own fields and its envelope (a few hundred are used)."""
 PER_OUTPUT = 8
 """Bytes of msgpack header around each carried output (a bin 32 header is 5)."""
 
@@ -32,7 +29,7 @@ def make_result(
     """The `result` delivering `receipt`, carrying as many of the `small` outputs (in order) as fit: each
     of 1..PUSH_MAX bytes and matching its BlobRef, at most MAX_PUSHED of them, the whole within a frame."""
     msg = receipt.message
-    room = MAX_FRAME - FRAME_ROOM - len(receipt.raw)
+    room = RECEIPT_MAX - len(receipt.raw)  # the frame less the result's own fields
     carried: list[bytes] = []
     seen: set[bytes] = set()
     for ref, data in small:
@@ -56,11 +53,11 @@ def open_result(env: VerifiedEnvelope[Result]) -> VerifiedEnvelope[UsageReceipt]
     result = env.message
     receipt = verify(result.receipt, UsageReceipt, max_len=RECEIPT_MAX)
     msg = receipt.message
-    _expect(receipt.signer == env.signer, "the result carries a receipt signed by another node")
-    _expect(msg.executor == result.executor, "the result carries a receipt of another executor")
-    _expect(msg.network == result.network, "the result carries a receipt of another network")
-    _expect(msg.job_id == result.job_id, "the result carries a receipt of another job")
-    _expect(msg.assignment_id == result.assignment_id, "the result carries a receipt of another assignment")
+    expect(receipt.signer == env.signer, "the result carries a receipt signed by another node")
+    expect(msg.executor == result.executor, "the result carries a receipt of another executor")
+    expect(msg.network == result.network, "the result carries a receipt of another network")
+    expect(msg.job_id == result.job_id, "the result carries a receipt of another job")
+    expect(msg.assignment_id == result.assignment_id, "the result carries a receipt of another assignment")
     return receipt
 
 
@@ -84,9 +81,4 @@ def outputs_of(receipt: UsageReceipt) -> tuple[BlobRef, ...]:
     return (receipt.stdout, receipt.stderr, *(f.blob for f in receipt.outputs))
 
 
-def _expect(ok: bool, what: str) -> None:
-    if not ok:
-        raise Mismatch(what)
-
-
-__all__ = ["FRAME_ROOM", "PER_OUTPUT", "carried_outputs", "make_result", "open_result", "outputs_of"]
+__all__ = ["PER_OUTPUT", "carried_outputs", "make_result", "open_result", "outputs_of"]

@@ -271,6 +271,20 @@ async def output_bytes(node: RealNode, ref: BlobRef) -> bytes:
     return kept.get(ref.root.hex()) or node.blobs.read(ref.root.raw)
 
 
+def receipt_log(node: RealNode) -> Any:
+    """Give `node`'s executor a receipt log of its own (the harness has none): acknowledged receipts are
+    appended to it. Its prover is left as it is."""
+    from e31.node.receiptlog import ReceiptLog
+
+    log = ReceiptLog(node.store.store, node.key, NETWORK)
+
+    async def append(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
+        await trio.to_thread.run_sync(log.append_many, receipts)
+
+    node.executor.on_acked = append
+    return log
+
+
 async def until(check: Callable[[], object], seconds: float = 5.0) -> None:
     """Poll `check` (a function, or one returning an awaitable) every 50 ms until it is true or
     `seconds` have passed; the caller asserts what it waited for."""
@@ -876,16 +890,10 @@ async def test_a_submitter_asks_again_for_a_proof_it_never_got_when_the_link_com
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     from e31.node.market_service import log_prover
-    from e31.node.receiptlog import ReceiptLog
     from e31.protocol.messages import InclusionProof
 
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
-    log = ReceiptLog(b.store.store, b.key, NETWORK)
-
-    async def append(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
-        await trio.to_thread.run_sync(log.append_many, receipts)
-
-    b.executor.on_acked, b.executor.prover = append, log_prover(log)
+    b.executor.prover = log_prover(receipt_log(b))
     lost = lose_first(net, a.id, InclusionProof)
     await start(nursery, a, b)
     job_id = await a.submitter.submit(a.manifest(("5", "1000")))
@@ -902,16 +910,10 @@ async def test_a_submitter_asks_again_for_a_proof_it_never_got_when_the_link_com
 async def test_a_proof_with_an_entry_that_fails_is_refused_whole(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    from e31.node.receiptlog import ReceiptLog
     from e31.protocol.messages import InclusionProof
 
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
-    log = ReceiptLog(b.store.store, b.key, NETWORK)
-
-    async def append(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
-        await trio.to_thread.run_sync(log.append_many, receipts)
-
-    b.executor.on_acked, b.executor.prover = append, None  # logged, but no proof is sent
+    log = receipt_log(b)  # receipts are logged, but no proof is sent
     await start(nursery, a, b)
     jobs = [await a.submitter.submit(a.manifest(("5", str(1000 + i)))) for i in range(2)]
     for job_id in jobs:
