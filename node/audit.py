@@ -38,7 +38,7 @@ from .audit_rerun import blobs_of, rerun_job
 from .bundle import Bundle
 
 _JOB_ID_FIELD: dict[str, tuple[int, str]] = {
-    "receipt": (1, "one"), "ack": (1, "one"), "assign": (1, "one"), "result": (1, "one"),
+    "receipt": (1, "one"), "assign": (1, "one"), "result": (1, "one"),
     "accepted": (1, "one"), "release": (1, "one"), "cancel": (1, "one"), "decline": (1, "list"),
     "bid": (4, "items"),
 }
@@ -197,18 +197,21 @@ class _Audit:
         acked: set[Digest] = set()
         for env in self.acks:
             a = env.message
-            receipt = self.receipt_by_id.get(a.receipt_id)
-            if receipt is None:
-                self.add("problem", "ack", f"acknowledgement {_short(env.message_id)} names receipt "
-                         f"{_short(a.receipt_id)}, which is not in the bundle", a.job_id, a.executor)
+            named = [self.receipt_by_id[r] for r in a.receipt_ids if r in self.receipt_by_id]
+            if not named:  # (an ack of a batch may name receipts of jobs not exported: no note for those)
+                n = len(a.receipt_ids)
+                self.add("problem", "ack", f"acknowledgement {_short(env.message_id)} names {n} "
+                         f"receipt{'' if n == 1 else 's'}, none of them in the bundle (the first "
+                         f"{_short(a.receipt_ids[0])})", None, a.executor)
                 continue
-            try:
-                check_ack(a, receipt.message, receipt.message_id)
-            except Mismatch as e:
-                self.add("problem", "ack", f"acknowledgement {_short(env.message_id)} does not match "
-                         f"receipt {_short(a.receipt_id)}: {e}", a.job_id, a.executor)
-                continue
-            acked.add(a.receipt_id)
+            for receipt in named:
+                try:
+                    check_ack(a, receipt.message, receipt.message_id)
+                except Mismatch as e:
+                    self.add("problem", "ack", f"acknowledgement {_short(env.message_id)} does not match "
+                             f"receipt {_short(receipt.message_id)}: {e}", receipt.message.job_id, a.executor)
+                    continue
+                acked.add(receipt.message_id)
         for r in self.receipts:
             if r.message_id not in acked:
                 self.add("note", "ack", f"receipt {_short(r.message_id)} has no acknowledgement from "

@@ -55,16 +55,20 @@ def bundle_jobs(path: Path) -> tuple[set[str], set[str]]:
         bundle = read_bundle(path)
     except BundleError as e:
         raise VerdictError(f"cannot read the exported bundle: {e}") from None
-    receipted, acked = set(), set()
+    jobs_of: dict[bytes, str] = {}  # receipt id -> its job
+    acked_ids: set[bytes] = set()
     for raw in bundle.envelopes:
         try:
-            message = verify(raw).message
+            env = verify(raw)
         except ProtocolError:
             continue  # the audit reports it
+        message = env.message
         if isinstance(message, UsageReceipt):
-            receipted.add(message.job_id.hex())
+            jobs_of[env.message_id.raw] = message.job_id.hex()
         elif isinstance(message, Ack):
-            acked.add(message.job_id.hex())
+            acked_ids.update(r.raw for r in message.receipt_ids)
+    receipted = set(jobs_of.values())
+    acked = {job for receipt_id, job in jobs_of.items() if receipt_id in acked_ids}
     return receipted, acked
 
 

@@ -95,6 +95,9 @@ class MarketSettings:
     proof_batch_s: float = 0.2
     """An executor gathers the receipts acknowledged over this long, then appends them to its receipt
     log in one commit and proves them against one new signed tree head (not one of each per job)."""
+    ack_batch_s: float = 0.2
+    """A submitter gathers the receipts it verified over this long, then acknowledges each executor's
+    with one signed `ack` (node/acks.py), well inside the executor's first re-delivery."""
     max_queue_per_core: int = 64
     execute_own_jobs: bool = True
     transfer: TransferSettings = field(default_factory=TransferSettings)

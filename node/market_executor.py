@@ -9,8 +9,9 @@
   and ends `done` with a signed `receipt`, or `failed` when it could not be run.
 - Delivery: a `result` carrying the receipt (and the job's small outputs, the first time) is sent to the
   submitter, and again every `delivery_interval`
-  (backing off) and whenever its link comes up, until its `ack` arrives. The ack is checked against
-  the receipt (protocol/receipts.check_ack) and stored; acknowledged receipts are gathered for
+  (backing off) and whenever its link comes up, until its `ack` arrives. An ack names a batch of our
+  receipts; it is checked against each (protocol/receipts.check_ack: ids of receipts we did not sign
+  for that submitter are ignored) and stored once for them; acknowledged receipts are gathered for
   `proof_batch_s`, handed to `on_acked` (the receipt log: one append for the batch), and one signed
   `proof` per submitter places all of its receipts of the batch against one new tree head; again on
   request (`proofreq`) or on a repeated ack; a proof that finds no link goes when the link comes up.
@@ -805,35 +806,37 @@ class Executor:
             self._nursery.start_soon(self._on_ack, env)
 
     async def _on_ack(self, env: VerifiedEnvelope[Ack]) -> None:
+        """The submitter countersigned a batch of our receipts: keep the ack once, as the ack of each
+        receipt it names that we signed for that submitter (others are ignored), mark those delivered,
+        and log and prove them with the next batch."""
         ack = env.message
-        receipt_id = ack.receipt_id.raw
-        row = await self.ctx.store.run(Store.receipt, receipt_id)
-        if row is None:
+        if ack.executor != self.ctx.node:
             return
-        receipt = self._unacked.get(receipt_id)
-        if receipt is None:
-            stored = await self.ctx.store.run(Store.envelope, row.message_id)
-            if stored is None:
-                return
-            receipt = reopen_stored(stored.raw, UsageReceipt)
-        try:
-            check_ack(ack, receipt.message, receipt.message_id)
-        except Mismatch as e:
-            log.warning("refusing an ack from %s: %s", env.signer, e)
-            return
-        self._unacked.pop(receipt_id, None)
-        if row.delivered is None:
-            now = self.ctx.now_s()
-            # not durable: lost to a power cut, the receipt is delivered again and its submitter sends
-            # the stored ack again; the receipt log's append (durable) makes it durable within moments
-            await self.ctx.store.atomically(
-                call(Store.put_envelope, env.message_id.raw, "ack", env.raw, now, ack.job_id.raw),
-                call(Store.put_ack, receipt_id, env.message_id.raw, now, durable=False),
-                durable=False,
-            )
-        # Log the receipt once, whoever stored the ack first: when this node submitted the job itself,
+        ids = [receipt_id.raw for receipt_id in ack.receipt_ids]
+        fresh: list[tuple[bytes, bytes]] = []
+        prove: list[tuple[bytes, VerifiedEnvelope[UsageReceipt] | None]] = []
+        for row, raw in await self.ctx.store.run(Store.receipts_with_envelopes, ids):
+            receipt = self._unacked.get(row.digest) or reopen_stored(raw, UsageReceipt)
+            try:
+                check_ack(ack, receipt.message, receipt.message_id)
+            except Mismatch as e:
+                log.warning("ignoring an ack from %s for receipt %s: %s", env.signer, row.digest.hex()[:12],
+                            e)
+                continue
+            self._unacked.pop(row.digest, None)
+            if row.delivered is None:
+                fresh.append((row.digest, row.job_id))
+            prove.append((row.digest, receipt if row.log_index is None else None))
+        if fresh:
+            # not durable: lost to a power cut, the receipts are delivered again and their submitter
+            # sends the stored ack again; the receipt log's append (durable) makes it durable within
+            # moments
+            await self.ctx.store.run(Store.put_acks, env.message_id.raw, env.raw, self.ctx.now_s(), fresh,
+                                     durable=False)
+        # Log each receipt once, whoever stored the ack first: when this node submitted the job itself,
         # its submitter role has already stored the same ack (and marked the receipt delivered).
-        self._prove(ack.submitter.raw, receipt_id, receipt if row.log_index is None else None)
+        for receipt_id, to_log in prove:
+            self._prove(ack.submitter.raw, receipt_id, to_log)
 
     def _prove(self, peer: bytes, receipt_id: bytes, to_log: VerifiedEnvelope[UsageReceipt] | None) -> None:
         """Send `peer` the receipt's inclusion proof with the next batch (appending it to the log first

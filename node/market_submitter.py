@@ -11,12 +11,13 @@ Each job the node submitted and has not finished has one driver task, which runs
 An outcome is a `result` carrying the signed `receipt` and the small outputs (protocol/results.py).
 The receipt is checked against the manifest and the assignment it names (protocol/receipts.py), the
 output blobs it lists that the result did not carry are fetched from the executor (every chunk
-verified), and only then is the job `done` and the receipt countersigned with an `ack`, in one commit
-with the receipt and the carried outputs (kept in the database). A repeated outcome for a finished job
-gets the stored ack again, so an executor that missed the first one stops retrying. A refused receipt
-is stored as evidence. One lost in a stop is delivered again, as executors re-send until
-acknowledged. Inclusion proofs come a batch at a time; one whose entry for a receipt of ours fails
-is refused whole.
+verified), and only then is the job `done`, in one commit with the receipt and the carried outputs
+(kept in the database). The receipt is countersigned with the next `ack` to its executor, one per
+executor for the receipts verified over a short while (node/acks.py). A repeated outcome for a finished
+job gets the stored ack again (or, lost in a stop, a new one), so an executor that missed it stops
+retrying. A refused receipt is stored as evidence. One lost in a stop is delivered again, as executors
+re-send until acknowledged. Inclusion proofs come a batch at a time; one whose entry for a receipt of
+ours fails is refused whole.
 
 Hand-off: the assigned executor's `accepted` (it holds every blob and has queued the job) is stored
 with the job; from then on this node may go offline. An executor leaves it out for a job whose outcome
@@ -63,9 +64,10 @@ from e31.protocol.messages import (
     Result,
     TreeHead,
 )
-from e31.protocol.receipts import Ack, UsageReceipt, check_receipt_assignment, check_receipt_manifest
+from e31.protocol.receipts import UsageReceipt, check_receipt_assignment, check_receipt_manifest
 from e31.protocol.results import carried_outputs, open_result, outputs_of
 
+from .acks import Acknowledger
 from .admission import Admission
 from .market import MarketContext, transition
 from .market_rules import (
@@ -219,6 +221,7 @@ class Submitter:
         self.jobs: dict[bytes, _Job] = {}
         self.load: Counter[bytes] = Counter()
         self._nursery: trio.Nursery | None = None
+        self.acks = Acknowledger(ctx)
         self._offers = TokenBucket(OFFER_RATE, OFFER_BURST)
         self._offer_line = trio.Lock()
         self._in_flight = Admission(IN_FLIGHT, ADMIT_STEP)
@@ -237,8 +240,17 @@ class Submitter:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         rows = await self.ctx.store.run(Store.jobs, role=ROLE)
+        unacked = await self.ctx.store.run(Store.verified_unacked)
         async with own_nursery(self) as nursery:
             nursery.start_soon(self._offer_sets)
+            nursery.start_soon(self.acks.run)
+            for receipt in unacked:  # verified before a stop, its ack not stored: acknowledge it now
+                try:
+                    executor = NodeId.parse(receipt.executor)
+                except ProtocolError:  # a row altered on disk: that receipt goes unacknowledged
+                    log.warning("receipt %s names no executor", receipt.digest.hex()[:12])
+                    continue
+                self.acks.add(executor.raw, receipt.digest, receipt.job_id)
             for row in rows:
                 if row.state not in TERMINAL:
                     self._start(row)
@@ -1090,24 +1102,12 @@ class Submitter:
         executor = receipt.executor.raw
         outputs = outputs_of(receipt)
         small = await self._collect(executor, outputs, carried)
-        ack = Ack(
-            self.ctx.network,
-            receipt.job_id,
-            receipt_env.message_id,
-            self.ctx.node,
-            receipt.executor,
-            self.ctx.clock(),
-        )
-        ack_env = sign_verified(ack, self.ctx.identity)
-        raw = ack_env.raw
         recorded = call(
-            Store.record_ack,
+            Store.record_verified_receipt,
             receipt_digest=receipt_env.message_id.raw,
             job_id=job_id,
             attempt=assign_env.message.attempt,
             executor=str(receipt.executor),
-            ack_id=ack_env.message_id.raw,
-            ack_raw=raw,
             now=self.ctx.now_s(),
             blobs=[ref.root.hex() for ref in outputs],
         )
@@ -1117,7 +1117,7 @@ class Submitter:
             await self.ctx.store.atomically(*small, kept, recorded)
             job.receipt = receipt_env
             job.finished.set()
-            await self.ctx.send_to(executor, raw)
+            self.acks.add(executor, receipt_env.message_id.raw, job_id)
             return
         outcome = receipt.outcome
         await self.ctx.store.atomically(  # one commit: the receipt, outputs and ack, with the job's end
@@ -1144,7 +1144,7 @@ class Submitter:
             outcome_text(outcome.status, outcome.exit_code, outcome.trap),
             receipt.fuel_used,
         )
-        await self.ctx.send_to(executor, raw)
+        self.acks.add(executor, receipt_env.message_id.raw, job_id)
 
     async def _collect(
         self, executor: bytes, outputs: Sequence[BlobRef], carried: dict[bytes, bytes]
@@ -1163,9 +1163,16 @@ class Submitter:
         return keep
 
     async def _resend_ack(self, receipt_env: VerifiedEnvelope[UsageReceipt]) -> None:
-        ack = await self.ctx.store.run(Store.ack_for, receipt_env.message_id.raw)
+        """A result came again for a finished job: send its receipt's stored ack, or acknowledge it with
+        the next batch when it was verified here and its ack is not stored (lost in a stop)."""
+        receipt_id = receipt_env.message_id.raw
+        ack = await self.ctx.store.run(Store.ack_for, receipt_id)
         if ack is not None:
             await self.ctx.send_to(receipt_env.signer.raw, ack.raw)
+            return
+        row = await self.ctx.store.run(Store.receipt, receipt_id)
+        if row is not None and row.delivered is not None:  # verified (never a receipt only seen)
+            self.acks.add(receipt_env.signer.raw, receipt_id, row.job_id)
 
     # --- inclusion proofs ---
 

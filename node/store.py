@@ -78,7 +78,7 @@ an executor resumes a job found `queued` or `running` after a stop alike, from t
 promises nothing, and it was one fsync per job on an executor that runs them one at a time."""
 PRUNABLE_STATES = frozenset({"done", "failed", "expired", "cancelled"})
 """Ends after which a job is forgotten once its retention is over (`prune_finished_jobs`)."""
-SHARED_KINDS = ("offer", "bid", "proof")
+SHARED_KINDS = ("offer", "bid", "proof", "ack")
 """Kinds of envelope that may be shared by several jobs (`put_shared_envelope`); pruning deletes one
 once no job links it any more."""
 
@@ -230,7 +230,17 @@ Proofs stored before v5 place one receipt each, a `proof` body this version no l
 and the receipts they proved are marked unproven, so the submitter asks for them again (`proofreq`)
 and keeps proofs of the current form (an executor's own log indexes, set by its log, stay)."""
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
+_V6 = """
+DELETE FROM acks;
+DELETE FROM envelopes WHERE kind = 'ack';
+"""
+"""An `ack` now countersigns a batch of receipts and is stored once, shared (put_acks). Acks stored
+before v6 name one receipt each, a body this version no longer reads: they go. The receipts they
+answered stay delivered on both sides (an executor does not deliver them again, and logs those it had
+not logged yet when it starts); a bundle of such a job carries no acknowledgement, which an audit
+notes."""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -788,6 +798,18 @@ class Store:
             ).fetchall()
         return [ReceiptRow(*r) for r in rows]
 
+    def verified_unacked(self) -> list[ReceiptRow]:
+        """Receipts of jobs this node submitted that it verified (marked delivered) and holds no ack of:
+        the node stopped before their batch's ack was stored. Oldest first."""
+        with self.reading() as c:
+            rows = c.execute(
+                f"SELECT {_RECEIPT_COLUMNS} FROM receipts r WHERE r.delivered IS NOT NULL "
+                "AND NOT EXISTS (SELECT 1 FROM acks a WHERE a.receipt_digest = r.digest) "
+                "AND EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = r.job_id AND j.role = 'submitter') "
+                "ORDER BY r.delivered",
+            ).fetchall()
+        return [ReceiptRow(*r) for r in rows]
+
     def acked_unlogged(self, executor: str) -> list[ReceiptRow]:
         """`executor`'s acknowledged receipts not yet in its receipt log (the node stopped between the
         ack and the append), oldest first."""
@@ -810,30 +832,32 @@ class Store:
         with self.transaction(durable=durable) as c:
             c.execute("UPDATE receipts SET log_index = ? WHERE digest = ?", (log_index, digest))
 
-    def put_ack(self, receipt_digest: bytes, message_id: bytes, now: float, *, durable: bool = True) -> bool:
-        """Record the submitter's acknowledgement (envelope already stored); marks the receipt delivered.
-        Not `durable` (an executor's copy): a power cut may take it back, and the receipt is delivered
-        again."""
+    def put_acks(self, ack_id: bytes, ack_raw: bytes, now: float, receipts: Sequence[tuple[bytes, bytes]],
+                 *, durable: bool = True) -> None:
+        """Keep a verified `ack` once, linked to the jobs it answers, as the acknowledgement of each of
+        `receipts` ((receipt digest, job id) pairs, receipts already indexed) that has none yet, and mark
+        those receipts delivered. Not `durable` (an executor's copy, or a submitter's, which signs
+        another when the receipt is delivered again): a power cut may take it back."""
         with self.transaction(durable=durable) as c:
-            cur = c.execute("INSERT INTO acks (receipt_digest, message_id, created) VALUES (?, ?, ?) "
-                            "ON CONFLICT (receipt_digest) DO NOTHING", (receipt_digest, message_id, now))
-            if cur.rowcount:
-                c.execute("UPDATE receipts SET delivered = ?, next_delivery = NULL WHERE digest = ?",
-                          (now, receipt_digest))
-            return cur.rowcount > 0
+            self.put_shared_envelope(ack_id, "ack", ack_raw, now, sorted({job for _, job in receipts}))
+            c.executemany("INSERT INTO acks (receipt_digest, message_id, created) VALUES (?, ?, ?) "
+                          "ON CONFLICT (receipt_digest) DO NOTHING",
+                          [(digest, ack_id, now) for digest, _ in receipts])
+            c.executemany("UPDATE receipts SET delivered = ?, next_delivery = NULL "
+                          "WHERE digest = ? AND delivered IS NULL", [(now, digest) for digest, _ in receipts])
 
-    def record_ack(self, *, receipt_digest: bytes, job_id: bytes, attempt: int, executor: str,
-                   ack_id: bytes, ack_raw: bytes, now: float, blobs: Sequence[str] = ()) -> None:
-        """A submitter's side of a verified outcome in one commit: the receipt (envelope already
-        stored) indexed and marked delivered, the acknowledgement it signs kept, and the output blobs
-        the job's result names (`blobs`) referenced by the job."""
-        with self.transaction():
+    def record_verified_receipt(self, *, receipt_digest: bytes, job_id: bytes, attempt: int, executor: str,
+                                now: float, blobs: Sequence[str] = ()) -> None:
+        """A submitter's side of a verified outcome: the receipt (envelope already stored) indexed and
+        marked delivered (it is acknowledged with the next `ack` to its executor: put_acks), and the
+        output blobs the job's result names (`blobs`) referenced by the job."""
+        with self.transaction() as c:
             for blob in blobs:
                 self.ref_blob(blob, f"job:{job_id.hex()}")
             self.put_receipt(digest=receipt_digest, job_id=job_id, attempt=attempt, executor=executor,
                              message_id=receipt_digest, now=now)
-            self.put_envelope(ack_id, "ack", ack_raw, now, job_id)
-            self.put_ack(receipt_digest, ack_id, now)
+            c.execute("UPDATE receipts SET delivered = ?, next_delivery = NULL WHERE digest = ? "
+                      "AND delivered IS NULL", (now, receipt_digest))
 
     def ack_for(self, receipt_digest: bytes) -> EnvelopeRow | None:
         with self.reading() as c:
@@ -907,7 +931,7 @@ class Store:
         log); undelivered receipts are not offered again. And every `disputed` job stays whole.
 
         An envelope shared by several jobs loses the job's link likewise (a job with a receipt keeps
-        its links to offers), and goes once no job links it any more. One stored for a job and shared
+        its links to offers and acks), and goes once no job links it any more. One stored for a job and shared
         with others later is kept, for those others, as a shared one."""
         with self.transaction() as c:
             rows = c.execute(  # the states as literals, as in the partial index jobs_ended
@@ -924,7 +948,8 @@ class Store:
             unlinked = {bytes(r[0]) for (j,) in gone for r in c.execute(
                 "DELETE FROM envelope_jobs AS l WHERE job_id = ?1 AND NOT (EXISTS ("
                 "SELECT 1 FROM receipts WHERE job_id = ?1) AND EXISTS ("
-                "SELECT 1 FROM envelopes e WHERE e.message_id = l.message_id AND e.kind = 'offer')) "
+                "SELECT 1 FROM envelopes e WHERE e.message_id = l.message_id "
+                "AND e.kind IN ('offer', 'ack'))) "
                 "RETURNING message_id", (j,)).fetchall()}
             c.executemany(f"UPDATE envelopes SET job_id = NULL WHERE {_NOT_EVIDENCE} AND EXISTS ("
                           "SELECT 1 FROM envelope_jobs l WHERE l.message_id = envelopes.message_id)", gone)
@@ -1101,7 +1126,8 @@ INLINE_READS = frozenset({"job", "jobs_held", "envelope", "envelopes_for_job", "
 connection of their own."""
 INLINE_WRITES = frozenset({
     "put_envelope", "put_shared_envelope", "ref_blob", "kv_set", "mark_seen", "receipt_delivery_failed",
-    "update_job", "add_job", "put_result", "put_receipt", "set_receipt_log_index", "put_ack", "record_ack",
+    "update_job", "add_job", "put_result", "put_receipt", "set_receipt_log_index", "put_acks",
+    "record_verified_receipt",
     "put_small_blob",
 })
 """Writes of a row or two: they commit in microseconds (a durable one waits for its group's fsync after)."""

@@ -16,7 +16,7 @@ from .codec import MAX_FRAME
 from .errors import InvalidMessage
 from .ids import DIGEST_SIZE, Digest, NodeId
 from .jobs import NONCE_SIZE, JobManifest
-from .receipts import Ack, UsageReceipt
+from .receipts import MAX_ACKED, Ack, UsageReceipt
 from .schema import (
     BY_RAW,
     NETWORK,
@@ -406,6 +406,7 @@ __all__ = [
     "BY_JOB",
     "CANCEL_REASONS",
     "DECLINE_REASONS",
+    "MAX_ACKED",
     "MAX_PROOF_ENTRIES",
     "MAX_PUSHED",
     "MAX_SET",

@@ -3,12 +3,14 @@
 A receipt is the executor's signed account of one run: what ran (module, inputs, profile,
 limits), what came out (stdout, stderr, output files, outcome), what it used (fuel, peak memory,
 compute time) and when it was queued, started and finished, so waiting is visible and never
-billed. The submitter countersigns it with an `ack` naming the receipt's message id.
+billed. The submitter countersigns receipts with an `ack` naming their message ids: one ack may
+answer a batch of receipts of one executor.
 The check functions take already verified messages and raise Mismatch; they never look at a clock.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,6 +20,7 @@ from .ids import Digest, NodeId
 from .jobs import MAX_INPUTS, FileRef, JobManifest, Limits
 from .schema import (
     BY_NAME,
+    BY_RAW,
     NETWORK,
     TIME,
     U32,
@@ -103,17 +106,28 @@ class UsageReceipt(Message):
         return self.started_at - self.queued_at
 
 
+MAX_ACKED = 256
+"""Receipts one `ack` countersigns (32 bytes of id each: 8 KiB, far inside a frame)."""
+
+
 @message("ack", issuer="submitter")
 @dataclass(frozen=True, slots=True)
 class Ack(Message):
-    """The submitter's countersignature of a receipt, named by the receipt's message id."""
+    """The submitter's countersignature of receipts of one executor, named by their message ids
+    (strictly increasing): one ack answers a batch of results."""
 
     network: str = field(metadata=w(NETWORK))
-    job_id: Digest = field(metadata=w(Hash()))
-    receipt_id: Digest = field(metadata=w(Hash()))
     submitter: NodeId = field(metadata=w(Key()))
     executor: NodeId = field(metadata=w(Key()))
     acked_at: int = field(metadata=w(TIME))
+    receipt_ids: tuple[Digest, ...] = field(
+        metadata=w(Seq(Hash(), MAX_ACKED, min_items=1, order_key=BY_RAW)))
+
+    def names(self, receipt_id: Digest) -> bool:
+        """Whether this ack countersigns that receipt."""
+        ids = self.receipt_ids
+        i = bisect.bisect_left(ids, receipt_id.raw, key=BY_RAW)
+        return i < len(ids) and ids[i] == receipt_id
 
 
 def expect(ok: bool, what: str) -> None:
@@ -146,8 +160,7 @@ def check_receipt_assignment(receipt: UsageReceipt, assignment: Assign, assignme
 
 def check_ack(ack: Ack, receipt: UsageReceipt, receipt_id: Digest) -> None:
     """Raise Mismatch unless the ack countersigns this receipt (given with its message id)."""
-    expect(ack.receipt_id == receipt_id, "ack names another receipt")
+    expect(ack.names(receipt_id), "ack does not name the receipt")
     expect(ack.network == receipt.network, "ack and receipt are on different networks")
-    expect(ack.job_id == receipt.job_id, "ack and receipt name different jobs")
     expect(ack.submitter == receipt.submitter, "ack is not signed by the receipt's submitter")
     expect(ack.executor == receipt.executor, "ack and receipt name different executors")

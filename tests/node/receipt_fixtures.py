@@ -156,8 +156,8 @@ def _run_and_sign(module: str, args: tuple[str, ...], stdin: bytes | None, manif
         compute_ms=max(1, int(result.wall_seconds * 1000)), queued_at=t0 + 2_000, started_at=t0 + 2_500,
         finished_at=t0 + 2_500 + max(1, int(result.wall_seconds * 1000)))
     receipt_env = sign_message(receipt, key(executor))
-    ack = sign_message(Ack(NET, manifest.job_id, verify(receipt_env).message_id, nid(submitter),
-                           nid(executor), t0 + 9_000), key(submitter))
+    ack = sign_message(Ack(NET, nid(submitter), nid(executor), t0 + 9_000,
+                           (verify(receipt_env).message_id,)), key(submitter))
     return receipt_env, ack
 
 
@@ -166,7 +166,7 @@ def resign_receipt(job: SignedJob, **changes: object) -> SignedJob:
     receipt = dataclasses.replace(verify(job.receipt, UsageReceipt).message, **changes)
     receipt_env = sign_message(receipt, key_of(job.executor))
     ack = verify(job.ack, Ack).message
-    ack_env = sign_message(dataclasses.replace(ack, receipt_id=verify(receipt_env).message_id),
+    ack_env = sign_message(dataclasses.replace(ack, receipt_ids=(verify(receipt_env).message_id,)),
                            key_of(job.submitter))
     return dataclasses.replace(job, receipt=receipt_env, ack=ack_env)
 

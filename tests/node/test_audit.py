@@ -94,7 +94,7 @@ def test_a_flipped_byte_in_a_receipt_fails_its_signature(log: ReceiptLog) -> Non
     checks = problems(report)
     assert ("envelope", checks[0][1]) == checks[0] and "receipt envelope #2 does not verify" in checks[0][1]
     assert report.problems[0].node == job.executor
-    assert any(c == "ack" and "not in the bundle" in w for c, w in checks)
+    assert any(c == "ack" and "none of them in the bundle" in w for c, w in checks)
 
 
 def test_changed_fuel_re_signed_by_the_executor_is_caught_by_reexecution(log: ReceiptLog) -> None:
@@ -126,11 +126,26 @@ def test_an_altered_output_hash_is_caught_by_reexecution() -> None:
 def test_an_ack_for_another_receipt_is_refused() -> None:
     a, b = mandelbrot(), montecarlo()
     ack = verify(a.ack, Ack).message
-    wrong = sign_message(dataclasses.replace(ack, receipt_id=b.receipt_id), key("submitter"))
+    wrong = sign_message(dataclasses.replace(ack, executor=nid("executor2"), receipt_ids=(b.receipt_id,)),
+                         key("submitter"))
     report = audit(bundle_of([dataclasses.replace(a, ack=wrong), b]))
     assert ("ack", f"acknowledgement {verify(wrong).message_id.hex()[:16]} does not match receipt "
-                   f"{b.receipt_id.hex()[:16]}: ack and receipt name different jobs") in problems(report)
+                   f"{b.receipt_id.hex()[:16]}: ack and receipt name different executors") in problems(report)
     assert any(n.check == "ack" and a.receipt_id.hex()[:16] in n.what for n in report.notes)
+
+
+def test_one_ack_of_a_batch_acknowledges_each_receipt_it_names_in_the_bundle(log: ReceiptLog) -> None:
+    a, b, c = mandelbrot(), montecarlo(), mandelbrot(nonce=1)
+    ids = tuple(sorted((a.receipt_id, b.receipt_id, c.receipt_id), key=lambda d: d.raw))
+    batch = sign_message(dataclasses.replace(verify(a.ack, Ack).message, receipt_ids=ids), key("submitter"))
+    exported = [dataclasses.replace(j, ack=batch) for j in (a, b)]  # c is not exported: no finding
+    report = audit(bundle_of(exported, log))
+    assert report.sound, problems(report)
+    assert report.notes == [] and report.acks == 1
+    stray = sign_message(dataclasses.replace(verify(c.ack, Ack).message), key("submitter"))
+    report = audit(bundle_of(exported, log, extra=(stray,)))
+    assert ("ack", f"acknowledgement {verify(stray).message_id.hex()[:16]} names 1 receipt, none of them "
+                   f"in the bundle (the first {c.receipt_id.hex()[:16]})") in problems(report)
 
 
 def test_an_inclusion_proof_that_does_not_match_its_head(log: ReceiptLog) -> None:
@@ -267,7 +282,7 @@ def test_an_envelope_that_does_not_verify_is_labelled_with_the_one_job_it_names(
         (_broken(Decline(NET, (one, two), offer_id, nid("executor"), T0, "busy", ""), "executor"), None),
         (_broken(verify(a.offer).message, "submitter"), None),
         (_broken(verify(b.assign).message, "submitter"), b.job_id),
-        (_broken(verify(a.ack).message, "submitter"), a.job_id),
+        (_broken(verify(a.ack).message, "submitter"), None),  # an ack names receipts, not jobs
     ]
     report = audit(Bundle(tuple(raw for raw, _ in cases)))
     assert [(f.check, f.job) for f in report.problems] == [

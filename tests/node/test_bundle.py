@@ -136,18 +136,20 @@ def node(tmp_path: Path) -> Iterator[tuple[Store, BlobStore, ReceiptLog]]:
 def keep(store: Store, blobs: BlobStore, log: ReceiptLog | None, job: SignedJob, *,
          with_blob: bool = True) -> None:
     """Store a job's records as the market would: the offer shared with the jobs it holds, the other
-    envelopes by job, the receipt and its ack indexed."""
+    envelopes by job, the receipt indexed, and its ack kept for it."""
     for raw in job.envelopes:
         env = verify(raw)
         if isinstance(env.message, Offer):
             store.put_shared_envelope(env.message_id.raw, env.kind, raw, 1.0,
                                       [m.job_id.raw for m in env.message.manifests])
+        elif env.kind == "ack":
+            continue  # stored once, for the receipts it names, after the receipt
         else:
             store.put_envelope(env.message_id.raw, env.kind, raw, 1.0, job.job_id.raw)
     rid = job.receipt_id.raw
     store.put_receipt(digest=rid, job_id=job.job_id.raw, attempt=1, executor=job.executor, message_id=rid,
                       now=1.0)
-    store.put_ack(rid, verify(job.ack).message_id.raw, 2.0)
+    store.put_acks(verify(job.ack).message_id.raw, job.ack, 2.0, [(rid, job.job_id.raw)])
     if with_blob:
         for data in job.blobs.values():
             blobs.put(data)

@@ -154,12 +154,13 @@ def _evidence(store: Store, job_id: bytes, tag: bytes, at: float) -> dict[str, b
     kinds = ("offer", "bid", "assign", "result", "receipt", "ack")
     ids = {kind: hashlib.sha256(tag + kind.encode()).digest() for kind in kinds}
     for kind, mid in ids.items():
-        store.put_envelope(mid, kind, b"raw " + kind.encode(), at, job_id=job_id)
+        if kind != "ack":  # an ack is shared by the jobs of the receipts it names (put_acks)
+            store.put_envelope(mid, kind, b"raw " + kind.encode(), at, job_id=job_id)
     store.put_result(job_id=job_id, attempt=1, executor="x", message_id=ids["result"], status="ok",
                      outputs={"stdout": "00" * 32}, now=at)
     store.put_receipt(digest=ids["receipt"], job_id=job_id, attempt=1, executor="x",
                       message_id=ids["receipt"], now=at)
-    store.put_ack(ids["receipt"], ids["ack"], at)
+    store.put_acks(ids["ack"], b"raw ack", at, [(ids["receipt"], job_id)])
     store.ref_blob("ab" * 32, f"job:{job_id.hex()}")
     stdout = hashlib.sha256(b"stdout of " + tag).hexdigest()  # an output its result carried
     store.put_small_blob(stdout, b"stdout of " + tag)

@@ -32,7 +32,7 @@ from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest, Limits
 from e31.protocol.messages import Accepted, Assign, Bid, BidItem, Cancel, Decline, Offer, Release, Result
-from e31.protocol.receipts import Outcome, UsageReceipt
+from e31.protocol.receipts import Ack, Outcome, UsageReceipt
 from e31.sandbox.pool import WorkerPool
 from e31.sandbox.profile import PROFILE
 
@@ -370,6 +370,92 @@ async def test_receipts_acknowledged_but_not_logged_at_a_stop_are_logged_at_the_
     assert relogged == b.acked
 
 
+async def test_receipts_verified_together_are_acknowledged_with_one_ack(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    a.ctx.settings = replace(SETTINGS, ack_batch_s=2.0)  # every job of the test ends inside one batch
+    await start(nursery, a, b)
+    jobs = [await a.submitter.submit(a.manifest((str(20 + i), "1000"))) for i in range(3)]
+    for job_id in jobs:
+        await wait_state(a, job_id, "done")
+    receipts = [r.digest for job_id in jobs for r in await a.store.run(Store.receipts_for_job, job_id)]
+    await until(lambda: len(b.acked) == 3, 10)
+    assert sorted(b.acked) == sorted(receipts)
+    acks = {(await a.store.run(Store.ack_for, digest)).raw for digest in receipts}  # type: ignore[union-attr]
+    assert len(acks) < len(jobs), "receipts verified within one batch share an ack"
+    # the executor keeps each ack once, as the ack of each receipt it names
+    kept = {(await b.store.run(Store.ack_for, digest)).raw for digest in receipts}  # type: ignore[union-attr]
+    assert kept == acks
+
+
+async def test_an_executor_takes_from_an_ack_only_the_receipts_it_signed_for_that_submitter(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    deliver, lost = net.handlers[b.id], []
+
+    async def drop_acks(peer: bytes, raw: bytes) -> None:  # B gets none of A's acks: only those below
+        if verify(raw).kind == "ack":
+            lost.append(raw)
+            return
+        await deliver(peer, raw)
+
+    net.handlers[b.id] = drop_acks
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(a.manifest(("24", "1000")))
+    await wait_state(a, job_id, "done")
+    await until(lambda: lost, 10)
+    [receipt] = await b.store.run(Store.receipts_for_job, job_id)
+    stranger = nacl.signing.SigningKey(b"\x64" * 32)
+    now = wall_ms()
+    # an ack signed by another node than the job's submitter is ignored
+    forged = sign_message(Ack(NETWORK, NodeId(bytes(stranger.verify_key)), NodeId(b.id), now,
+                              (Digest(receipt.digest),)), stranger)
+    await b.market.message(bytes(stranger.verify_key), forged)
+    # A's ack naming the receipt among ids B signed nothing for: the receipt is acknowledged
+    ids = tuple(Digest(d) for d in sorted((receipt.digest, b"\x00" * 32, b"\xff" * 32)))
+    real = sign_message(Ack(NETWORK, NodeId(a.id), NodeId(b.id), now, ids), a.key)
+    await until(lambda: b.acked, 1)
+    assert b.acked == []
+    await b.market.message(a.id, real)
+    await until(lambda: b.acked, 10)
+    assert b.acked == [receipt.digest]
+    kept = await b.store.run(Store.ack_for, receipt.digest)
+    assert kept is not None and kept.raw == real
+
+
+async def test_a_receipt_verified_before_a_stop_without_its_ack_is_acknowledged_at_the_next_start(
+    net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    monkeypatch.setattr(a.submitter.acks, "add", lambda *args: None)  # as if it stopped before each ack
+    deliver = net.handlers[a.id]
+    results = 0
+
+    async def drop_results(peer: bytes, raw: bytes) -> None:  # B's deliveries stop after the first
+        nonlocal results
+        if verify(raw).kind == "result":
+            results += 1
+            if results > 1:
+                return
+        await deliver(peer, raw)
+
+    net.handlers[a.id] = drop_results
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(a.manifest(("25", "1000")))
+    await wait_state(a, job_id, "done")
+    await until(lambda: results > 2, 10)
+    assert b.acked == [] and await a.store.run(Store.verified_unacked)
+    restarted = Submitter(a.ctx, transfer=a.transfer, publish=net.publisher(a.id))
+    async with trio.open_nursery() as inner:
+        await inner.start(restarted.run)
+        await until(lambda: b.acked, 10)
+        inner.cancel_scope.cancel()
+    [receipt] = await a.store.run(Store.receipts_for_job, job_id)
+    assert b.acked == [receipt.digest] and await a.store.run(Store.verified_unacked) == []
+
+
 async def test_a_silent_executor_loses_the_job_when_its_lease_runs_out(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
@@ -392,6 +478,7 @@ async def test_a_receipt_that_does_not_match_the_job_is_refused(
     row = await wait_state(a, job_id, "done")
     assert len(liar.assignments) == 1
     assert row.executor == str(NodeId(b.id))
+    await until(lambda: a.store.run(Store.envelopes_for_job, job_id, "ack"))  # with the next batch of acks
     acks = await a.store.run(Store.envelopes_for_job, job_id, "ack")
     assert len(acks) == 1 and verify(acks[0].raw).message.executor == NodeId(b.id)
     # the refused outcome is kept as evidence, beside the one accepted
@@ -1092,8 +1179,8 @@ async def test_missing_proofs_are_asked_for_a_page_per_link_up_so_none_starves(
         await a.store.run(Store.add_job, job_id=job, role="submitter", manifest=b"m", state="done",
                           submitter=str(NodeId(a.id)), created=1.0, deadline=2.0)
         await a.store.run(Store.put_envelope, digest, "receipt", b"r", 1.0, job)
-        await a.store.run(Store.record_ack, receipt_digest=digest, job_id=job, attempt=1, executor=executor,
-                          ack_id=bytes([0x90 + i]) * 32, ack_raw=b"a", now=10.0 + i)
+        await a.store.run(Store.record_verified_receipt, receipt_digest=digest, job_id=job, attempt=1,
+                          executor=executor, now=10.0 + i)
     total = 0
     for size in (2, 1, 2):  # three link-ups: the two newest, the oldest, then the newest again
         await a.submitter._ask_proofs(c.id)

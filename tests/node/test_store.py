@@ -169,13 +169,12 @@ def test_promises_are_durable_commits_and_caches_are_not(store: Store) -> None:
     with store.transaction() as c:  # callers outside the store get durable commits unless they say not
         c.execute("DELETE FROM kv")
     store.put_envelope(b"rcpt", "receipt", b"r", now=5.0, job_id=b"j1")
-    store.put_envelope(b"ack", "ack", b"a", now=5.0, job_id=b"j1")
     store.put_receipt(digest=b"rcpt", job_id=b"j1", attempt=1, executor=BOB, message_id=b"rcpt", now=5.0)
-    # an executor's copy of an ack is not durable (the receipt would be delivered again), alone or in many
-    store.many([call(Store.put_ack, b"rcpt", b"ack", 6.0, durable=False)], durable=False)
-    assert levels == [2, 1, 1, 1, 1, 1, 2, 2, 2, 1, 1, 2, 1]
+    # an ack is not durable (the receipt would be delivered again, and acknowledged again), alone or in many
+    store.many([call(Store.put_acks, b"ack", b"a", 6.0, [(b"rcpt", b"j1")], durable=False)], durable=False)
+    assert levels == [2, 1, 1, 1, 1, 1, 2, 2, 2, 1, 2, 1]
     with pytest.raises(ValueError, match="durable write inside"):
-        store.many([call(Store.put_ack, b"rcpt", b"ack", 6.0)], durable=False)
+        store.many([call(Store.put_acks, b"ack", b"a", 6.0, [(b"rcpt", b"j1")])], durable=False)
     store._conn.set_trace_callback(None)
 
 
@@ -259,7 +258,6 @@ def test_results_receipts_and_acks(store: Store) -> None:
     _job(store, b"j1", role="executor", state="done")
     store.put_envelope(b"res", "result", b"r", now=1.0, job_id=b"j1")
     store.put_envelope(b"rct", "receipt", b"R", now=1.0, job_id=b"j1")
-    store.put_envelope(b"ack", "ack", b"A", now=5.0, job_id=b"j1")
     assert store.put_result(job_id=b"j1", attempt=1, executor=BOB, message_id=b"res", status="ok",
                             outputs={"stdout": "ab" * 32}, now=2.0, fuel_used=77) is True
     [result] = store.results_for_job(b"j1")
@@ -273,34 +271,54 @@ def test_results_receipts_and_acks(store: Store) -> None:
     store.set_receipt_log_index(digest, 0)
     receipt = store.receipt(digest)
     assert receipt is not None and (receipt.delivery_tries, receipt.log_index) == (1, 0)
-    assert store.put_ack(digest, b"ack", now=6.0) is True
-    assert store.put_ack(digest, b"ack", now=7.0) is False
+    store.put_acks(b"ack", b"A", 6.0, [(digest, b"j1")])
+    store.put_acks(b"ack2", b"A2", 7.0, [(digest, b"j1")])  # the first ack stays the receipt's
     assert store.receipts_due(now=100.0) == []
     receipt = store.receipt(digest)
     assert receipt is not None and receipt.delivered == 6.0
     ack = store.ack_for(digest)
-    assert ack is not None and ack.raw == b"A"
+    assert ack is not None and (ack.raw, ack.kind, ack.job_id) == (b"A", "ack", None)
     assert [r.digest for r in store.receipts_for_job(b"j1")] == [digest]
 
 
-def test_a_submitter_records_a_receipt_its_ack_and_the_outputs_in_one_commit(store: Store) -> None:
+def test_a_submitter_records_a_verified_receipt_and_its_outputs_in_one_commit(store: Store) -> None:
     _job(store, b"j1", role="submitter", state="assigned")
     rct = hashlib.sha256(b"R").digest()
     store.put_envelope(rct, "receipt", b"R", now=1.0, job_id=b"j1")
     outputs = ["ab" * 32, "cd" * 32]
-    for _ in range(2):  # a second delivery of the same outcome changes nothing
-        store.record_ack(receipt_digest=rct, job_id=b"j1", attempt=1, executor=BOB, ack_id=b"ack",
-                         ack_raw=b"A", now=5.0, blobs=outputs)
+    for now in (5.0, 6.0):  # a second delivery of the same outcome changes nothing
+        store.record_verified_receipt(receipt_digest=rct, job_id=b"j1", attempt=1, executor=BOB, now=now,
+                                      blobs=outputs)
     [receipt] = store.receipts_for_job(b"j1")
     assert (receipt.digest, receipt.message_id, receipt.attempt, receipt.executor) == (rct, rct, 1, BOB)
     assert (receipt.delivered, receipt.next_delivery) == (5.0, None)
-    ack = store.ack_for(rct)
-    assert ack is not None and (ack.raw, ack.kind, ack.job_id) == (b"A", "ack", b"j1")
+    assert store.ack_for(rct) is None  # its ack comes with the next batch
+    assert [r.digest for r in store.verified_unacked()] == [rct]
     assert set(outputs) <= store.live_blobs(now=1e12)
     with pytest.raises(sqlite3.IntegrityError):  # the receipt's envelope must be stored first
-        store.record_ack(receipt_digest=b"x" * 32, job_id=b"j1", attempt=1, executor=BOB, ack_id=b"ack2",
-                         ack_raw=b"A2", now=5.0)
-    assert store.ack_for(b"x" * 32) is None and store.envelope(b"ack2") is None  # all or nothing
+        store.record_verified_receipt(receipt_digest=b"x" * 32, job_id=b"j1", attempt=1, executor=BOB,
+                                      now=5.0, blobs=["ef" * 32])
+    assert store.receipt(b"x" * 32) is None and "ef" * 32 not in store.live_blobs(now=1e12)  # all or nothing
+
+
+def test_one_ack_acknowledges_a_batch_of_receipts_once(store: Store) -> None:
+    digests = [hashlib.sha256(b"R%d" % i).digest() for i in range(3)]
+    for i, digest in enumerate(digests):
+        job = b"j%d" % i
+        _job(store, job, role="submitter", state="done")
+        store.put_envelope(digest, "receipt", b"R%d" % i, now=1.0, job_id=job)
+        store.record_verified_receipt(receipt_digest=digest, job_id=job, attempt=1, executor=BOB, now=2.0)
+    _job(store, b"other", role="executor", state="done")  # executed here: not ours to acknowledge
+    other = hashlib.sha256(b"O").digest()
+    store.put_envelope(other, "receipt", b"O", now=1.0, job_id=b"other")
+    store.put_receipt(digest=other, job_id=b"other", attempt=1, executor=BOB, message_id=other, now=1.0)
+    store.put_acks(b"ack", b"A", 3.0, [(digests[0], b"j0"), (digests[1], b"j1")])
+    assert [r.digest for r in store.verified_unacked()] == [digests[2]]
+    assert [store.ack_for(d).raw for d in digests[:2]] == [b"A", b"A"]  # type: ignore[union-attr]
+    with store.reading() as c:  # one ack for both
+        assert c.execute("SELECT count(*) FROM envelopes WHERE kind = 'ack'").fetchone()[0] == 1
+    assert {r.message_id for r in store.envelopes_for_job(b"j0", "ack")} == {b"ack"}
+    assert {r.message_id for r in store.envelopes_for_job(b"j1", "ack")} == {b"ack"}
 
 
 def test_foreign_keys_are_enforced(store: Store) -> None:
@@ -401,6 +419,25 @@ def test_migration_to_version_5_drops_proofs_of_the_old_form(tmp_path: Path) -> 
         # proven by the dropped proof: asked for again; one set by a log (no proof stored): kept
         assert [r.log_index for r in s.receipts_for_job(b"\x01")] == [None]
         assert [r.log_index for r in s.receipts_for_job(b"\x02")] == [3]
+
+
+def test_migration_to_version_6_drops_acks_of_the_old_form(tmp_path: Path) -> None:
+    path = tmp_path / STORE_FILE
+    conn = _store_at_version(path, 5)
+    conn.execute("INSERT INTO jobs (job_id, role, manifest, state, submitter, created, deadline, "
+                 "updated) VALUES (x'01', 'submitter', x'00', 'done', ?, 1.0, 2.0, 1.0)", (ALICE,))
+    conn.executemany("INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, ?, ?)",
+                     [(b"r1", "receipt", b"r", b"\x01", 1.0), (b"a1", "ack", b"old form", b"\x01", 2.0)])
+    conn.execute("INSERT INTO receipts (digest, job_id, attempt, executor, message_id, created, delivered) "
+                 "VALUES (?, x'01', 1, ?, ?, 1.0, 2.0)", (b"r1", BOB, b"r1"))
+    conn.execute("INSERT INTO acks (receipt_digest, message_id, created) VALUES (?, ?, 2.0)", (b"r1", b"a1"))
+    conn.close()
+    with Store(path) as s:
+        assert s.schema_version == SCHEMA_VERSION
+        assert s.envelope(b"a1") is None and s.ack_for(b"r1") is None and s.envelope(b"r1") is not None
+        # still delivered (its executor does not deliver it again); its submitter acknowledges it anew
+        assert [r.delivered for r in s.receipts_for_job(b"\x01")] == [2.0]
+        assert [r.digest for r in s.verified_unacked()] == [b"r1"]
 
 
 def test_a_failing_migration_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -843,7 +880,7 @@ def test_many_calls_commit_together_or_not_at_all(store: Store) -> None:
     store.put_envelope(b"res3", "result", b"r3", 4.0, job_id=b"j1")  # the store is usable after it
     assert store.envelope(b"res3") is not None
     with pytest.raises(ValueError), store.transaction(durable=False):  # it would commit without its fsync
-        store.put_ack(b"x", b"y", 5.0)
+        store.record_verified_receipt(receipt_digest=b"x", job_id=b"j1", attempt=1, executor=BOB, now=5.0)
 
 
 async def test_atomically_runs_short_writes_inline_in_one_commit(
@@ -1048,12 +1085,12 @@ def test_acknowledged_receipts_without_a_proof_are_found_per_receipt_newest_firs
     for i, executor in enumerate(("exec-a", "exec-b")):  # one job, two replicas
         digest = bytes([0x40 + i]) * 32
         store.put_envelope(digest, "receipt", b"r", 1.0, job)
-        store.record_ack(receipt_digest=digest, job_id=job, attempt=1 + i, executor=executor,
-                         ack_id=bytes([0x50 + i]) * 32, ack_raw=b"a", now=2.0 + i)
+        store.record_verified_receipt(receipt_digest=digest, job_id=job, attempt=1 + i, executor=executor,
+                                      now=2.0 + i)
     gone = b"\x32" * 32  # a receipt of a job the store no longer holds (pruned) is not asked for
     store.put_envelope(b"\x60" * 32, "receipt", b"r", 1.0, gone)
-    store.record_ack(receipt_digest=b"\x60" * 32, job_id=gone, attempt=1, executor="exec-a",
-                     ack_id=b"\x61" * 32, ack_raw=b"a", now=9.0)
+    store.record_verified_receipt(receipt_digest=b"\x60" * 32, job_id=gone, attempt=1, executor="exec-a",
+                                  now=9.0)
     assert [r.digest for r in store.acked_without_proof("exec-a")] == [b"\x40" * 32]
     assert [r.digest for r in store.acked_without_proof("exec-b")] == [b"\x41" * 32]
     store.set_receipt_log_index(b"\x40" * 32, 7)  # a proof of the first replica's receipt is kept
@@ -1073,8 +1110,8 @@ def test_acknowledged_receipts_without_a_proof_come_a_page_at_a_time(store: Stor
         store.add_job(**_job_fields(job))
         digest = bytes([0x80 + i]) * 32
         store.put_envelope(digest, "receipt", b"r", 1.0, job)
-        store.record_ack(receipt_digest=digest, job_id=job, attempt=1, executor="exec-a",
-                         ack_id=bytes([0x90 + i]) * 32, ack_raw=b"a", now=10.0 + (i // 2))  # ties too
+        store.record_verified_receipt(receipt_digest=digest, job_id=job, attempt=1, executor="exec-a",
+                                      now=10.0 + (i // 2))  # ties too
         digests.append(digest)
     newest_first = sorted(digests, key=lambda d: (10.0 + (digests.index(d) // 2), d), reverse=True)
     pages, before = [], None

@@ -68,12 +68,29 @@ def test_receipt_for_another_assignment_is_a_mismatch() -> None:
 
 
 def test_ack_must_name_the_receipt() -> None:
-    with pytest.raises(Mismatch, match="another receipt"):
+    with pytest.raises(Mismatch, match="does not name the receipt"):
         check_ack(ACK.message, RECEIPT.message, ASSIGN.message_id)
-    wrong_job = dataclasses.replace(ACK.message, job_id=GEN.digest("j"))
-    with pytest.raises(Mismatch, match="jobs"):
-        check_ack(wrong_job, RECEIPT.message, RECEIPT.message_id)
+    other_executor = dataclasses.replace(ACK.message, executor=GEN.nid("submitter"))
+    with pytest.raises(Mismatch, match="executors"):
+        check_ack(other_executor, RECEIPT.message, RECEIPT.message_id)
+    other_network = dataclasses.replace(ACK.message, network="elsewhere")
+    with pytest.raises(Mismatch, match="networks"):
+        check_ack(other_network, RECEIPT.message, RECEIPT.message_id)
     assert isinstance(ACK.message, Ack)
+
+
+def test_an_ack_of_a_batch_names_each_of_its_receipts() -> None:
+    batch = _env("ack-two-receipts").message
+    trap = verify(sign_message(BY_NAME["receipt-trap"][1], GEN.key("executor")))
+    for receipt in (RECEIPT, trap):
+        assert batch.names(receipt.message_id)
+        check_ack(batch, receipt.message, receipt.message_id)
+    assert not batch.names(ASSIGN.message_id)
+    assert not ACK.message.names(trap.message_id)
+    with pytest.raises(InvalidMessage):  # ids out of order
+        dataclasses.replace(batch, receipt_ids=tuple(reversed(batch.receipt_ids)))
+    with pytest.raises(InvalidMessage):  # none
+        dataclasses.replace(batch, receipt_ids=())
 
 
 def test_receipt_internal_rules() -> None:

@@ -127,6 +127,7 @@ def samples() -> list[tuple[str, str, Message]]:
                                fuel_used=77)
     receipt_raw = sign_message(receipt, key("executor"))
     receipt_id = verify(receipt_raw).message_id
+    trap_id = verify(sign_message(trap, key("executor"))).message_id
     contact = Contact(NET, nid("executor"), ("192.0.2.7:7531", "[2001:db8::7]:7531"), T0 + 3_600_000)
     contact_env = sign_message(contact, key("executor"))
     chunks = chunk_list(b"x" * 1000)
@@ -164,7 +165,10 @@ def samples() -> list[tuple[str, str, Message]]:
         ("release", "executor", Release(NET, man.job_id, assignment_id, nid("executor"), "unknown",
                                         "no bid or job here for that assignment")),
         ("ack", "submitter",
-         Ack(NET, man.job_id, receipt_id, nid("submitter"), nid("executor"), T0 + 80_000)),
+         Ack(NET, nid("submitter"), nid("executor"), T0 + 80_000, (receipt_id,))),
+        ("ack-two-receipts", "submitter",
+         Ack(NET, nid("submitter"), nid("executor"), T0 + 80_000,
+             tuple(sorted((receipt_id, trap_id), key=BY_RAW)))),
         ("cancel", "submitter", Cancel(NET, man.job_id, nid("submitter"), T0 + 60_000, "withdrawn", "")),
         ("treehead", "executor", TreeHead(NET, nid("executor"), 42, digest("root"), T0 + 90_000)),
         ("proofreq", "submitter", ProofRequest(NET, nid("submitter"), nid("executor"), receipt_id,
@@ -290,6 +294,9 @@ def invalid() -> list[dict[str, Any]]:
     pw = sample("proof-two-receipts").to_wire()
     signed("proof-entries-unsorted", "proof", "executor", (*pw[:4], tuple(reversed(pw[4]))))
     signed("proof-no-entries", "proof", "executor", (*pw[:4], ()))
+    aw = sample("ack-two-receipts").to_wire()
+    signed("ack-receipts-unsorted", "ack", "submitter", (*aw[:4], tuple(reversed(aw[4]))))
+    signed("ack-no-receipts", "ack", "submitter", (*aw[:4], ()))
     signed("proof-leaf-beyond-tree-size", "proof", "executor", (pw[0], pw[1], 2, *pw[3:]))
     res = sample("result").to_wire()
     signed("result-output-over-push-max", "result", "executor", (*res[:6], (b"x" * (PUSH_MAX + 1),)))
