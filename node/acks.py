@@ -8,9 +8,11 @@ of one, and its executor checks one signature per batch.
 
 Nothing here needs to survive a stop. An ack lost with the node, or stored without a sync and taken
 back by a power cut, is signed again: the executor delivers the receipt again until acknowledged
-(Submitter._resend_ack queues the receipt here when no ack of it is stored), and at start every verified
-receipt of ours with no ack is queued (`Store.verified_unacked`). An ack that finds no link is sent
-again, from the store, when its executor delivers the receipt again.
+(Submitter._resend_ack queues the receipt here when no ack of it is stored), and at start the verified
+receipts of ours with no ack are queued (`Store.verified_unacked`; a job this node ran itself is not
+delivered again, as its receipt is marked delivered by the verification). An ack that finds no link is
+sent again, from the store, when its executor delivers the receipt again. An ack the store cannot keep
+is tried again, backing off.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ from e31.protocol.ids import Digest, NodeId
 from e31.protocol.receipts import MAX_ACKED, Ack
 
 from .market import MarketContext
-from .store import Store, StoreError, call
+from .store import Store, StoreError
 
 log = logging.getLogger(__name__)
 
 ACKS_DUE_KEPT = 100_000
 """Receipts waiting for their ack at most (the oldest are dropped first: each is queued again when its
-executor delivers it again)."""
+executor delivers it again, or, executed by this node itself, at its next start)."""
+RETRY_MAX = 30.0
+"""Seconds between tries at most while the store refuses to keep acks (a full disk)."""
 
 
 class Acknowledger:
@@ -49,38 +53,53 @@ class Acknowledger:
         self._wake.set()
 
     async def run(self) -> None:
+        failures = 0
         async with trio.open_nursery() as nursery:
             while True:
                 await self._wake.wait()
-                await trio.sleep(self.ctx.settings.ack_batch_s)
+                delay = self.ctx.settings.ack_batch_s
+                if failures:
+                    delay = min(RETRY_MAX, max(delay, 0.05) * 2 ** min(failures, 12))
+                await trio.sleep(delay)
                 self._wake = trio.Event()
                 due, self._due = self._due, {}
-                sends = await self._sign_and_store(due)
+                sends, left = await self._sign_and_store(due)
                 for executor, raws in sends.items():  # a stalled link holds up only its own acks
                     nursery.start_soon(self._send, executor, raws)
+                if not left:
+                    failures = 0
+                    continue
+                failures += 1  # the store failed: those receipts wait for the next try, backing off
+                for (executor, receipt_id), job_id in left.items():
+                    self.add(executor, receipt_id, job_id)
 
-    async def _sign_and_store(self, due: dict[tuple[bytes, bytes], bytes]) -> dict[bytes, list[bytes]]:
-        """One ack per executor and MAX_ACKED receipts, all stored in one commit; the envelopes to send."""
+    async def _sign_and_store(
+        self, due: dict[tuple[bytes, bytes], bytes]
+    ) -> tuple[dict[bytes, list[bytes]], dict[tuple[bytes, bytes], bytes]]:
+        """One ack per executor and MAX_ACKED receipts, each stored in a commit of its own (a long queue
+        after a start does not hold the event loop in one long transaction). Returns the envelopes to
+        send, and the receipts whose acks could not be stored."""
         ctx = self.ctx
-        now_ms = ctx.clock()
         by_executor: dict[bytes, list[tuple[bytes, bytes]]] = {}
         for (executor, receipt_id), job_id in sorted(due.items()):
             by_executor.setdefault(executor, []).append((receipt_id, job_id))
-        calls, sends = [], {}
+        sends: dict[bytes, list[bytes]] = {}
+        left: dict[tuple[bytes, bytes], bytes] = {}
         for executor, receipts in by_executor.items():
             for i in range(0, len(receipts), MAX_ACKED):
                 part = receipts[i:i + MAX_ACKED]
+                now_ms = ctx.clock()
                 ids = tuple(Digest(receipt_id) for receipt_id, _ in part)
                 env = sign_verified(Ack(ctx.network, ctx.node, NodeId(executor), now_ms, ids), ctx.identity)
-                calls.append(call(Store.put_acks, env.message_id.raw, env.raw, now_ms / 1000, part,
-                                  durable=False))
+                try:
+                    await ctx.store.run(Store.put_acks, env.message_id.raw, env.raw, now_ms / 1000, part,
+                                        durable=False)
+                except StoreError as e:
+                    log.warning("could not store the acknowledgement of %d receipts: %s", len(part), e)
+                    left.update(((executor, receipt_id), job_id) for receipt_id, job_id in part)
+                    continue
                 sends.setdefault(executor, []).append(env.raw)
-        try:
-            await ctx.store.atomically(*calls, durable=False)
-        except StoreError as e:  # each receipt is delivered again, and acknowledged then
-            log.warning("could not store %d acknowledgements: %s", len(calls), e)
-            return {}
-        return sends
+        return sends, left
 
     async def _send(self, executor: bytes, raws: list[bytes]) -> None:
         for raw in raws:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -97,6 +98,8 @@ IN_FLIGHT = 128
 """Jobs this node offers or has assigned at once; the rest of a sweep waits `queued`, its deadline
 running. Outcomes are verified here one blob fetch at a time, so a node that put thousands of jobs out
 at once would let leases run out before it got to their results, and offer them all again."""
+ACKS_RESENT_KEPT = 1024
+"""Stored acks remembered as sent again (the oldest forgotten first: it may then go once more)."""
 ADMIT_STEP = 16
 """Waiting jobs are admitted this many at a time (node/admission.py), so they share an offer."""
 REOFFER_MAX = 8.0
@@ -222,6 +225,8 @@ class Submitter:
         self.load: Counter[bytes] = Counter()
         self._nursery: trio.Nursery | None = None
         self.acks = Acknowledger(ctx)
+        self._acks_resent: dict[tuple[bytes, bytes], float] = {}
+        """(executor, ack id) -> when that stored ack was last sent again (ACKS_RESENT_KEPT at most)."""
         self._offers = TokenBucket(OFFER_RATE, OFFER_BURST)
         self._offer_line = trio.Lock()
         self._in_flight = Admission(IN_FLIGHT, ADMIT_STEP)
@@ -1038,7 +1043,7 @@ class Submitter:
             log.info("ignoring a result for job %s from %s, which holds no assignment of it",
                      job_id.hex()[:12], msg.executor)
             return
-        if row.state == "done":
+        if row.state in TERMINAL:  # done, or disputed with this receipt verified: its ack again
             await self._resend_ack(receipt_env)
             return
         job = self.jobs.get(job_id)
@@ -1048,7 +1053,7 @@ class Submitter:
         if job is not None and job.completing:
             self._forget_outcome(job_id, env)  # another outcome is being verified: take a copy later
             return
-        if job is None or row.state in TERMINAL:
+        if job is None:
             return
         job.completing, job.settled = True, trio.Event()
         try:
@@ -1163,12 +1168,22 @@ class Submitter:
         return keep
 
     async def _resend_ack(self, receipt_env: VerifiedEnvelope[UsageReceipt]) -> None:
-        """A result came again for a finished job: send its receipt's stored ack, or acknowledge it with
-        the next batch when it was verified here and its ack is not stored (lost in a stop)."""
+        """A result came again for a finished job: send its receipt's stored ack (at most once per
+        `delivery_interval` to each executor: an ack names a batch, whose receipts all come again when
+        it is lost), or acknowledge it with the next batch when it was verified here and its ack is not
+        stored (lost in a stop)."""
         receipt_id = receipt_env.message_id.raw
         ack = await self.ctx.store.run(Store.ack_for, receipt_id)
         if ack is not None:
-            await self.ctx.send_to(receipt_env.signer.raw, ack.raw)
+            signer = receipt_env.signer.raw
+            now = trio.current_time()
+            key = (signer, ack.message_id)
+            if now < self._acks_resent.get(key, -math.inf) + self.ctx.settings.delivery_interval:
+                return
+            self._acks_resent[key] = now
+            while len(self._acks_resent) > ACKS_RESENT_KEPT:
+                del self._acks_resent[next(iter(self._acks_resent))]
+            await self.ctx.send_to(signer, ack.raw)
             return
         row = await self.ctx.store.run(Store.receipt, receipt_id)
         if row is not None and row.delivered is not None:  # verified (never a receipt only seen)

@@ -9,9 +9,10 @@ Settings and why:
   durable commit or checkpoint. The WAL is one file synced whole, so a durable commit also makes every
   commit before it durable: a promise made after a durable commit covers everything written before it.
   Durable: `transaction()` by default (callers outside this module), jobs submitted (`add_job`), job
-  states that others rely on (DURABLE_STATES: assigned and the ends), results, receipts,
-  receipt log indexes and acknowledgements, the writes behind "safe to walk away" and acks.
-  Not durable (each one a few microseconds instead of an fsync): the key-value cache, peers, the
+  states that others rely on (DURABLE_STATES: assigned and the ends), results, receipts and
+  receipt log indexes, the writes behind "safe to walk away".
+  Not durable (each one a few microseconds instead of an fsync): acknowledgements (an ack lost to a
+  power cut is sent or signed again when its receipt is delivered again), the key-value cache, peers, the
   seen-cache, envelopes and small blobs (kept before, or with, the durable write that names them),
   blob references, delivery retry times, the intermediate job states (offered, fetching, queued,
   running), and an executor's job until it promises it (AsyncStore.flush before `accepted`); losing
@@ -233,12 +234,15 @@ and keeps proofs of the current form (an executor's own log indexes, set by its 
 _V6 = """
 DELETE FROM acks;
 DELETE FROM envelopes WHERE kind = 'ack';
+INSERT INTO kv (key, value) VALUES ('acks_v6_at', CAST(CAST((julianday('now') - 2440587.5) * 86400.0 AS TEXT)
+    AS BLOB)) ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 """
 """An `ack` now countersigns a batch of receipts and is stored once, shared (put_acks). Acks stored
 before v6 name one receipt each, a body this version no longer reads: they go. The receipts they
 answered stay delivered on both sides (an executor does not deliver them again, and logs those it had
-not logged yet when it starts); a bundle of such a job carries no acknowledgement, which an audit
-notes."""
+not logged yet when it starts), and a submitter does not acknowledge them again (`verified_unacked`
+looks only at receipts delivered after kv `acks_v6_at`, the migration's time): a bundle of such a job
+carries no acknowledgement, which an audit notes."""
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -798,15 +802,18 @@ class Store:
             ).fetchall()
         return [ReceiptRow(*r) for r in rows]
 
-    def verified_unacked(self) -> list[ReceiptRow]:
-        """Receipts of jobs this node submitted that it verified (marked delivered) and holds no ack of:
-        the node stopped before their batch's ack was stored. Oldest first."""
+    def verified_unacked(self, limit: int = 10_000) -> list[ReceiptRow]:
+        """Up to `limit` receipts of jobs this node submitted that it verified (marked delivered) and
+        holds no ack of: the node stopped before their batch's ack was stored. Newest first. Receipts
+        delivered before schema v6 are not among them (their acks of the old form were dropped: _V6)."""
         with self.reading() as c:
             rows = c.execute(
                 f"SELECT {_RECEIPT_COLUMNS} FROM receipts r WHERE r.delivered IS NOT NULL "
+                "AND r.delivered > coalesce((SELECT CAST(value AS REAL) FROM kv "
+                "WHERE key = 'acks_v6_at'), 0) "
                 "AND NOT EXISTS (SELECT 1 FROM acks a WHERE a.receipt_digest = r.digest) "
                 "AND EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = r.job_id AND j.role = 'submitter') "
-                "ORDER BY r.delivered",
+                "ORDER BY r.delivered DESC LIMIT ?", (limit,),
             ).fetchall()
         return [ReceiptRow(*r) for r in rows]
 

@@ -4,6 +4,7 @@ the links are a function that records what is sent."""
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import trio
 from e31.node.acks import Acknowledger
 from e31.node.blobs import BlobStore
 from e31.node.market import MarketContext, MarketSettings
-from e31.node.store import AsyncStore, Store
+from e31.node.store import AsyncStore, Store, StoreError
 from e31.protocol.envelope import verify
 from e31.protocol.ids import NodeId
 from e31.protocol.receipts import MAX_ACKED, Ack
@@ -31,7 +32,7 @@ def _receipts(store: Store, executor: bytes, count: int, tag: bytes) -> list[tup
                       deadline=2.0)
         store.put_envelope(digest, "receipt", b"r", 1.0, job)
         store.record_verified_receipt(receipt_digest=digest, job_id=job, attempt=1,
-                                      executor=str(NodeId(executor)), now=2.0)
+                                      executor=str(NodeId(executor)), now=time.time())
         out.append((digest, job))
     return out
 
@@ -99,6 +100,37 @@ async def test_an_ack_that_finds_no_link_is_kept_and_sent_when_asked_again(ctx: 
         nursery.cancel_scope.cancel()
     kept = store.ack_for(digest)
     assert kept is not None and [r.raw for r in verify(kept.raw, Ack).message.receipt_ids] == [digest]
+
+
+async def test_acks_the_store_cannot_keep_are_tried_again(
+    ctx: MarketContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ctx.store.store
+    [(digest, job)] = _receipts(store, X, 1, b"x")
+    sent: list[bytes] = []
+
+    async def send(peer: bytes, raw: bytes) -> bool:
+        sent.append(raw)
+        return True
+
+    ctx.peer_send = send
+    put_acks, failures = Store.put_acks, [0]
+
+    def full_disk(self: Store, *args: object, **kwargs: object) -> None:
+        if not failures[0]:
+            failures[0] += 1
+            raise StoreError("disk full")
+        put_acks(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Store, "put_acks", full_disk)
+    acks = Acknowledger(ctx)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(acks.run)
+        acks.add(X, digest, job)
+        await until(lambda: bool(sent))
+        nursery.cancel_scope.cancel()
+    assert failures == [1] and store.ack_for(digest) is not None  # (a node's own job comes no more)
+    assert [r.raw for r in verify(sent[0], Ack).message.receipt_ids] == [digest]
 
 
 async def test_too_many_receipts_waiting_drop_the_oldest(

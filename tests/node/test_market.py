@@ -609,6 +609,57 @@ async def test_replicas_run_on_distinct_nodes_and_agree(
         assert executed is not None and executed.state == "done"
 
 
+async def test_a_disputed_job_still_acknowledges_the_receipts_it_verified(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a = RealNode(net, tmp_path, "a", 1)
+    b, c = RealNode(net, tmp_path, "b", 2), RealNode(net, tmp_path, "c", 3)
+    deliver, dropping, dropped = net.handlers[b.id], [True], []
+
+    async def drop_acks(peer: bytes, raw: bytes) -> None:  # B's acks are lost until the job has ended
+        if dropping[0] and verify(raw).kind == "ack":
+            dropped.append(raw)
+            return
+        await deliver(peer, raw)
+
+    net.handlers[b.id] = drop_acks
+    await start(nursery, a, b, c)
+    job_id = await a.submitter.submit(replace(a.manifest(("26", "1000")), replicas=2))
+    await wait_state(a, job_id, "done")
+    await until(lambda: dropped, 10)
+    # as if the replicas had disagreed: the job ends disputed, both receipts verified and kept
+    await a.store.run(Store.update_job, job_id, "submitter", a.ctx.now_s(), state="disputed")
+    dropping[0] = False
+    await until(lambda: b.acked, 10)  # B delivers its result again and gets its ack then
+    [mine] = [r for r in await a.store.run(Store.receipts_for_job, job_id) if r.executor == str(NodeId(b.id))]
+    assert b.acked == [mine.digest]
+
+
+async def test_a_lost_ack_of_a_batch_is_sent_again_once_not_once_per_receipt(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    a.ctx.settings = replace(SETTINGS, ack_batch_s=2.0, delivery_interval=1.0)  # one ack for the five
+    b.ctx.settings = replace(SETTINGS, delivery_interval=1.0)
+    lost = lose_first(net, b.id, Ack)
+    deliver, acks = net.handlers[b.id], []
+
+    async def count_acks(peer: bytes, raw: bytes) -> None:
+        if verify(raw).kind == "ack":
+            acks.append(raw)
+        await deliver(peer, raw)
+
+    net.handlers[b.id] = count_acks
+    await start(nursery, a, b)
+    jobs = [await a.submitter.submit(a.manifest((str(30 + i), "1000"))) for i in range(5)]
+    for job_id in jobs:
+        await wait_state(a, job_id, "done")
+    await until(lambda: len(b.acked) == 5, 15)  # B delivered all five again, and got the ack again
+    assert len(lost) == 1 and len(verify(lost[0], Ack).message.receipt_ids) == 5
+    await trio.sleep(1.5)
+    assert len(acks) == 2 and acks[1] == lost[0], "the stored ack, sent again once for its five receipts"
+
+
 async def test_replicas_need_as_many_distinct_nodes(net: Net, nursery: trio.Nursery, tmp_path: Path) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
