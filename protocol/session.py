@@ -22,14 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import nacl.bindings as sodium
-import nacl.exceptions
-
 from .codec import MAX_FRAME, FrameDecoder, encode_frame
 from .errors import LocalProtocolError, ProtocolError
 from .handshake import HandshakeResult, hkdf_expand
+from .sodium import TAG, aead_open, aead_seal
 
-TAG_SIZE = 16
+TAG_SIZE = TAG
 MAX_PLAINTEXT = MAX_FRAME - TAG_SIZE
 REKEY_INTERVAL = 1 << 20
 MAX_FRAMES = 1 << 62
@@ -99,7 +97,7 @@ class Session:
         if len(plaintext) > MAX_PLAINTEXT:
             raise LocalProtocolError(f"plaintext of {len(plaintext)} bytes exceeds {MAX_PLAINTEXT}")
         key, nonce = self._send.next_nonce()
-        sealed: bytes = sodium.crypto_aead_chacha20poly1305_ietf_encrypt(bytes(plaintext), None, nonce, key)
+        sealed = aead_seal(bytes(plaintext), nonce, key)
         return encode_frame(sealed)
 
     def receive_data(self, data: bytes) -> None:
@@ -124,15 +122,12 @@ class Session:
         except SessionExhausted as e:
             self._broken = BadCiphertext("the peer sent more frames than one session allows")
             raise self._broken from e
-        try:
-            if len(sealed) < TAG_SIZE:
-                raise ValueError("shorter than the tag")
-            plaintext: bytes = sodium.crypto_aead_chacha20poly1305_ietf_decrypt(sealed, None, nonce, key)
-        except (nacl.exceptions.CryptoError, ValueError) as e:
+        plaintext = aead_open(sealed, nonce, key)
+        if plaintext is None:
             self._broken = BadCiphertext(
                 f"session frame {self._recv.counter - 1} does not authenticate "
                 "(tampered, replayed, reordered or dropped)")
-            raise self._broken from e
+            raise self._broken
         return plaintext
 
     def messages(self) -> Iterator[bytes]:

@@ -4,7 +4,8 @@
   hit the edges of their quick tests (file names, network names, env names, non-ASCII and lone
   surrogates, order of arrays);
 - the byte-level reader of canonical envelopes is what verify uses for every golden vector;
-- libsodium called with no output buffer (sodium.signature_ok) with PyNaCl's public wrapper;
+- libsodium called with no output buffer (sodium.signature_ok) with PyNaCl's public wrapper, and
+  libsodium's AEAD called directly (sodium.aead_seal, aead_open) with PyNaCl's wrappers;
 - decoded records are the frozen classes themselves, equal to constructed ones.
 """
 
@@ -203,3 +204,26 @@ def test_sign_verified_is_what_verify_makes_of_the_signed_bytes() -> None:
     other = "executor" if key_name != "executor" else "submitter"
     with pytest.raises(LocalProtocolError):
         sign_verified(msg, gen.key(other))
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=2000), st.binary(min_size=12, max_size=12), st.binary(min_size=32, max_size=32),
+       st.integers(0, 4000), st.integers(0, 7), st.sampled_from(["none", "sealed", "nonce", "key", "cut"]))
+def test_aead_seal_and_open_agree_with_pynacl(message: bytes, nonce: bytes, key: bytes, where: int,
+                                              bit: int, change: str) -> None:
+    sealed = sodium.aead_seal(message, nonce, key)
+    assert sealed == sodium._public_seal(message, nonce, key)
+    assert len(sealed) == len(message) + sodium.TAG
+    bad, n, k = bytearray(sealed), bytearray(nonce), bytearray(key)
+    if change == "sealed":
+        bad[where % len(bad)] ^= 1 << bit
+    elif change == "nonce":
+        n[where % 12] ^= 1 << bit
+    elif change == "key":
+        k[where % 32] ^= 1 << bit
+    elif change == "cut":
+        del bad[where % len(bad):]
+    args = (bytes(bad), bytes(n), bytes(k))
+    opened = sodium.aead_open(*args)
+    assert opened == sodium._public_open(*args)
+    assert opened == (message if change == "none" else None)
