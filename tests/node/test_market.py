@@ -254,6 +254,23 @@ def lose_first(net: Net, node: bytes, kind: type) -> list[bytes]:
     return lost
 
 
+def intercept(net: Net, node: bytes, kind: str, drop: Callable[[int], bool]) -> list[bytes]:
+    """Record every message of `kind` sent to `node` in the list returned, and drop the n-th (from 1)
+    when `drop(n)` says so."""
+    seen: list[bytes] = []
+    deliver = net.handlers[node]
+
+    async def handler(peer: bytes, raw: bytes) -> None:
+        if verify(raw).kind == kind:
+            seen.append(raw)
+            if drop(len(seen)):
+                return
+        await deliver(peer, raw)
+
+    net.handlers[node] = handler
+    return seen
+
+
 async def wait_state(
     node: RealNode, job_id: bytes, state: str, seconds: float = 30.0, role: str = "submitter"
 ) -> Any:
@@ -393,15 +410,7 @@ async def test_an_executor_takes_from_an_ack_only_the_receipts_it_signed_for_tha
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
-    deliver, lost = net.handlers[b.id], []
-
-    async def drop_acks(peer: bytes, raw: bytes) -> None:  # B gets none of A's acks: only those below
-        if verify(raw).kind == "ack":
-            lost.append(raw)
-            return
-        await deliver(peer, raw)
-
-    net.handlers[b.id] = drop_acks
+    lost = intercept(net, b.id, "ack", lambda n: True)  # B gets none of A's acks: only those below
     await start(nursery, a, b)
     job_id = await a.submitter.submit(a.manifest(("24", "1000")))
     await wait_state(a, job_id, "done")
@@ -430,22 +439,11 @@ async def test_a_receipt_verified_before_a_stop_without_its_ack_is_acknowledged_
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     monkeypatch.setattr(a.submitter.acks, "add", lambda *args: None)  # as if it stopped before each ack
-    deliver = net.handlers[a.id]
-    results = 0
-
-    async def drop_results(peer: bytes, raw: bytes) -> None:  # B's deliveries stop after the first
-        nonlocal results
-        if verify(raw).kind == "result":
-            results += 1
-            if results > 1:
-                return
-        await deliver(peer, raw)
-
-    net.handlers[a.id] = drop_results
+    results = intercept(net, a.id, "result", lambda n: n > 1)  # B's deliveries stop after the first
     await start(nursery, a, b)
     job_id = await a.submitter.submit(a.manifest(("25", "1000")))
     await wait_state(a, job_id, "done")
-    await until(lambda: results > 2, 10)
+    await until(lambda: len(results) > 2, 10)
     assert b.acked == [] and await a.store.run(Store.verified_unacked)
     restarted = Submitter(a.ctx, transfer=a.transfer, publish=net.publisher(a.id))
     async with trio.open_nursery() as inner:
@@ -614,15 +612,8 @@ async def test_a_disputed_job_still_acknowledges_the_receipts_it_verified(
 ) -> None:
     a = RealNode(net, tmp_path, "a", 1)
     b, c = RealNode(net, tmp_path, "b", 2), RealNode(net, tmp_path, "c", 3)
-    deliver, dropping, dropped = net.handlers[b.id], [True], []
-
-    async def drop_acks(peer: bytes, raw: bytes) -> None:  # B's acks are lost until the job has ended
-        if dropping[0] and verify(raw).kind == "ack":
-            dropped.append(raw)
-            return
-        await deliver(peer, raw)
-
-    net.handlers[b.id] = drop_acks
+    dropping = [True]
+    dropped = intercept(net, b.id, "ack", lambda n: dropping[0])  # lost until the job has ended
     await start(nursery, a, b, c)
     job_id = await a.submitter.submit(replace(a.manifest(("26", "1000")), replicas=2))
     await wait_state(a, job_id, "done")
@@ -641,23 +632,15 @@ async def test_a_lost_ack_of_a_batch_is_sent_again_once_not_once_per_receipt(
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     a.ctx.settings = replace(SETTINGS, ack_batch_s=2.0, delivery_interval=1.0)  # one ack for the five
     b.ctx.settings = replace(SETTINGS, delivery_interval=1.0)
-    lost = lose_first(net, b.id, Ack)
-    deliver, acks = net.handlers[b.id], []
-
-    async def count_acks(peer: bytes, raw: bytes) -> None:
-        if verify(raw).kind == "ack":
-            acks.append(raw)
-        await deliver(peer, raw)
-
-    net.handlers[b.id] = count_acks
+    acks = intercept(net, b.id, "ack", lambda n: n == 1)
     await start(nursery, a, b)
     jobs = [await a.submitter.submit(a.manifest((str(30 + i), "1000"))) for i in range(5)]
     for job_id in jobs:
         await wait_state(a, job_id, "done")
     await until(lambda: len(b.acked) == 5, 15)  # B delivered all five again, and got the ack again
-    assert len(lost) == 1 and len(verify(lost[0], Ack).message.receipt_ids) == 5
+    assert len(verify(acks[0], Ack).message.receipt_ids) == 5
     await trio.sleep(1.5)
-    assert len(acks) == 2 and acks[1] == lost[0], "the stored ack, sent again once for its five receipts"
+    assert len(acks) == 2 and acks[1] == acks[0], "the stored ack, sent again once for its five receipts"
 
 
 async def test_replicas_need_as_many_distinct_nodes(net: Net, nursery: trio.Nursery, tmp_path: Path) -> None:
