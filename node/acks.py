@@ -25,6 +25,7 @@ from e31.protocol.ids import Digest, NodeId
 from e31.protocol.receipts import MAX_ACKED, Ack
 
 from .market import MarketContext
+from .market_rules import backoff
 from .store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class Acknowledger:
                 await self._wake.wait()
                 delay = self.ctx.settings.ack_batch_s
                 if failures:
-                    delay = min(RETRY_MAX, max(delay, 0.05) * 2 ** min(failures, 12))
+                    delay = backoff(max(delay, 0.05), failures, RETRY_MAX, doublings=12)
                 await trio.sleep(delay)
                 self._wake = trio.Event()
                 due, self._due = self._due, {}

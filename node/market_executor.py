@@ -86,6 +86,7 @@ from .market_rules import (
     DeclinePlan,
     ExecutorView,
     OfferView,
+    backoff,
     plan_bid,
     run_estimate_ms,
 )
@@ -795,10 +796,8 @@ class Executor:
                     await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, math.inf)
                     continue
                 await self._deliver(receipt, available)  # the submitter fetches the outputs it lacks
-                delay = min(
-                    settings.delivery_backoff_max,
-                    settings.delivery_interval * 2 ** min(row.delivery_tries, 8),
-                )
+                delay = backoff(settings.delivery_interval, row.delivery_tries, settings.delivery_backoff_max,
+                                doublings=8)
                 await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, now + delay)
 
     def on_ack(self, env: VerifiedEnvelope[Ack]) -> None:
@@ -854,7 +853,7 @@ class Executor:
             await self._prove_now.wait()
             delay = self.ctx.settings.proof_batch_s
             if failures:
-                delay = min(PROVE_BACKOFF_MAX, max(delay, 0.05) * 2 ** min(failures, 12))
+                delay = backoff(max(delay, 0.05), failures, PROVE_BACKOFF_MAX, doublings=12)
             await trio.sleep(delay)
             self._prove_now = trio.Event()
             batch, self._to_prove = self._to_prove, {}

@@ -222,6 +222,12 @@ def lease_expiry(now: int, bid: BidView, deadline: int, *, slack_ms: int) -> int
     return min(deadline, now + 2 * duration + slack_ms)
 
 
+def backoff(base: float, tries: int, cap: float, *, doublings: int) -> float:
+    """Seconds to wait before try `tries` + 1 of something that failed `tries` times: `base`, doubled
+    per try up to `doublings` times, and never more than `cap`."""
+    return min(cap, base * 2 ** min(tries, doublings))
+
+
 def offer_expiry(now: int, deadline: int, ttl_ms: int, round_number: int) -> int:
     """The expiry of round `round_number` (from 0) of a job's offer. Rounds never share an expiry, so
     each is a new message (an identical one would be dropped as a duplicate by gossip and executors)."""

@@ -75,6 +75,7 @@ from .market_rules import (
     TERMINAL,
     BidView,
     Window,
+    backoff,
     choose_bid,
     lease_expiry,
     offer_expiry,
@@ -516,7 +517,7 @@ class Submitter:
             bid = await self._offer_round(job_id, job, from_state=moving)
             if bid is None:
                 idle += 1
-                await trio.sleep(min(REOFFER_MAX, self.ctx.settings.reoffer_delay * 2 ** min(idle - 1, 8)))
+                await trio.sleep(backoff(self.ctx.settings.reoffer_delay, idle - 1, REOFFER_MAX, doublings=8))
                 continue
             idle = 0
             try:
@@ -583,7 +584,7 @@ class Submitter:
             if bid is None:
                 lane.holder = None
                 idle += 1
-                await trio.sleep(min(REOFFER_MAX, self.ctx.settings.reoffer_delay * 2 ** min(idle - 1, 8)))
+                await trio.sleep(backoff(self.ctx.settings.reoffer_delay, idle - 1, REOFFER_MAX, doublings=8))
                 continue
             idle = 0
             attempts[0] += 1

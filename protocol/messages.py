@@ -35,6 +35,7 @@ from .schema import (
     Sub,
     Text,
     UInt,
+    find_sorted,
     message,
     record,
     w,
@@ -173,10 +174,7 @@ class Offer(Message):
 
     def manifest(self, job_id: Digest) -> JobManifest | None:
         """The offered job with this id, if the offer holds it."""
-        for manifest in self.manifests:
-            if manifest.job_id == job_id:
-                return manifest
-        return None
+        return find_sorted(self.manifests, job_id.raw, BY_JOB)
 
 
 @record
@@ -207,10 +205,7 @@ class Bid(Message):
 
     def item(self, job_id: Digest) -> BidItem | None:
         """The bid's terms for this job, if it bids for it."""
-        for item in self.items:
-            if item.job_id == job_id:
-                return item
-        return None
+        return find_sorted(self.items, job_id.raw, BY_JOB)
 
 
 @message("decline", issuer="executor", expiry="expires")
@@ -389,10 +384,7 @@ class InclusionProof(Message):
 
     def entry(self, receipt_id: Digest) -> ProofEntry | None:
         """The entry placing this receipt, if the proof has one."""
-        for e in self.entries:
-            if e.receipt_id == receipt_id:
-                return e
-        return None
+        return find_sorted(self.entries, receipt_id.raw, BY_RECEIPT)
 
 
 AnyMessage = (Ping | Pong | Contact | Peers | Capacity | Offer | Bid | Decline | Assign | BlobRequest

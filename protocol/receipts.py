@@ -10,7 +10,6 @@ The check functions take already verified messages and raise Mismatch; they neve
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,6 +33,7 @@ from .schema import (
     Sub,
     Text,
     UInt,
+    find_sorted,
     message,
     record,
     w,
@@ -125,9 +125,7 @@ class Ack(Message):
 
     def names(self, receipt_id: Digest) -> bool:
         """Whether this ack countersigns that receipt."""
-        ids = self.receipt_ids
-        i = bisect.bisect_left(ids, receipt_id.raw, key=BY_RAW)
-        return i < len(ids) and ids[i] == receipt_id
+        return find_sorted(self.receipt_ids, receipt_id.raw, BY_RAW) is not None
 
 
 def expect(ok: bool, what: str) -> None:

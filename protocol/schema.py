@@ -21,11 +21,12 @@ and a refusal is explained by the reference decoder just the same.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import operator
 import re
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -499,6 +500,13 @@ class Sub(Codec[Any]):
 BY_NAME = operator.attrgetter("name")
 """Order of named items: by name, which for str is Unicode code point order (= UTF-8 byte order)."""
 BY_RAW = operator.attrgetter("raw")
+
+
+def find_sorted(items: Sequence[T], raw: bytes, key: Callable[[T], bytes]) -> T | None:
+    """The item of `items` whose `key` is `raw`, or None; `items` strictly increasing by `key`, as a Seq
+    with that order_key keeps them (an offer's manifests, a bid's items, an ack's ids...)."""
+    i = bisect.bisect_left(items, raw, key=key)
+    return items[i] if i < len(items) and key(items[i]) == raw else None
 
 
 def _size_test(x: str, low: int, high: int) -> str:

@@ -14,6 +14,7 @@ from e31.node.market_rules import (
     OfferView,
     Window,
     WindowSettings,
+    backoff,
     check_transition,
     choose_bid,
     lease_expiry,
@@ -167,3 +168,9 @@ def test_leases_cover_twice_the_estimate_plus_slack_but_end_by_the_deadline() ->
     assert offer_expiry(NOW, NOW + 3_600_000, 60_000, 0) == NOW + 60_000
     rounds = {offer_expiry(NOW, NOW + 10_000, 60_000, r) for r in range(5)}
     assert len(rounds) == 5 and max(rounds) == NOW + 10_000  # each round is a distinct message
+
+
+def test_backoff_doubles_per_try_up_to_its_doublings_and_its_cap() -> None:
+    assert [backoff(0.2, tries, 60.0, doublings=8) for tries in (0, 1, 2, 3)] == [0.2, 0.4, 0.8, 1.6]
+    assert backoff(0.2, 9, 60.0, doublings=8) == backoff(0.2, 8, 60.0, doublings=8) == 51.2
+    assert backoff(1.0, 20, 8.0, doublings=12) == 8.0
