@@ -88,13 +88,14 @@ class Acknowledger:
         left: dict[tuple[bytes, bytes], bytes] = {}
         for executor, receipts in by_executor.items():
             for i in range(0, len(receipts), MAX_ACKED):
-                part = receipts[i:i + MAX_ACKED]
+                part = receipts[i : i + MAX_ACKED]
                 now_ms = ctx.clock()
                 ids = tuple(Digest(receipt_id) for receipt_id, _ in part)
                 env = sign_verified(Ack(ctx.network, ctx.node, NodeId(executor), now_ms, ids), ctx.identity)
                 try:
-                    await ctx.store.run(Store.put_acks, env.message_id.raw, env.raw, now_ms / 1000, part,
-                                        durable=False)
+                    await ctx.store.run(
+                        Store.put_acks, env.message_id.raw, env.raw, now_ms / 1000, part, durable=False
+                    )
                 except StoreError as e:
                     log.warning("could not store the acknowledgement of %d receipts: %s", len(part), e)
                     left.update(((executor, receipt_id), job_id) for receipt_id, job_id in part)

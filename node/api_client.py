@@ -117,7 +117,8 @@ class ApiClient:
             except TimeoutError:
                 self.close()
                 raise ApiClientError(
-                    f"the node at {host}:{port} gave no answer in {self.timeout:g} s") from None
+                    f"the node at {host}:{port} gave no answer in {self.timeout:g} s"
+                ) from None
             except (OSError, http.client.HTTPException) as e:
                 self.close()
                 if reused and method == "GET":
@@ -133,8 +134,9 @@ class ApiClient:
         try:
             answer = json.loads(raw) if raw else None
         except ValueError:
-            raise ApiClientError(f"the node answered HTTP {response.status} with a body that is not JSON") \
-                from None
+            raise ApiClientError(
+                f"the node answered HTTP {response.status} with a body that is not JSON"
+            ) from None
         if response.status >= 400:
             err = answer.get("error") if isinstance(answer, dict) else None
             if isinstance(err, dict):

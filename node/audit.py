@@ -38,8 +38,13 @@ from .audit_rerun import blobs_of, rerun_job
 from .bundle import Bundle
 
 _JOB_ID_FIELD: dict[str, tuple[int, str]] = {
-    "receipt": (1, "one"), "assign": (1, "one"), "result": (1, "one"),
-    "accepted": (1, "one"), "release": (1, "one"), "cancel": (1, "one"), "decline": (1, "list"),
+    "receipt": (1, "one"),
+    "assign": (1, "one"),
+    "result": (1, "one"),
+    "accepted": (1, "one"),
+    "release": (1, "one"),
+    "cancel": (1, "one"),
+    "decline": (1, "list"),
     "bid": (4, "items"),
 }
 """Where the body of an envelope of each kind names its jobs, for labelling one that does not verify:
@@ -100,8 +105,13 @@ class AuditReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "sound": self.sound,
-            "envelopes": self.envelopes, "jobs": self.jobs, "receipts": self.receipts, "acks": self.acks,
-            "proofs": self.proofs, "blobs": self.blobs, "reexecuted": self.reexecuted,
+            "envelopes": self.envelopes,
+            "jobs": self.jobs,
+            "receipts": self.receipts,
+            "acks": self.acks,
+            "proofs": self.proofs,
+            "blobs": self.blobs,
+            "reexecuted": self.reexecuted,
             "nodes": [asdict(n) for n in self.nodes],
             "problems": [_finding_json(f) for f in self.problems],
             "notes": [_finding_json(f) for f in self.notes],
@@ -125,11 +135,19 @@ class _Audit:
         self.heads: list[TreeHead] = []
         self.bad_receipts: set[Digest] = set()
 
-    def add(self, severity: str, check: str, what: str, job: Digest | str | None = None,
-            node: NodeId | str | None = None) -> None:
-        self.report.findings.append(Finding(severity, check, what,
-                                            None if job is None else str(job),
-                                            None if node is None else str(node)))
+    def add(
+        self,
+        severity: str,
+        check: str,
+        what: str,
+        job: Digest | str | None = None,
+        node: NodeId | str | None = None,
+    ) -> None:
+        self.report.findings.append(
+            Finding(
+                severity, check, what, None if job is None else str(job), None if node is None else str(node)
+            )
+        )
 
     # 1. signatures
     def load(self) -> None:
@@ -138,8 +156,13 @@ class _Audit:
                 env = verify(raw)
             except ProtocolError as e:
                 kind, node, job = _peek(raw)
-                self.add("problem", "envelope", f"{kind} envelope #{i} does not verify: "
-                         f"{type(e).__name__}: {_one_line(str(e))}", job, node)
+                self.add(
+                    "problem",
+                    "envelope",
+                    f"{kind} envelope #{i} does not verify: {type(e).__name__}: {_one_line(str(e))}",
+                    job,
+                    node,
+                )
                 continue
             msg = env.message
             if isinstance(msg, Offer):
@@ -160,8 +183,9 @@ class _Audit:
         self.report.receipts = len(self.receipts)
         self.report.acks = len(self.acks)
         self.report.proofs = len(self.proofs)
-        self.report.jobs = len({r.message.job_id for r in self.receipts}
-                               | {a.job_id for a in self.assigns.values()})
+        self.report.jobs = len(
+            {r.message.job_id for r in self.receipts} | {a.job_id for a in self.assigns.values()}
+        )
 
     # 2. receipts against manifests and assignments
     def check_receipts(self) -> None:
@@ -169,24 +193,35 @@ class _Audit:
             r = env.message
             manifest = self.offers.get(r.job_id)
             if manifest is None:
-                self._bad(env, "manifest", "no offer for this job in the bundle: the receipt cannot be "
-                          "checked against its manifest")
+                self._bad(
+                    env,
+                    "manifest",
+                    "no offer for this job in the bundle: the receipt cannot be checked against its manifest",
+                )
             else:
                 try:
                     check_receipt_manifest(r, manifest)
                 except Mismatch as e:
-                    self._bad(env, "manifest", f"receipt {_short(env.message_id)} does not match the "
-                              f"offer: {e}")
+                    self._bad(
+                        env, "manifest", f"receipt {_short(env.message_id)} does not match the offer: {e}"
+                    )
             assign = self.assigns.get(r.assignment_id)
             if assign is None:
-                self._bad(env, "assignment", f"receipt {_short(env.message_id)} names assignment "
-                          f"{_short(r.assignment_id)}, which is not in the bundle")
+                self._bad(
+                    env,
+                    "assignment",
+                    f"receipt {_short(env.message_id)} names assignment "
+                    f"{_short(r.assignment_id)}, which is not in the bundle",
+                )
             else:
                 try:
                     check_receipt_assignment(r, assign, r.assignment_id)
                 except Mismatch as e:
-                    self._bad(env, "assignment", f"receipt {_short(env.message_id)} does not match its "
-                              f"assignment: {e}")
+                    self._bad(
+                        env,
+                        "assignment",
+                        f"receipt {_short(env.message_id)} does not match its assignment: {e}",
+                    )
 
     def _bad(self, env: VerifiedEnvelope[UsageReceipt], check: str, what: str) -> None:
         self.bad_receipts.add(env.message_id)
@@ -200,22 +235,39 @@ class _Audit:
             named = [self.receipt_by_id[r] for r in a.receipt_ids if r in self.receipt_by_id]
             if not named:  # (an ack of a batch may name receipts of jobs not exported: no note for those)
                 n = len(a.receipt_ids)
-                self.add("problem", "ack", f"acknowledgement {_short(env.message_id)} names {n} "
-                         f"receipt{'' if n == 1 else 's'}, none of them in the bundle (the first "
-                         f"{_short(a.receipt_ids[0])})", None, a.executor)
+                self.add(
+                    "problem",
+                    "ack",
+                    f"acknowledgement {_short(env.message_id)} names {n} "
+                    f"receipt{'' if n == 1 else 's'}, none of them in the bundle (the first "
+                    f"{_short(a.receipt_ids[0])})",
+                    None,
+                    a.executor,
+                )
                 continue
             for receipt in named:
                 try:
                     check_ack(a, receipt.message, receipt.message_id)
                 except Mismatch as e:
-                    self.add("problem", "ack", f"acknowledgement {_short(env.message_id)} does not match "
-                             f"receipt {_short(receipt.message_id)}: {e}", receipt.message.job_id, a.executor)
+                    self.add(
+                        "problem",
+                        "ack",
+                        f"acknowledgement {_short(env.message_id)} does not match "
+                        f"receipt {_short(receipt.message_id)}: {e}",
+                        receipt.message.job_id,
+                        a.executor,
+                    )
                     continue
                 acked.add(receipt.message_id)
         for r in self.receipts:
             if r.message_id not in acked:
-                self.add("note", "ack", f"receipt {_short(r.message_id)} has no acknowledgement from "
-                         "its submitter in the bundle", r.message.job_id, r.message.executor)
+                self.add(
+                    "note",
+                    "ack",
+                    f"receipt {_short(r.message_id)} has no acknowledgement from its submitter in the bundle",
+                    r.message.job_id,
+                    r.message.executor,
+                )
         return acked
 
     # 4. log inclusion and consistency
@@ -228,22 +280,37 @@ class _Audit:
             placed = [known[e.receipt_id] for e in p.entries if e.receipt_id in known]
             if not placed:  # (a proof placing some receipts of the bundle may place others too: no note)
                 n = len(p.entries)
-                self.add("note", "inclusion", f"inclusion proof for {n} receipt{'' if n == 1 else 's'}, "
-                         f"none of them in the bundle (the first {_short(p.entries[0].receipt_id)})", None,
-                         p.executor)
+                self.add(
+                    "note",
+                    "inclusion",
+                    f"inclusion proof for {n} receipt{'' if n == 1 else 's'}, "
+                    f"none of them in the bundle (the first {_short(p.entries[0].receipt_id)})",
+                    None,
+                    p.executor,
+                )
                 continue
             for receipt in placed:
                 tried.add(receipt.message_id)
                 try:
                     check_inclusion(env, receipt)
                 except (ProtocolError, Mismatch) as e:
-                    self.add("problem", "inclusion",
-                             f"receipt {_short(receipt.message_id)}: {_one_line(str(e))}",
-                             receipt.message.job_id, p.executor)
+                    self.add(
+                        "problem",
+                        "inclusion",
+                        f"receipt {_short(receipt.message_id)}: {_one_line(str(e))}",
+                        receipt.message.job_id,
+                        p.executor,
+                    )
         for receipt_id in sorted(acked - tried, key=lambda d: d.raw):
             r = self.receipt_by_id[receipt_id].message
-            self.add("note", "inclusion", f"receipt {_short(receipt_id)} is acknowledged but the bundle "
-                     "holds no inclusion proof for it", r.job_id, r.executor)
+            self.add(
+                "note",
+                "inclusion",
+                f"receipt {_short(receipt_id)} is acknowledged but the bundle "
+                "holds no inclusion proof for it",
+                r.job_id,
+                r.executor,
+            )
         self._check_heads()
 
     def _keep_head(self, p: InclusionProof) -> None:
@@ -261,20 +328,37 @@ class _Audit:
             roots[(h.executor.raw, h.size)].add(h.root.raw)
         for (executor, size), rs in sorted(roots.items()):
             if len(rs) > 1:
-                self.add("problem", "log", f"{len(rs)} signed tree heads of size {size} with different "
-                         "roots: the executor's log forked", None, NodeId(executor))
+                self.add(
+                    "problem",
+                    "log",
+                    f"{len(rs)} signed tree heads of size {size} with different "
+                    "roots: the executor's log forked",
+                    None,
+                    NodeId(executor),
+                )
         linked: set[tuple[bytes, int, int]] = set()
         for c in self.bundle.consistency:
             old, new = roots.get((c.executor, c.old_size)), roots.get((c.executor, c.new_size))
             if not old or not new:
-                self.add("note", "log", f"consistency proof {c.old_size} -> {c.new_size} for sizes the "
-                         "bundle holds no signed head of", None, NodeId(c.executor))
+                self.add(
+                    "note",
+                    "log",
+                    f"consistency proof {c.old_size} -> {c.new_size} for sizes the "
+                    "bundle holds no signed head of",
+                    None,
+                    NodeId(c.executor),
+                )
                 continue
             try:
                 verify_consistency(c.old_size, c.new_size, min(old), min(new), c.proof)
             except BadProof as e:
-                self.add("problem", "log", f"tree heads of sizes {c.old_size} and {c.new_size} are not "
-                         f"consistent: {e}", None, NodeId(c.executor))
+                self.add(
+                    "problem",
+                    "log",
+                    f"tree heads of sizes {c.old_size} and {c.new_size} are not consistent: {e}",
+                    None,
+                    NodeId(c.executor),
+                )
                 continue
             linked.add((c.executor, c.old_size, c.new_size))
         sizes: dict[bytes, list[int]] = defaultdict(list)
@@ -284,9 +368,14 @@ class _Audit:
             ss.sort()
             gaps = [f"{a} -> {b}" for a, b in itertools.pairwise(ss) if (executor, a, b) not in linked]
             if gaps:
-                self.add("note", "log", f"tree heads of sizes {', '.join(map(str, ss))}: no consistency "
-                         f"proof for {', '.join(gaps)} in the bundle (only the executor can give one)", None,
-                         NodeId(executor))
+                self.add(
+                    "note",
+                    "log",
+                    f"tree heads of sizes {', '.join(map(str, ss))}: no consistency "
+                    f"proof for {', '.join(gaps)} in the bundle (only the executor can give one)",
+                    None,
+                    NodeId(executor),
+                )
 
     # 5. disputes
     def check_disputes(self) -> None:
@@ -299,9 +388,15 @@ class _Audit:
             for other in envs[1:]:
                 diff = _differences(first, other.message)
                 if diff:
-                    self.add("problem", "dispute", f"receipts {_short(envs[0].message_id)} "
-                             f"({first.executor}) and {_short(other.message_id)} ({other.message.executor}) "
-                             f"disagree on {', '.join(diff)}", job_id, other.message.executor)
+                    self.add(
+                        "problem",
+                        "dispute",
+                        f"receipts {_short(envs[0].message_id)} "
+                        f"({first.executor}) and {_short(other.message_id)} ({other.message.executor}) "
+                        f"disagree on {', '.join(diff)}",
+                        job_id,
+                        other.message.executor,
+                    )
 
     # 6. re-execution
     def reexecute(self, verified: dict[Digest, int]) -> None:
@@ -315,8 +410,14 @@ class _Audit:
             checkable = []
             for env in envs:
                 if env.message.outcome.status == "timeout":
-                    self.add("note", "reexecute", f"receipt {_short(env.message_id)} is not re-verifiable "
-                             "(status timeout: stopped by the wall clock)", job_id, env.message.executor)
+                    self.add(
+                        "note",
+                        "reexecute",
+                        f"receipt {_short(env.message_id)} is not re-verifiable "
+                        "(status timeout: stopped by the wall clock)",
+                        job_id,
+                        env.message.executor,
+                    )
                 else:
                     checkable.append(env)
             manifest = self.offers.get(job_id)
@@ -324,33 +425,61 @@ class _Audit:
                 continue
             if manifest.profile.raw != PROFILE.digest:
                 for env in checkable:
-                    self.add("note", "reexecute", f"cannot re-execute here (profile "
-                             f"{manifest.profile.hex()[:16]}; this machine runs {PROFILE.digest_hex[:16]})",
-                             job_id, env.message.executor)
+                    self.add(
+                        "note",
+                        "reexecute",
+                        f"cannot re-execute here (profile "
+                        f"{manifest.profile.hex()[:16]}; this machine runs {PROFILE.digest_hex[:16]})",
+                        job_id,
+                        env.message.executor,
+                    )
                 continue
-            missing = [f"{what} {ref.root.hex()[:16]}" for what, ref in blobs_of(manifest)
-                       if ref.root.raw not in self.bundle.blobs]
+            missing = [
+                f"{what} {ref.root.hex()[:16]}"
+                for what, ref in blobs_of(manifest)
+                if ref.root.raw not in self.bundle.blobs
+            ]
             if missing:
                 for env in checkable:
-                    self.add("problem", "reexecute", f"cannot re-execute: the bundle lacks the "
-                             f"{', '.join(missing)} blob(s)", job_id, env.message.executor)
+                    self.add(
+                        "problem",
+                        "reexecute",
+                        f"cannot re-execute: the bundle lacks the {', '.join(missing)} blob(s)",
+                        job_id,
+                        env.message.executor,
+                    )
                 continue
             rerun = rerun_job(manifest, self.bundle.blobs, modules=modules)
             if rerun.error is not None:
                 for env in checkable:
-                    self.add("problem", "reexecute", f"cannot re-execute: {rerun.error}", job_id,
-                             env.message.executor)
+                    self.add(
+                        "problem",
+                        "reexecute",
+                        f"cannot re-execute: {rerun.error}",
+                        job_id,
+                        env.message.executor,
+                    )
                 continue
             self.report.reexecuted += 1
             for env in checkable:
                 diff = rerun.differences(env.message)
                 if rerun.stopped_by_clock and diff:
-                    self.add("note", "reexecute", f"the re-run was stopped by the wall clock on this machine "
-                             f"({rerun.wall_seconds:g} s), so receipt {_short(env.message_id)} is not judged",
-                             job_id, env.message.executor)
+                    self.add(
+                        "note",
+                        "reexecute",
+                        f"the re-run was stopped by the wall clock on this machine "
+                        f"({rerun.wall_seconds:g} s), so receipt {_short(env.message_id)} is not judged",
+                        job_id,
+                        env.message.executor,
+                    )
                 elif diff:
-                    self.add("problem", "reexecute", f"re-execution disagrees with receipt "
-                             f"{_short(env.message_id)}: {'; '.join(diff)}", job_id, env.message.executor)
+                    self.add(
+                        "problem",
+                        "reexecute",
+                        f"re-execution disagrees with receipt {_short(env.message_id)}: {'; '.join(diff)}",
+                        job_id,
+                        env.message.executor,
+                    )
                 else:
                     verified[env.message_id] = 1
                     for note in rerun.unchecked:
@@ -389,8 +518,9 @@ def audit(bundle: Bundle, *, reexecute: bool = False) -> AuditReport:
     return a.report
 
 
-def check_inclusion(proof: VerifiedEnvelope[InclusionProof],
-                    receipt: VerifiedEnvelope[UsageReceipt]) -> TreeHead:
+def check_inclusion(
+    proof: VerifiedEnvelope[InclusionProof], receipt: VerifiedEnvelope[UsageReceipt]
+) -> TreeHead:
     """Check that a verified `proof` places the receipt in its executor's log (docs/protocol.md 10.5); return
     its tree head.
 
@@ -415,8 +545,9 @@ def check_inclusion(proof: VerifiedEnvelope[InclusionProof],
     if head.size != p.tree_size:
         raise Mismatch(f"the proof is for a tree of {p.tree_size} leaves, its signed head for {head.size}")
     try:
-        verify_entry_inclusion(receipt.raw, entry.leaf_index, p.tree_size, [h.raw for h in entry.path],
-                               head.root.raw)
+        verify_entry_inclusion(
+            receipt.raw, entry.leaf_index, p.tree_size, [h.raw for h in entry.path], head.root.raw
+        )
     except BadProof as e:
         raise BadProof(f"the inclusion proof does not match the signed tree head: {e}") from None
     return head
@@ -485,26 +616,47 @@ def _one_line(text: str) -> str:
 
 
 def render(report: AuditReport) -> str:
-    counts = ((report.envelopes, "envelope"), (report.jobs, "job"), (report.receipts, "receipt"),
-              (report.acks, "acknowledgement"), (report.proofs, "inclusion proof"), (report.blobs, "blob"))
+    counts = (
+        (report.envelopes, "envelope"),
+        (report.jobs, "job"),
+        (report.receipts, "receipt"),
+        (report.acks, "acknowledgement"),
+        (report.proofs, "inclusion proof"),
+        (report.blobs, "blob"),
+    )
     lines = ["bundle: " + ", ".join(f"{n} {noun}{'' if n == 1 else 's'}" for n, noun in counts)]
     if report.nodes:
         lines.append("")
         head = ("node", "jobs", "receipts", "fuel", "compute s", "queue wait s", "re-executed", "problems")
-        rows = [head] + [(n.node, str(n.jobs), str(n.receipts), f"{n.fuel:,}", f"{n.compute_ms / 1000:.3f}",
-                          f"{n.queue_wait_ms / 1000:.3f}", str(n.reexecuted), str(n.problems))
-                         for n in report.nodes]
+        rows = [head] + [
+            (
+                n.node,
+                str(n.jobs),
+                str(n.receipts),
+                f"{n.fuel:,}",
+                f"{n.compute_ms / 1000:.3f}",
+                f"{n.queue_wait_ms / 1000:.3f}",
+                str(n.reexecuted),
+                str(n.problems),
+            )
+            for n in report.nodes
+        ]
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
         for r in rows:
-            lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                   for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip())
+            lines.append(
+                "  ".join(
+                    c.ljust(w) if i == 0 else c.rjust(w)
+                    for i, (c, w) in enumerate(zip(r, widths, strict=True))
+                ).rstrip()
+            )
     for title, items in (("problems", report.problems), ("notes", report.notes)):
         if items:
             lines.append("")
             lines.append(f"{title} ({len(items)}):")
             for f in items:
-                where = " ".join(x for x in (f"job {f.job[:16]}" if f.job else "",
-                                             f"node {f.node}" if f.node else "") if x)
+                where = " ".join(
+                    x for x in (f"job {f.job[:16]}" if f.job else "", f"node {f.node}" if f.node else "") if x
+                )
                 lines.append(f"  [{f.check}] {where + ': ' if where else ''}{f.what}")
     lines.append("")
     if report.sound:

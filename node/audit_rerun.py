@@ -56,8 +56,10 @@ class Rerun:
             out.append(f"outcome {outcome_text(r.outcome)} claimed, {outcome_text(self.outcome)} measured")
         if self.fuel_used != r.fuel_used:
             out.append(f"fuel_used {r.fuel_used} claimed, {self.fuel_used} measured")
-        for name, mine, size, theirs in (("stdout", self.stdout, self.stdout_size, r.stdout),
-                                         ("stderr", self.stderr, self.stderr_size, r.stderr)):
+        for name, mine, size, theirs in (
+            ("stdout", self.stdout, self.stdout_size, r.stdout),
+            ("stderr", self.stderr, self.stderr_size, r.stderr),
+        ):
             if size != theirs.size:
                 out.append(f"{name} of {theirs.size} bytes claimed, {size} measured")
             elif mine is not None and mine != theirs:
@@ -68,15 +70,17 @@ class Rerun:
             names = sorted(set(claimed) ^ set(mine_files))
             changed = sorted(n for n in set(claimed) & set(mine_files) if claimed[n] != mine_files[n])
             if names:
-                out.append(f"output files {', '.join(names[:5])} are in only one of the receipt and the "
-                           "re-run")
+                out.append(
+                    f"output files {', '.join(names[:5])} are in only one of the receipt and the re-run"
+                )
             if changed:
                 out.append(f"output files {', '.join(changed[:5])} differ")
         return out
 
 
-def rerun_job(manifest: JobManifest, blobs: dict[bytes, bytes], *,
-              modules: dict[bytes, Any] | None = None) -> Rerun:
+def rerun_job(
+    manifest: JobManifest, blobs: dict[bytes, bytes], *, modules: dict[bytes, Any] | None = None
+) -> Rerun:
     """Run a job again in the local sandbox from the bundle's blobs (which must hold all it needs).
 
     `modules` caches compiled modules by blob root across calls (many jobs share one module)."""
@@ -110,15 +114,25 @@ def rerun_job(manifest: JobManifest, blobs: dict[bytes, bytes], *,
                 stdin = root / "stdin"
                 stdin.write_bytes(blobs[manifest.stdin.root.raw])
             spec = JobSpec(
-                module=blobs[manifest.module.root.raw], args=manifest.args,
-                env=tuple((e.name, e.value) for e in manifest.env), stdin=stdin, inputs=inputs,
-                limits=Limits(fuel=lim.fuel, memory_bytes=lim.memory_bytes, wall_seconds=wall,
-                              max_output_bytes=lim.max_output_bytes),
-                seed=job_seed(manifest.job_id))
+                module=blobs[manifest.module.root.raw],
+                args=manifest.args,
+                env=tuple((e.name, e.value) for e in manifest.env),
+                stdin=stdin,
+                inputs=inputs,
+                limits=Limits(
+                    fuel=lim.fuel,
+                    memory_bytes=lim.memory_bytes,
+                    wall_seconds=wall,
+                    max_output_bytes=lim.max_output_bytes,
+                ),
+                seed=job_seed(manifest.job_id),
+            )
             result = run(spec, root / "output", module=compiled, streams_dir=root / "streams")
             outputs = _output_files(root / "output")
-            streams = (_stream_ref(result, root / "streams", "stdout"),
-                       _stream_ref(result, root / "streams", "stderr"))
+            streams = (
+                _stream_ref(result, root / "streams", "stdout"),
+                _stream_ref(result, root / "streams", "stderr"),
+            )
         except (SandboxError, OSError) as e:
             return _failed_rerun(f"the sandbox could not run the job here: {e}")
     return _rerun_from(result, outputs, streams)
@@ -144,8 +158,9 @@ def _file_ref(path: Path) -> BlobRef | None:
     return hasher.finish().ref
 
 
-def _rerun_from(result: RunResult, outputs: tuple[FileRef, ...],
-                streams: tuple[BlobRef | None, BlobRef | None]) -> Rerun:
+def _rerun_from(
+    result: RunResult, outputs: tuple[FileRef, ...], streams: tuple[BlobRef | None, BlobRef | None]
+) -> Rerun:
     unchecked = []
     refs = []
     for name, ref in zip(("stdout", "stderr"), streams, strict=True):
@@ -153,16 +168,29 @@ def _rerun_from(result: RunResult, outputs: tuple[FileRef, ...],
         if ref is None:  # its file went missing: a stream of one chunk still has its root from the hash
             ref = _ref_from_hash(sha, size)
         if ref is None:
-            unchecked.append(f"{name} of {size} bytes was compared by size only (the sandbox keeps "
-                             "only the SHA-256 of that much output)")
+            unchecked.append(
+                f"{name} of {size} bytes was compared by size only (the sandbox keeps "
+                "only the SHA-256 of that much output)"
+            )
         refs.append(ref)
     stdout_ref, stderr_ref = refs
     status = str(result.status)
     exit_code = (result.exit_code or 0) if status == "exited" else None
-    outcome = Outcome(status, exit_code, ((result.trap or "unknown")[:TRAP_MAX] or "unknown")
-                      if status == "trap" else None)
-    return Rerun(outcome, result.fuel_used, stdout_ref, result.stdout_bytes, stderr_ref, result.stderr_bytes,
-                 outputs, status == "timeout", result.wall_seconds, tuple(unchecked))
+    outcome = Outcome(
+        status, exit_code, ((result.trap or "unknown")[:TRAP_MAX] or "unknown") if status == "trap" else None
+    )
+    return Rerun(
+        outcome,
+        result.fuel_used,
+        stdout_ref,
+        result.stdout_bytes,
+        stderr_ref,
+        result.stderr_bytes,
+        outputs,
+        status == "timeout",
+        result.wall_seconds,
+        tuple(unchecked),
+    )
 
 
 def _failed_rerun(message: str) -> Rerun:
@@ -181,8 +209,11 @@ def _ref_from_hash(sha_hex: str, size: int) -> BlobRef | None:
 def _output_files(root: Path) -> tuple[FileRef, ...]:
     if not root.is_dir():
         return ()
-    files = [FileRef(p.relative_to(root).as_posix(), blob_ref(p.read_bytes()))
-             for p in root.rglob("*") if p.is_file()]
+    files = [
+        FileRef(p.relative_to(root).as_posix(), blob_ref(p.read_bytes()))
+        for p in root.rglob("*")
+        if p.is_file()
+    ]
     return tuple(sorted(files, key=lambda f: f.name))
 
 

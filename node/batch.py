@@ -109,7 +109,8 @@ def batch_jobs(store: Store, bid: str) -> list[JobRow]:
     with store.reading() as c:
         rows = c.execute(
             f"SELECT {columns} FROM batch_jobs b JOIN jobs j ON j.job_id = b.job_id AND j.role = 'submitter' "
-            "WHERE b.batch_id = ? ORDER BY b.seq", (bid,)
+            "WHERE b.batch_id = ? ORDER BY b.seq",
+            (bid,),
         ).fetchall()
     return [JobRow(*r) for r in rows]
 
@@ -122,7 +123,8 @@ def batch_unfinished(store: Store, bid: str) -> int:
     with store.reading() as c:
         row = c.execute(
             "SELECT count(*) FROM batch_jobs b JOIN jobs j ON j.job_id = b.job_id AND j.role = 'submitter' "
-            f"WHERE b.batch_id = ? AND j.state NOT IN ({', '.join('?' * len(_ENDED))})", (bid, *_ENDED)
+            f"WHERE b.batch_id = ? AND j.state NOT IN ({', '.join('?' * len(_ENDED))})",
+            (bid, *_ENDED),
         ).fetchone()
     return int(row[0])
 
@@ -132,8 +134,10 @@ def forget_pruned_jobs(store: Store) -> int:
     batch whose jobs are all gone is gone. Returns how many entries went."""
     with store.transaction(durable=False) as c:
         c.execute(_SCHEMA)
-        return c.execute("DELETE FROM batch_jobs WHERE NOT EXISTS "
-                         "(SELECT 1 FROM jobs WHERE jobs.job_id = batch_jobs.job_id)").rowcount
+        return c.execute(
+            "DELETE FROM batch_jobs WHERE NOT EXISTS "
+            "(SELECT 1 FROM jobs WHERE jobs.job_id = batch_jobs.job_id)"
+        ).rowcount
 
 
 def parse_lines(text: str, source: str) -> list[dict[str, object]]:

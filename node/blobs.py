@@ -79,11 +79,7 @@ def hash_hex(digest: str | bytes) -> str:
         if len(digest) != 32:
             raise ValueError(f"a SHA-256 hash is 32 bytes, got {len(digest)}")
         return digest.hex()
-    if (
-        not isinstance(digest, str)
-        or len(digest) != HASH_HEX_LEN
-        or digest.strip("0123456789abcdef") != ""
-    ):
+    if not isinstance(digest, str) or len(digest) != HASH_HEX_LEN or digest.strip("0123456789abcdef") != "":
         raise ValueError(f"not a SHA-256 hash (64 lower-case hex digits): {digest!r:.80}")
     return digest
 

@@ -76,8 +76,10 @@ def encode_bundle(bundle: Bundle) -> bytes:
     cons = [(c.executor, c.old_size, c.new_size, list(c.proof)) for c in bundle.consistency]
     data = pack([MAGIC, VERSION, list(bundle.envelopes), blobs, cons])
     if len(data) > MAX_BUNDLE_BYTES:
-        raise BundleError(f"the bundle would be {len(data)} bytes, more than the {MAX_BUNDLE_BYTES} a reader "
-                          "accepts; export fewer jobs, or without blobs")
+        raise BundleError(
+            f"the bundle would be {len(data)} bytes, more than the {MAX_BUNDLE_BYTES} a reader "
+            "accepts; export fewer jobs, or without blobs"
+        )
     return data
 
 
@@ -102,8 +104,9 @@ def decode_bundle(data: bytes) -> Bundle:
         if type(env) is not bytes or not env:
             raise BundleError(f"envelopes[{i}] is not a non-empty bin")
         if len(env) > MAX_FRAME:
-            raise BundleError(f"envelopes[{i}] is {len(env)} bytes, larger than an envelope may be "
-                              f"({MAX_FRAME})")
+            raise BundleError(
+                f"envelopes[{i}] is {len(env)} bytes, larger than an envelope may be ({MAX_FRAME})"
+            )
     if len(set(envelopes)) != len(envelopes):
         raise BundleError("the same envelope appears twice")
     blobs: dict[bytes, bytes] = {}
@@ -225,8 +228,15 @@ def all_job_ids(store: Store) -> list[bytes]:
     return sorted(ids)
 
 
-def export_bundle(store: Store, blobs: BlobStore | None, job_ids: Sequence[bytes] | None, with_blobs: bool,
-                  *, receipt_log: ReceiptLog | None = None, now_ms: int | None = None) -> Export:
+def export_bundle(
+    store: Store,
+    blobs: BlobStore | None,
+    job_ids: Sequence[bytes] | None,
+    with_blobs: bool,
+    *,
+    receipt_log: ReceiptLog | None = None,
+    now_ms: int | None = None,
+) -> Export:
     """Collect the jobs' envelopes (None: every job the store knows) into a bundle.
 
     With `receipt_log` (this node's own), each of its receipts gets a fresh inclusion proof and the
@@ -277,8 +287,11 @@ def _verified(envelopes: Iterable[bytes]) -> list[Any]:
 
 def _own_proofs(verified: list[Any], log: ReceiptLog, now: int) -> list[bytes]:
     """Fresh proofs placing this node's own receipts of the bundle in its log, against its latest head."""
-    mine = [env.message_id.raw for env in verified
-            if isinstance(env.message, UsageReceipt) and str(env.signer) == log.node]
+    mine = [
+        env.message_id.raw
+        for env in verified
+        if isinstance(env.message, UsageReceipt) and str(env.signer) == log.node
+    ]
     return log.inclusions(mine, now)
 
 
@@ -317,8 +330,11 @@ def _needed_blobs(verified: list[Any], job_ids: set[bytes]) -> list[BlobRef]:
 # --- the control API endpoint ---------------------------------------------------------------------------
 
 
-def export_handler(store: AsyncStore, blobs: BlobStore | None,
-                   receipt_log: ReceiptLog | Callable[[], ReceiptLog | None] | None = None) -> Handler:
+def export_handler(
+    store: AsyncStore,
+    blobs: BlobStore | None,
+    receipt_log: ReceiptLog | Callable[[], ReceiptLog | None] | None = None,
+) -> Handler:
     """The handler of POST /v1/receipts/export.
 
     Body: {"jobs": [hex job id, ...] or null (all), "with_blobs": bool, "out": absolute path}. The node
@@ -357,7 +373,8 @@ def export_handler(store: AsyncStore, blobs: BlobStore | None,
             if job_ids is not None:
                 for j in job_ids:
                     if not store.store.envelopes_for_job(j) and not any(
-                            store.store.job(j, role) for role in ("submitter", "executor")):
+                        store.store.job(j, role) for role in ("submitter", "executor")
+                    ):
                         raise HttpError(404, f"no such job: {j.hex()}", "unknown_job")
             export = export_bundle(store.store, blobs, job_ids, with_blobs, receipt_log=log)
             write_bundle(out, export.data)
@@ -367,7 +384,13 @@ def export_handler(store: AsyncStore, blobs: BlobStore | None,
             export = await trio.to_thread.run_sync(work)
         except BundleError as e:
             raise HttpError(400, str(e), "export_failed") from None
-        return {"path": out, "bytes": len(export.data), "jobs": export.jobs, "envelopes": export.envelopes,
-                "blobs": export.blobs, "missing_blobs": list(export.missing_blobs)}
+        return {
+            "path": out,
+            "bytes": len(export.data),
+            "jobs": export.jobs,
+            "envelopes": export.envelopes,
+            "blobs": export.blobs,
+            "missing_blobs": list(export.missing_blobs),
+        }
 
     return handle

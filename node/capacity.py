@@ -99,9 +99,14 @@ class CapacityPolicy:
 
     @classmethod
     def from_config(cls, config: NodeConfig) -> CapacityPolicy:
-        return cls(cores=config.cores, memory=config.memory, only_when_idle=config.only_when_idle,
-                   idle_threshold=config.idle_load, idle_seconds=config.idle_seconds,
-                   raise_after=config.capacity_raise_after)
+        return cls(
+            cores=config.cores,
+            memory=config.memory,
+            only_when_idle=config.only_when_idle,
+            idle_threshold=config.idle_load,
+            idle_seconds=config.idle_seconds,
+            raise_after=config.capacity_raise_after,
+        )
 
 
 class State(Enum):
@@ -135,8 +140,12 @@ class Capacity:
         return (self.cores, self.memory, self.state)
 
     def to_json(self) -> dict[str, Any]:
-        return {"cores": self.cores, "memory_bytes": self.memory, "state": self.state.value,
-                "owner_cpu_cores": None if self.owner_cpu is None else round(self.owner_cpu, 3)}
+        return {
+            "cores": self.cores,
+            "memory_bytes": self.memory,
+            "state": self.state.value,
+            "owner_cpu_cores": None if self.owner_cpu is None else round(self.owner_cpu, 3),
+        }
 
 
 # --- pure computation -------------------------------------------------------------------------------
@@ -281,8 +290,15 @@ def read_sample(worker_pids: Iterable[int] = (), *, proc: Path = PROC) -> Sample
             loadavg = os.getloadavg()[0]
         except (AttributeError, OSError):
             loadavg = None
-    return Sample(cpus=cpus, cpu=cpu, worker_cpu=worker_cpu, worker_rss=worker_rss,
-                  mem_available=mem_available, workers=len(pids), loadavg=loadavg)
+    return Sample(
+        cpus=cpus,
+        cpu=cpu,
+        worker_cpu=worker_cpu,
+        worker_rss=worker_rss,
+        mem_available=mem_available,
+        workers=len(pids),
+        loadavg=loadavg,
+    )
 
 
 def parse_proc_stat(text: str) -> tuple[int, CpuTimes]:
@@ -335,7 +351,7 @@ def parse_pid_stat(text: str) -> tuple[int, int]:
     end = text.rfind(")")
     if end < 0:
         raise ValueError("not a /proc/PID/stat line")
-    rest = text[end + 1:].split()
+    rest = text[end + 1 :].split()
     if len(rest) < 22:
         raise ValueError("truncated /proc/PID/stat line")
     return int(rest[11]) + int(rest[12]), int(rest[21])
@@ -417,9 +433,11 @@ async def run_capacity_monitor(
         if capacity is None or (last is not None and capacity.reported == last.reported):
             continue
         if capacity.state is State.UNMEASURED and (last is None or last.state is not State.UNMEASURED):
-            log.warning("only-when-idle is set but the owner's CPU use cannot be measured here: "
-                        "offering nothing")
-        log.info("capacity: %d cores, %d MiB (%s)", capacity.cores, capacity.memory >> 20,
-                 capacity.state.value)
+            log.warning(
+                "only-when-idle is set but the owner's CPU use cannot be measured here: offering nothing"
+            )
+        log.info(
+            "capacity: %d cores, %d MiB (%s)", capacity.cores, capacity.memory >> 20, capacity.state.value
+        )
         last = capacity
         on_change(capacity)

@@ -55,8 +55,13 @@ class PeerCapacity:
     expires: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"cores": self.cores, "memory_bytes": self.memory_bytes, "queue_length": self.queue_length,
-                "fuel_rate": self.fuel_rate, "expires": self.expires}
+        return {
+            "cores": self.cores,
+            "memory_bytes": self.memory_bytes,
+            "queue_length": self.queue_length,
+            "fuel_rate": self.fuel_rate,
+            "expires": self.expires,
+        }
 
 
 class CapacityService:
@@ -110,10 +115,16 @@ class CapacityService:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._apply(self.current)
         async with trio.open_nursery() as nursery:
-            await nursery.start(partial(
-                run_capacity_monitor, policy=self.policy, on_change=self.on_change, interval=self.interval,
-                worker_pids=self.worker_pids, sampler=self.sampler,
-            ))
+            await nursery.start(
+                partial(
+                    run_capacity_monitor,
+                    policy=self.policy,
+                    on_change=self.on_change,
+                    interval=self.interval,
+                    worker_pids=self.worker_pids,
+                    sampler=self.sampler,
+                )
+            )
             nursery.start_soon(self._advertise_loop)
             nursery.start_soon(self._deadline_loop)
             task_status.started()
@@ -184,8 +195,9 @@ class CapacityService:
             known = self.peers.get(msg.node.raw)
             if known is not None and known.expires >= msg.expires:
                 continue
-            self.peers[msg.node.raw] = PeerCapacity(msg.cores, msg.memory_bytes, msg.queue_length,
-                                                    msg.fuel_rate, msg.expires)
+            self.peers[msg.node.raw] = PeerCapacity(
+                msg.cores, msg.memory_bytes, msg.queue_length, msg.fuel_rate, msg.expires
+            )
 
     def peer_table(self) -> dict[str, dict[str, Any]]:
         now = self.clock()

@@ -15,9 +15,12 @@ from e31.node.cli import CliError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="a bundle written by `e31 receipts export`")
-    parser.add_argument("--reexecute", action="store_true",
-                        help="re-run every job in the local sandbox and require the exact outputs and fuel "
-                             "(needs a bundle exported --with-blobs)")
+    parser.add_argument(
+        "--reexecute",
+        action="store_true",
+        help="re-run every job in the local sandbox and require the exact outputs and fuel "
+        "(needs a bundle exported --with-blobs)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
 

@@ -37,15 +37,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from .demo_image import MAX_TILES
     from .demo_net import MAX_NODES
 
-    parser.description = ("Start a throwaway network of local nodes, render a Mandelbrot image as tile jobs "
-                          "across it, write ./e31-demo.png, then export and audit every receipt.")
-    parser.add_argument("--nodes", type=_count(1, MAX_NODES), default=3, metavar="N",
-                        help="node processes to start (default 3)")
-    parser.add_argument("--jobs", type=_count(1, MAX_TILES), default=24, metavar="M",
-                        help="tiles to render, one job each (default 24)")
+    parser.description = (
+        "Start a throwaway network of local nodes, render a Mandelbrot image as tile jobs "
+        "across it, write ./e31-demo.png, then export and audit every receipt."
+    )
+    parser.add_argument(
+        "--nodes",
+        type=_count(1, MAX_NODES),
+        default=3,
+        metavar="N",
+        help="node processes to start (default 3)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=_count(1, MAX_TILES),
+        default=24,
+        metavar="M",
+        help="tiles to render, one job each (default 24)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object with the outcome")
-    parser.add_argument("--keep", type=Path, metavar="DIR",
-                        help="keep the data dirs, logs and receipts bundle in DIR (new or empty)")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="keep the data dirs, logs and receipts bundle in DIR (new or empty)",
+    )
     # Each job's fuel limit, for tests that need jobs to fail (out of fuel); not for users.
     parser.add_argument("--job-fuel", type=_count(1, 10**12), metavar="N", help=argparse.SUPPRESS)
 
@@ -123,13 +139,25 @@ def format_nodes(rows: list[NodeRow]) -> str:
     table = [NODE_COLUMNS]
     for r in rows:
         short = r.node_id if len(r.node_id) <= 16 else r.node_id[:15] + "…"
-        table.append((r.name, short, str(r.jobs), f"{r.fuel:,}", f"{r.compute_seconds:.3f} s",
-                      f"{r.queue_wait_seconds:.3f} s"))
+        table.append(
+            (
+                r.name,
+                short,
+                str(r.jobs),
+                f"{r.fuel:,}",
+                f"{r.compute_seconds:.3f} s",
+                f"{r.queue_wait_seconds:.3f} s",
+            )
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(NODE_COLUMNS))]
     right = {2, 3, 4, 5}
-    return "\n".join("  ".join(cell.rjust(w) if i in right else cell.ljust(w)
-                               for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
-                     for row in table)
+    return "\n".join(
+        "  ".join(
+            cell.rjust(w) if i in right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in table
+    )
 
 
 def format_summary(result: DemoResult) -> str:
@@ -146,11 +174,15 @@ def format_summary(result: DemoResult) -> str:
     for problem in result.problems:
         lines.append(f"problem: {problem}")
     if result.notes and result.receipts is not None:
-        lines.append(f"the audit also made {len(result.notes)} note(s), things it could not check that are "
-                     f"not problems: see them with e31 audit {shown(result.receipts)}")
+        lines.append(
+            f"the audit also made {len(result.notes)} note(s), things it could not check that are "
+            f"not problems: see them with e31 audit {shown(result.receipts)}"
+        )
     if result.ok:
-        lines.append(f"all {result.jobs} jobs verified ({result.reexecuted} re-executed by the audit) "
-                     f"in {result.wall_seconds:.1f} s; the network is stopped")
+        lines.append(
+            f"all {result.jobs} jobs verified ({result.reexecuted} re-executed by the audit) "
+            f"in {result.wall_seconds:.1f} s; the network is stopped"
+        )
     else:
         lines.append(f"{result.verified} of {result.jobs} jobs verified: the demo FAILED")
     if result.work_dir is not None:

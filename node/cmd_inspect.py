@@ -18,10 +18,15 @@ from e31.node.cli import CliError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", metavar="PATH|-", help="file holding the raw envelope bytes, or - for stdin")
-    parser.add_argument("--hex", action="store_true",
-                        help="the input is the envelope in hex (whitespace ignored)")
-    parser.add_argument("--now", type=int, metavar="MS",
-                        help="judge expiry at this time (ms since the Unix epoch) instead of the clock")
+    parser.add_argument(
+        "--hex", action="store_true", help="the input is the envelope in hex (whitespace ignored)"
+    )
+    parser.add_argument(
+        "--now",
+        type=int,
+        metavar="MS",
+        help="judge expiry at this time (ms since the Unix epoch) instead of the clock",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,16 +13,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from . import config
 
     sub = parser.add_subparsers(dest="node_command", metavar="SUBCOMMAND", required=True)
-    run_parser = sub.add_parser("run", help="run a node in the foreground until SIGINT or SIGTERM",
-                                description="Run a node in the foreground until SIGINT or SIGTERM. "
-                                "Flags override the data dir's config.toml.")
+    run_parser = sub.add_parser(
+        "run",
+        help="run a node in the foreground until SIGINT or SIGTERM",
+        description="Run a node in the foreground until SIGINT or SIGTERM. "
+        "Flags override the data dir's config.toml.",
+    )
     config.add_arguments(run_parser)
     # Timing knobs for tests and local experiments; not part of the configuration file.
     run_parser.add_argument("--heartbeat", type=_positive_float, metavar="SECONDS", help=argparse.SUPPRESS)
     run_parser.add_argument("--target-degree", type=_positive_int, metavar="N", help=argparse.SUPPRESS)
     run_parser.set_defaults(_node_run=_run)
-    status_parser = sub.add_parser("status", help="show a running node's status",
-                                   description="Show the status of the node running with this data dir.")
+    status_parser = sub.add_parser(
+        "status",
+        help="show a running node's status",
+        description="Show the status of the node running with this data dir.",
+    )
     add_data_dir_argument(status_parser)
     status_parser.add_argument("--json", action="store_true", help="print the JSON object the node returns")
     status_parser.set_defaults(_node_run=_status)

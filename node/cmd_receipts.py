@@ -26,15 +26,27 @@ def _job_id(text: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    p = sub.add_parser("export", help="write the receipts of some or all jobs into one bundle file",
-                       description="Write the signed offers, assignments, receipts, acknowledgements, tree "
-                                   "heads and inclusion proofs of jobs into one bundle (docs/auditing.md).")
+    p = sub.add_parser(
+        "export",
+        help="write the receipts of some or all jobs into one bundle file",
+        description="Write the signed offers, assignments, receipts, acknowledgements, tree "
+        "heads and inclusion proofs of jobs into one bundle (docs/auditing.md).",
+    )
     add_data_dir_argument(p)
-    p.add_argument("--job", dest="jobs", action="append", type=_job_id, metavar="ID",
-                   help="a job to export (repeat for more; default: every job the node knows)")
+    p.add_argument(
+        "--job",
+        dest="jobs",
+        action="append",
+        type=_job_id,
+        metavar="ID",
+        help="a job to export (repeat for more; default: every job the node knows)",
+    )
     p.add_argument("--out", required=True, metavar="FILE", help="the bundle file to write")
-    p.add_argument("--with-blobs", action="store_true",
-                   help="include the module, input and stdin blobs, so `e31 audit --reexecute` can re-run")
+    p.add_argument(
+        "--with-blobs",
+        action="store_true",
+        help="include the module, input and stdin blobs, so `e31 audit --reexecute` can re-run",
+    )
     p.add_argument("--json", action="store_true", help="print the node's answer as JSON")
 
 
@@ -62,8 +74,11 @@ def run(args: argparse.Namespace) -> int:
     counts = ", ".join(_count(answer.get(k), k) for k in ("jobs", "envelopes", "blobs", "bytes"))
     print(f"wrote {answer.get('path', out)}: {counts}")
     if missing:
-        print(f"warning: the node lacks {len(missing)} blob(s) needed to re-run; `e31 audit --reexecute` "
-              f"will report them: {', '.join(m[:16] for m in missing[:5])}", file=sys.stderr)
+        print(
+            f"warning: the node lacks {len(missing)} blob(s) needed to re-run; `e31 audit --reexecute` "
+            f"will report them: {', '.join(m[:16] for m in missing[:5])}",
+            file=sys.stderr,
+        )
     return 0
 
 

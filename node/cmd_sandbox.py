@@ -70,29 +70,58 @@ def _seed(text: str) -> bytes:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="sandbox_command", metavar="ACTION", required=True)
-    p = sub.add_parser("run", help="run one module under the job limits and report the outcome",
-                       description="Run one WebAssembly/WASI module (.wasm or .wat) in the e31 sandbox.",
-                       epilog="example: e31 sandbox run --input data/ wordfreq.wasm -- 10")
+    p = sub.add_parser(
+        "run",
+        help="run one module under the job limits and report the outcome",
+        description="Run one WebAssembly/WASI module (.wasm or .wat) in the e31 sandbox.",
+        epilog="example: e31 sandbox run --input data/ wordfreq.wasm -- 10",
+    )
     p.add_argument("module", metavar="MODULE", type=Path, help="the module: a .wasm binary or .wat text")
-    p.add_argument("guest_args", nargs="*", metavar="ARG",
-                   help="arguments for the guest after MODULE (put any that start with '-' after `--`); "
-                   "appended to any --arg")
+    p.add_argument(
+        "guest_args",
+        nargs="*",
+        metavar="ARG",
+        help="arguments for the guest after MODULE (put any that start with '-' after `--`); "
+        "appended to any --arg",
+    )
     p.set_defaults(accepts_passthrough=True)
-    p.add_argument("--arg", dest="args", action="append", default=[], metavar="A",
-                   help="an argument for the guest (repeatable; argv[0] is always job.wasm)")
-    p.add_argument("--env", action="append", type=_env, default=[], metavar="K=V",
-                   help="an environment variable for the guest (repeatable)")
-    p.add_argument("--stdin", type=Path, metavar="FILE",
-                   help="file the guest reads as stdin (default: empty)")
-    p.add_argument("--input", type=Path, metavar="DIR",
-                   help="directory whose files the guest sees under /input")
-    p.add_argument("--output", type=Path, metavar="DIR",
-                   help="directory where the guest's /output files are written after the run")
+    p.add_argument(
+        "--arg",
+        dest="args",
+        action="append",
+        default=[],
+        metavar="A",
+        help="an argument for the guest (repeatable; argv[0] is always job.wasm)",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        type=_env,
+        default=[],
+        metavar="K=V",
+        help="an environment variable for the guest (repeatable)",
+    )
+    p.add_argument(
+        "--stdin", type=Path, metavar="FILE", help="file the guest reads as stdin (default: empty)"
+    )
+    p.add_argument(
+        "--input", type=Path, metavar="DIR", help="directory whose files the guest sees under /input"
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        metavar="DIR",
+        help="directory where the guest's /output files are written after the run",
+    )
     p.add_argument("--fuel", type=_count, metavar="N", help="fuel budget (default 10_000_000_000)")
     p.add_argument("--memory", type=_size, metavar="BYTES", help="linear memory limit (default 256M)")
     p.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="wall-clock limit (default 60)")
-    p.add_argument("--max-output", type=_size, metavar="BYTES",
-                   help="cap on stdout + stderr + /output bytes (default 64M)")
+    p.add_argument(
+        "--max-output",
+        type=_size,
+        metavar="BYTES",
+        help="cap on stdout + stderr + /output bytes (default 64M)",
+    )
     p.add_argument("--seed", type=_seed, metavar="HEX", help="32-byte seed for random_get (default zeros)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
 
@@ -123,9 +152,16 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--stdin {str(args.stdin)!r}: no such file", 2)
     if args.input is not None and not args.input.is_dir():
         raise CliError(f"--input {str(args.input)!r}: not a directory", 2)
-    chosen = {k: v for k, v in (("fuel", args.fuel), ("memory_bytes", args.memory),
-                                 ("wall_seconds", args.timeout), ("max_output_bytes", args.max_output))
-              if v is not None}
+    chosen = {
+        k: v
+        for k, v in (
+            ("fuel", args.fuel),
+            ("memory_bytes", args.memory),
+            ("wall_seconds", args.timeout),
+            ("max_output_bytes", args.max_output),
+        )
+        if v is not None
+    }
     try:
         limits = Limits(**chosen)
         inputs = input_files_from_dir(args.input) if args.input is not None else {}
@@ -140,10 +176,15 @@ def run(args: argparse.Namespace) -> int:
         except InvalidModule as e:
             module, refused = None, str(e)
     try:
-        spec = JobSpec(module=module or b"", args=(*args.args, *args.guest_args, *args.passthrough),
-                       env=tuple(args.env),
-                       stdin=args.stdin, inputs=inputs, limits=limits,
-                       **({"seed": args.seed} if args.seed else {}))
+        spec = JobSpec(
+            module=module or b"",
+            args=(*args.args, *args.guest_args, *args.passthrough),
+            env=tuple(args.env),
+            stdin=args.stdin,
+            inputs=inputs,
+            limits=limits,
+            **({"seed": args.seed} if args.seed else {}),
+        )
     except JobSpecError as e:
         raise CliError(str(e), 2) from e
     if refused is not None:
@@ -175,11 +216,15 @@ def _summary(r: RunResult) -> str:
     lines = [f"e31 sandbox: {outcome}"]
     if r.message:
         lines.append(f"  {r.message}")
-    lines.append(f"  fuel {r.fuel_used:,} of {r.fuel_limit:,}; {r.wall_seconds:.3f} s; "
-                 f"memory {r.peak_memory_bytes:,} bytes; output {r.output_bytes:,} bytes")
+    lines.append(
+        f"  fuel {r.fuel_used:,} of {r.fuel_limit:,}; {r.wall_seconds:.3f} s; "
+        f"memory {r.peak_memory_bytes:,} bytes; output {r.output_bytes:,} bytes"
+    )
     if r.stdout_bytes > len(r.stdout):
-        lines.append(f"  stdout shown: the first {len(r.stdout):,} of {r.stdout_bytes:,} bytes "
-                     f"(sha256 {r.stdout_sha256} covers all of it)")
+        lines.append(
+            f"  stdout shown: the first {len(r.stdout):,} of {r.stdout_bytes:,} bytes "
+            f"(sha256 {r.stdout_sha256} covers all of it)"
+        )
     for name, digest in sorted(r.output_files.items()):
         lines.append(f"  /output/{name}  sha256 {digest}")
     if not r.reverifiable:

@@ -120,11 +120,20 @@ class NodeConfig:
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "kib": 1 << 10,
-    "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
-    "g": 1000**3, "gb": 1000**3, "gib": 1 << 30,
-    "t": 1000**4, "tb": 1000**4, "tib": 1 << 40,
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1 << 10,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1 << 20,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1 << 30,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1 << 40,
 }
 _NETWORK_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
 _IFACE_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
@@ -403,16 +412,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action = "append" if key == "bootstrap" else "store"
         parser.add_argument(flag, dest=key, metavar=metavar, action=action, help=text)
     parser.add_argument("--log-level", choices=LOG_LEVELS, help="log detail (default info)")
-    parser.add_argument("--mdns", dest="mdns", action="store_const", const="true",
-                        help="find peers on the local network (default)")
+    parser.add_argument(
+        "--mdns",
+        dest="mdns",
+        action="store_const",
+        const="true",
+        help="find peers on the local network (default)",
+    )
     parser.add_argument("--no-mdns", dest="mdns", action="store_const", const="false", help="do not use mDNS")
-    parser.add_argument("--only-when-idle", dest="only_when_idle", action="store_const", const="true",
-                        help="run jobs only while the machine's owner is away")
+    parser.add_argument(
+        "--only-when-idle",
+        dest="only_when_idle",
+        action="store_const",
+        const="true",
+        help="run jobs only while the machine's owner is away",
+    )
 
 
 def add_data_dir_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", metavar="DIR",
-                        help="the node's data directory (default: $E31_DATA_DIR, else the user data dir)")
+    parser.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="the node's data directory (default: $E31_DATA_DIR, else the user data dir)",
+    )
 
 
 def config_from_args(args: argparse.Namespace, *, environ: Mapping[str, str] | None = None) -> NodeConfig:

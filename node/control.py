@@ -61,9 +61,17 @@ class HttpError(Exception):
 
 
 _CODES = {
-    400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-    408: "request_timeout", 409: "conflict", 413: "payload_too_large", 415: "unsupported_media_type",
-    431: "headers_too_large", 500: "internal_error", 503: "busy",
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    431: "headers_too_large",
+    500: "internal_error",
+    503: "busy",
 }
 
 

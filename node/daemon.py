@@ -175,8 +175,9 @@ class Node:
     """The GossipService once started (node/gossip.py); its counters show in the status."""
 
     def __post_init__(self) -> None:
-        self.peering = PeerService(identity=self.identity, config=self.config, store=self.store,
-                                   settings=self.settings)
+        self.peering = PeerService(
+            identity=self.identity, config=self.config, store=self.store, settings=self.settings
+        )
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every service, report ready, run until cancelled, then close the store."""
@@ -191,8 +192,9 @@ class Node:
                 await self._start_gc(nursery)
                 await nursery.start(run_trimmer)
                 await nursery.start(serve_control, router, self.config)
-                log.info("node %s on network %s listening on %s", self.peering.node_id, self.config.network,
-                         listen)
+                log.info(
+                    "node %s on network %s listening on %s", self.peering.node_id, self.config.network, listen
+                )
                 task_status.started()
         finally:
             with trio.CancelScope(shield=True):
@@ -215,9 +217,16 @@ class Node:
 
         interfaces = list(self.config.mdns_interfaces) or None
         try:
-            await nursery.start(partial(run_discovery, node_id=self.peering.node_id,
-                                        network=self.config.network, addresses=[split_address(listen)],
-                                        interfaces=interfaces, on_found=found))
+            await nursery.start(
+                partial(
+                    run_discovery,
+                    node_id=self.peering.node_id,
+                    network=self.config.network,
+                    addresses=[split_address(listen)],
+                    interfaces=interfaces,
+                    on_found=found,
+                )
+            )
         except DiscoveryError as e:
             log.warning("mDNS discovery is off: %s", e)
 
@@ -230,21 +239,34 @@ class Node:
         from .market_service import run_jobs
         from .receiptlog import ReceiptLog
 
-        gossip = GossipService(GossipEngine[bytes](GossipConfig(self.config.network)),
-                               on_disconnect=self.peering.disconnect)
+        gossip = GossipService(
+            GossipEngine[bytes](GossipConfig(self.config.network)), on_disconnect=self.peering.disconnect
+        )
         adverts = gossip.subscribe("capacity")  # before any link can bring one
         await nursery.start(gossip.run)
         self.peering.add_listener(gossip)
         self.gossip = gossip
         # in a thread, like every other synchronous use of the store (it may write; the event loop
         # must never touch the connection directly: its short writes share an open transaction)
-        receipt_log = await trio.to_thread.run_sync(ReceiptLog, self.store.store, self.identity,
-                                                    self.config.network)
+        receipt_log = await trio.to_thread.run_sync(
+            ReceiptLog, self.store.store, self.identity, self.config.network
+        )
         router.add("POST", "/v1/receipts/export", export_handler(self.store, self.blobs, receipt_log))
-        await nursery.start(partial(run_jobs, identity=self.identity, config=self.config, store=self.store,
-                                    blobs=self.blobs, peering=self.peering, router=router, gossip=gossip,
-                                    receipt_log=receipt_log, on_capacity=self._set_capacity,
-                                    adverts=adverts))
+        await nursery.start(
+            partial(
+                run_jobs,
+                identity=self.identity,
+                config=self.config,
+                store=self.store,
+                blobs=self.blobs,
+                peering=self.peering,
+                router=router,
+                gossip=gossip,
+                receipt_log=receipt_log,
+                on_capacity=self._set_capacity,
+                adverts=adverts,
+            )
+        )
 
     async def _start_gc(self, nursery: trio.Nursery) -> None:
         """Collect expired blobs and the leftovers of finished jobs every `gc_interval` seconds."""
@@ -252,9 +274,16 @@ class Node:
         from .market import MarketSettings
         from .market_service import RUNS_DIR
 
-        await nursery.start(partial(run_gc, self.store, self.blobs, interval=self.config.gc_interval,
-                                    retention_s=MarketSettings().retention_ms / 1000,
-                                    runs_dir=self.config.data_dir / RUNS_DIR))
+        await nursery.start(
+            partial(
+                run_gc,
+                self.store,
+                self.blobs,
+                interval=self.config.gc_interval,
+                retention_s=MarketSettings().retention_ms / 1000,
+                runs_dir=self.config.data_dir / RUNS_DIR,
+            )
+        )
 
     def _set_capacity(self, capacity: Any) -> None:
         self.capacity = capacity

@@ -103,14 +103,21 @@ class DemoResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "ok": self.ok, "nodes": self.nodes, "jobs": self.jobs, "done": self.done,
-            "verified": self.verified, "reexecuted": self.reexecuted, "failed": self.failed,
-            "problems": self.problems, "notes": self.notes,
+            "ok": self.ok,
+            "nodes": self.nodes,
+            "jobs": self.jobs,
+            "done": self.done,
+            "verified": self.verified,
+            "reexecuted": self.reexecuted,
+            "failed": self.failed,
+            "problems": self.problems,
+            "notes": self.notes,
             "image": None if self.image is None else str(self.image),
             "receipts": None if self.receipts is None else str(self.receipts),
             "work_dir": None if self.work_dir is None else str(self.work_dir),
             "per_node": [r.to_json() for r in self.rows],
-            "wall_seconds": round(self.wall_seconds, 3), "peak_rss_bytes": self.peak_rss_bytes,
+            "wall_seconds": round(self.wall_seconds, 3),
+            "peak_rss_bytes": self.peak_rss_bytes,
         }
 
 
@@ -148,8 +155,9 @@ def e31_process(*args: str, timeout: float) -> Called:
     """Run `e31 ARGS` as a child process (isolates heavy steps: the export, the re-executing audit)."""
     command = [sys.executable, "-m", "e31.node", *args]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired:
         return Called(tuple(args), 124, "", f"e31: error: `e31 {args[0]}` gave no answer in {timeout:g} s")
     if done.returncode == 130:
@@ -184,8 +192,20 @@ def fuel_for(tile: Tile, max_iter: int = MAX_ITER) -> int:
 def submit_argv(module: Path, tile: Tile, fuel: int | None) -> list[str]:
     """The `e31 submit` command line (after `--data-dir`) for one tile."""
     guest = [word for arg in tile.guest_args(WIDTH, HEIGHT, MAX_ITER) for word in ("--arg", arg)]
-    return [str(module), *guest, "--fuel", str(fuel or fuel_for(tile)), "--memory", "16MiB",
-            "--timeout", "60", "--max-output", str(tile.width * tile.height + 64), "--deadline", "10m"]
+    return [
+        str(module),
+        *guest,
+        "--fuel",
+        str(fuel or fuel_for(tile)),
+        "--memory",
+        "16MiB",
+        "--timeout",
+        "60",
+        "--max-output",
+        str(tile.width * tile.height + 64),
+        "--deadline",
+        "10m",
+    ]
 
 
 def _submit(data_dir: Path, module: Path, tiles: Sequence[Tile], fuel: int | None) -> dict[str, Tile]:
@@ -242,8 +262,9 @@ def _why(row: dict[str, Any]) -> str:
     return str(text or row.get("reason") or row.get("state", "?"))
 
 
-def _wait(net: LocalNetwork, jobs: dict[str, Tile], options: DemoOptions, events: Events,
-          result: DemoResult) -> dict[str, dict[str, Any]]:
+def _wait(
+    net: LocalNetwork, jobs: dict[str, Tile], options: DemoOptions, events: Events, result: DemoResult
+) -> dict[str, dict[str, Any]]:
     start = time.monotonic()
     deadline = start + options.job_timeout
     first = net.nodes[0]
@@ -259,11 +280,17 @@ def _wait(net: LocalNetwork, jobs: dict[str, Tile], options: DemoOptions, events
         if len(finished) == len(jobs):
             return finished
         if time.monotonic() > deadline:
-            late = [f"{jobs[j].name} (job {j}, {states.get(j, {}).get('state', 'unknown')})"
-                    for j in jobs if j not in finished]
-            raise DemoError(f"{len(late)} job(s) not finished after {options.job_timeout:g} s: "
-                            + "; ".join(late[:5]) + (" ..." if len(late) > 5 else "")
-                            + f"; the node logs are in {net.root}")
+            late = [
+                f"{jobs[j].name} (job {j}, {states.get(j, {}).get('state', 'unknown')})"
+                for j in jobs
+                if j not in finished
+            ]
+            raise DemoError(
+                f"{len(late)} job(s) not finished after {options.job_timeout:g} s: "
+                + "; ".join(late[:5])
+                + (" ..." if len(late) > 5 else "")
+                + f"; the node logs are in {net.root}"
+            )
         time.sleep(POLL_INTERVAL)
 
 
@@ -280,8 +307,15 @@ def succeeded(row: dict[str, Any]) -> bool:
     return row.get("state") == "done" and row.get("succeeded") is True
 
 
-def _assemble(data_dir: Path, jobs: dict[str, Tile], done: set[str], results_dir: Path,
-              options: DemoOptions, events: Events, result: DemoResult) -> None:
+def _assemble(
+    data_dir: Path,
+    jobs: dict[str, Tile],
+    done: set[str],
+    results_dir: Path,
+    options: DemoOptions,
+    events: Events,
+    result: DemoResult,
+) -> None:
     """Fetch each succeeded job's tile with `e31 results`, paste it, write the PNG (missing tiles black)."""
     clock = time.monotonic()
     mosaic = Mosaic(list(jobs.values()), WIDTH, HEIGHT)
@@ -291,8 +325,9 @@ def _assemble(data_dir: Path, jobs: dict[str, Tile], done: set[str], results_dir
         out = results_dir / f"tile{tile.index:03d}"
         called = e31("results", job_id, "--out", str(out), "--data-dir", str(data_dir))
         if called.code != 0:
-            result.problems.append(f"fetching the output of {tile.name} (job {job_id}): "
-                                   f"{called.error_line()}")
+            result.problems.append(
+                f"fetching the output of {tile.name} (job {job_id}): {called.error_line()}"
+            )
             continue
         try:
             mosaic.paste(tile.index, _tile_output(out))
@@ -301,30 +336,52 @@ def _assemble(data_dir: Path, jobs: dict[str, Tile], done: set[str], results_dir
     from .png import RGB, write_png
 
     try:
-        result.image = write_png(options.image, WIDTH, HEIGHT, colourise(mosaic.pixels),
-                                 colour_type=RGB).resolve()
+        result.image = write_png(
+            options.image, WIDTH, HEIGHT, colourise(mosaic.pixels), colour_type=RGB
+        ).resolve()
     except OSError as e:
         result.problems.append(f"cannot write the image {options.image}: {e.strerror or e}")
         return
-    tiles = f"all {len(jobs)} tiles" if mosaic.complete else \
-        f"{len(mosaic.pasted)} of {len(jobs)} tiles, the rest left black"
+    tiles = (
+        f"all {len(jobs)} tiles"
+        if mosaic.complete
+        else f"{len(mosaic.pasted)} of {len(jobs)} tiles, the rest left black"
+    )
     events.step(f"wrote {shown(result.image)} ({WIDTH}x{HEIGHT}, {tiles}; {_since(clock)})")
 
 
-def _audit(data_dir: Path, jobs: dict[str, Tile], done: set[str], bundle: Path, names: dict[str, str],
-           events: Events, result: DemoResult) -> None:
+def _audit(
+    data_dir: Path,
+    jobs: dict[str, Tile],
+    done: set[str],
+    bundle: Path,
+    names: dict[str, str],
+    events: Events,
+    result: DemoResult,
+) -> None:
     clock = time.monotonic()
-    called = e31_process("receipts", "export", "--out", str(bundle), "--with-blobs", "--json",
-                         "--data-dir", str(data_dir), timeout=300.0)
+    called = e31_process(
+        "receipts",
+        "export",
+        "--out",
+        str(bundle),
+        "--with-blobs",
+        "--json",
+        "--data-dir",
+        str(data_dir),
+        timeout=300.0,
+    )
     if called.code != 0:
         result.problems.append(f"exporting the receipts failed: {called.error_line()}")
         return
     result.receipts = bundle.resolve()
     answer = _json(called, "the export")
     counts = answer if isinstance(answer, dict) else {}
-    events.step(f"exported {_many(counts.get('envelopes'), 'signed envelope')} and "
-                f"{_many(counts.get('blobs'), 'blob')} of {_many(counts.get('jobs'), 'job')} "
-                f"to {shown(result.receipts)} ({_since(clock)})")
+    events.step(
+        f"exported {_many(counts.get('envelopes'), 'signed envelope')} and "
+        f"{_many(counts.get('blobs'), 'blob')} of {_many(counts.get('jobs'), 'job')} "
+        f"to {shown(result.receipts)} ({_since(clock)})"
+    )
     clock = time.monotonic()
     called = e31_process("audit", str(bundle), "--reexecute", "--json", timeout=600.0)
     if called.code not in (0, 1):
@@ -369,8 +426,9 @@ def _work_dir(keep: Path | None) -> tuple[Path, bool]:
     if keep is None:
         return Path(tempfile.mkdtemp(prefix="e31-demo-")), False
     if keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
-        raise DemoError(f"--keep {keep}: must be a new or empty directory (the demo never reuses data dirs)",
-                        code=2)
+        raise DemoError(
+            f"--keep {keep}: must be a new or empty directory (the demo never reuses data dirs)", code=2
+        )
     try:
         keep.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -407,8 +465,9 @@ def run_demo(options: DemoOptions, events: Events) -> DemoResult:
         finished = _wait(net, jobs, options, events, result)
         done = {j for j, row in finished.items() if succeeded(row)}
         result.done = len(done)
-        result.failed = [f"{jobs[j].name} (job {j}): {_why(row)}" for j, row in finished.items()
-                         if j not in done]
+        result.failed = [
+            f"{jobs[j].name} (job {j}): {_why(row)}" for j, row in finished.items() if j not in done
+        ]
         _assemble(first.data_dir, jobs, done, work / "results", options, events, result)
         _audit(first.data_dir, jobs, done, bundle, names, events, result)
         remove_work = result.ok and not keep

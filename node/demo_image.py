@@ -31,8 +31,9 @@ class Tile:
     width: int
     height: int
 
-    def guest_args(self, image_width: int = WIDTH, image_height: int = HEIGHT,
-                   max_iter: int = MAX_ITER) -> list[str]:
+    def guest_args(
+        self, image_width: int = WIDTH, image_height: int = HEIGHT, max_iter: int = MAX_ITER
+    ) -> list[str]:
         """The mandelbrot guest's arguments; it writes the tile to stdout."""
         values = (image_width, image_height, self.x, self.y, self.width, self.height, max_iter)
         return [str(v) for v in values]
@@ -68,8 +69,11 @@ def plan_tiles(count: int, width: int = WIDTH, height: int = HEIGHT) -> list[Til
     """`count` tiles covering the image exactly, row by row; sizes differ by at most one pixel."""
     cols, rows = grid(count, width, height)
     xs, ys = _cuts(width, cols), _cuts(height, rows)
-    return [Tile(r * cols + c, xs[c], ys[r], xs[c + 1] - xs[c], ys[r + 1] - ys[r])
-            for r in range(rows) for c in range(cols)]
+    return [
+        Tile(r * cols + c, xs[c], ys[r], xs[c + 1] - xs[c], ys[r + 1] - ys[r])
+        for r in range(rows)
+        for c in range(cols)
+    ]
 
 
 def parse_pgm(data: bytes) -> tuple[int, int, bytes]:
@@ -77,14 +81,14 @@ def parse_pgm(data: bytes) -> tuple[int, int, bytes]:
     fields: list[bytes] = []
     pos = 0
     while len(fields) < 4:
-        while pos < len(data) and data[pos:pos + 1].isspace():
+        while pos < len(data) and data[pos : pos + 1].isspace():
             pos += 1
-        if data[pos:pos + 1] == b"#":
+        if data[pos : pos + 1] == b"#":
             end = data.find(b"\n", pos)
             pos = len(data) if end < 0 else end + 1
             continue
         start = pos
-        while pos < len(data) and not data[pos:pos + 1].isspace() and data[pos:pos + 1] != b"#":
+        while pos < len(data) and not data[pos : pos + 1].isspace() and data[pos : pos + 1] != b"#":
             pos += 1
         if start == pos:
             raise ImageError("not a PGM file: the header ends early")
@@ -98,12 +102,13 @@ def parse_pgm(data: bytes) -> tuple[int, int, bytes]:
         raise ImageError(f"only 8-bit PGM files are supported (maxval {maxval})")
     if width < 1 or height < 1:
         raise ImageError(f"the PGM's size must be positive, got {width}x{height}")
-    if pos >= len(data) or not data[pos:pos + 1].isspace():
+    if pos >= len(data) or not data[pos : pos + 1].isspace():
         raise ImageError("not a PGM file: no whitespace after the header")
-    pixels = data[pos + 1:]
+    pixels = data[pos + 1 :]
     if len(pixels) != width * height:
-        raise ImageError(f"the PGM holds {len(pixels)} pixel bytes, expected {width}x{height} = "
-                         f"{width * height}")
+        raise ImageError(
+            f"the PGM holds {len(pixels)} pixel bytes, expected {width}x{height} = {width * height}"
+        )
     return width, height, pixels
 
 
@@ -131,7 +136,7 @@ class Mosaic:
             raise ImageError(f"{tile.name}: the job's output is {width}x{height}")
         for row in range(height):
             at = (tile.y + row) * self.width + tile.x
-            self.pixels[at:at + width] = pixels[row * width:(row + 1) * width]
+            self.pixels[at : at + width] = pixels[row * width : (row + 1) * width]
         self.pasted.add(index)
 
     @property
@@ -144,8 +149,14 @@ class Mosaic:
 
 # A classic fractal gradient (deep blue, light blue, white, orange, black), cycled along the iteration
 # count on a square-root scale so the thin bands near the set stay apart.
-_STOPS = ((0.0, (0, 7, 100)), (0.16, (32, 107, 203)), (0.42, (237, 255, 255)),
-          (0.6425, (255, 170, 0)), (0.8575, (0, 2, 0)), (1.0, (0, 7, 100)))
+_STOPS = (
+    (0.0, (0, 7, 100)),
+    (0.16, (32, 107, 203)),
+    (0.42, (237, 255, 255)),
+    (0.6425, (255, 170, 0)),
+    (0.8575, (0, 2, 0)),
+    (1.0, (0, 7, 100)),
+)
 _CYCLE = 6.0
 
 
@@ -153,8 +164,11 @@ def _gradient(t: float) -> tuple[int, int, int]:
     for (t0, c0), (t1, c1) in itertools.pairwise(_STOPS):
         if t <= t1:
             f = (t - t0) / (t1 - t0)
-            return (round(c0[0] + (c1[0] - c0[0]) * f), round(c0[1] + (c1[1] - c0[1]) * f),
-                    round(c0[2] + (c1[2] - c0[2]) * f))
+            return (
+                round(c0[0] + (c1[0] - c0[0]) * f),
+                round(c0[1] + (c1[1] - c0[1]) * f),
+                round(c0[2] + (c1[2] - c0[2]) * f),
+            )
     return _STOPS[-1][1]
 
 

@@ -125,9 +125,22 @@ class LocalNetwork:
         name = f"node{index}"
         data_dir = self.root / name
         data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "e31.node", "node", "run", "--data-dir", str(data_dir),
-                   "--no-mdns", "--network", self.network,
-                   "--heartbeat", str(self.heartbeat), *args, *self.extra_args]
+        command = [
+            sys.executable,
+            "-m",
+            "e31.node",
+            "node",
+            "run",
+            "--data-dir",
+            str(data_dir),
+            "--no-mdns",
+            "--network",
+            self.network,
+            "--heartbeat",
+            str(self.heartbeat),
+            *args,
+            *self.extra_args,
+        ]
         with open(data_dir / LOG_FILE, "ab") as log:
             try:
                 process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
@@ -155,8 +168,11 @@ class LocalNetwork:
         peers = node.ask("/v1/peers")
         if not isinstance(peers, list):
             return set()
-        return {str(p.get("node_id")) for p in peers
-                if isinstance(p, dict) and p.get("state") in ("connected", "suspect")}
+        return {
+            str(p.get("node_id"))
+            for p in peers
+            if isinstance(p, dict) and p.get("state") in ("connected", "suspect")
+        }
 
     def _wait_linked(self) -> None:
         """Until the first node links to every other one and each other one links to the first."""
@@ -170,8 +186,10 @@ class LocalNetwork:
                 return
             if time.monotonic() > deadline:
                 names = sorted({n.name for n in rest if n.node_id in missing} | {n.name for n in lonely})
-                raise NetworkError(f"{', '.join(names)} did not link to {first.name} within "
-                                   f"{self.link_timeout:g} s; the logs are in {self.root}/NODE/{LOG_FILE}")
+                raise NetworkError(
+                    f"{', '.join(names)} did not link to {first.name} within "
+                    f"{self.link_timeout:g} s; the logs are in {self.root}/NODE/{LOG_FILE}"
+                )
             time.sleep(0.1)
 
     def check_alive(self) -> None:
@@ -200,8 +218,10 @@ class LocalNetwork:
             except subprocess.TimeoutExpired:
                 node.process.kill()
                 node.process.wait()
-                problems.append(f"{node.name} did not stop within {grace:g} s of SIGTERM and was killed; "
-                                f"its log is {node.log_path}")
+                problems.append(
+                    f"{node.name} did not stop within {grace:g} s of SIGTERM and was killed; "
+                    f"its log is {node.log_path}"
+                )
             node.stopped_with = node.process.returncode
         return problems
 
@@ -247,7 +267,7 @@ def _proc_children() -> dict[int, list[int]] | None:
         except OSError:
             continue
         # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         if len(fields) > 1:
             children.setdefault(int(fields[1]), []).append(int(entry))
     return children
@@ -278,4 +298,3 @@ def process_tree_rss(roots: list[int]) -> int | None:
         total += _rss(pid)
         todo.extend(children.get(pid, ()))
     return total
-

@@ -29,9 +29,14 @@ class NodeRow:
     queue_wait_seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.name, "node_id": self.node_id, "jobs": self.jobs, "fuel": self.fuel,
-                "compute_seconds": round(self.compute_seconds, 6),
-                "queue_wait_seconds": round(self.queue_wait_seconds, 6)}
+        return {
+            "node": self.name,
+            "node_id": self.node_id,
+            "jobs": self.jobs,
+            "fuel": self.fuel,
+            "compute_seconds": round(self.compute_seconds, 6),
+            "queue_wait_seconds": round(self.queue_wait_seconds, 6),
+        }
 
 
 @dataclass
@@ -72,8 +77,14 @@ def bundle_jobs(path: Path) -> tuple[set[str], set[str]]:
     return receipted, acked
 
 
-def judge(report: Mapping[str, Any], labels: Mapping[str, str], done: Set[str], receipted: Set[str],
-          acked: Set[str], names: Mapping[str, str]) -> Verdict:
+def judge(
+    report: Mapping[str, Any],
+    labels: Mapping[str, str],
+    done: Set[str],
+    receipted: Set[str],
+    acked: Set[str],
+    names: Mapping[str, str],
+) -> Verdict:
     """The verdict on the demo's jobs (`labels`: job id -> what the user calls it, e.g. its tile; `done`:
     the jobs that succeeded; `names`: node id -> node1, node2, ...) from an audit report."""
 
@@ -88,21 +99,31 @@ def judge(report: Mapping[str, Any], labels: Mapping[str, str], done: Set[str], 
     verdict.problems = [f"audit: {finding(p)}" for p in problems]
     verdict.notes = [finding(n) for n in report.get("notes", []) if isinstance(n, Mapping)]
     verdict.problems += [f"{where(job)}: no receipt in the bundle" for job in sorted(done - receipted)]
-    verdict.problems += [f"{where(job)}: the receipt was never acknowledged"
-                         for job in sorted((done & receipted) - acked)]
+    verdict.problems += [
+        f"{where(job)}: the receipt was never acknowledged" for job in sorted((done & receipted) - acked)
+    ]
     sound = (done & receipted & acked) - {str(p.get("job")) for p in problems}
     if verdict.reexecuted < len(sound):
-        verdict.problems.append(f"the audit re-executed only {verdict.reexecuted} of {len(sound)} jobs"
-                                + (f"; its first note: {verdict.notes[0]}" if verdict.notes else ""))
+        verdict.problems.append(
+            f"the audit re-executed only {verdict.reexecuted} of {len(sound)} jobs"
+            + (f"; its first note: {verdict.notes[0]}" if verdict.notes else "")
+        )
     else:
         verdict.verified = len(sound)
     rows = []
     for entry in report.get("nodes", []):
         if isinstance(entry, Mapping):
             node_id = str(entry.get("node", "?"))
-            rows.append(NodeRow(names.get(node_id, "other"), node_id, int(entry.get("jobs") or 0),
-                                int(entry.get("fuel") or 0), int(entry.get("compute_ms") or 0) / 1000,
-                                int(entry.get("queue_wait_ms") or 0) / 1000))
+            rows.append(
+                NodeRow(
+                    names.get(node_id, "other"),
+                    node_id,
+                    int(entry.get("jobs") or 0),
+                    int(entry.get("fuel") or 0),
+                    int(entry.get("compute_ms") or 0) / 1000,
+                    int(entry.get("queue_wait_ms") or 0) / 1000,
+                )
+            )
     present = {r.node_id for r in rows}
     rows += [NodeRow(name, node_id) for node_id, name in names.items() if node_id not in present]
     verdict.rows = sorted(rows, key=lambda r: (len(r.name), r.name))

@@ -66,8 +66,9 @@ def txt_record(node_id: str, network: str) -> dict[str, str]:
     return {TXT_VERSION: PROTOCOL_VERSION, TXT_NETWORK: network, TXT_NODE_ID: node_id}
 
 
-def parse_record(properties: Mapping[bytes, bytes | None], addresses: Iterable[str],
-                 port: int | None) -> PeerRecord:
+def parse_record(
+    properties: Mapping[bytes, bytes | None], addresses: Iterable[str], port: int | None
+) -> PeerRecord:
     """Check a resolved record's TXT values, addresses and port; raise BadRecord saying what is wrong."""
     version = _txt(properties, TXT_VERSION)
     if version != PROTOCOL_VERSION:
@@ -145,8 +146,11 @@ def _host_addresses(interfaces: Sequence[str] | None) -> tuple[list[str], list[s
 
     if interfaces is None:
         every = [a for adapter in adapters for a in ips(adapter)]
-        usable = [a for a in every
-                  if not ipaddress.ip_address(a).is_loopback and not ipaddress.ip_address(a).is_link_local]
+        usable = [
+            a
+            for a in every
+            if not ipaddress.ip_address(a).is_loopback and not ipaddress.ip_address(a).is_link_local
+        ]
         return [], list(dict.fromkeys(usable))
     chosen: list[str] = []
     by_name = {a.nice_name: a for a in adapters} | {a.name: a for a in adapters}
@@ -166,7 +170,8 @@ def _host_addresses(interfaces: Sequence[str] | None) -> tuple[list[str], list[s
         if adapter is None:
             known = ", ".join(sorted({a.nice_name for a in adapters})) or "none"
             raise DiscoveryError(
-                f"no network interface or address {entry!r} (interfaces with an address here: {known})")
+                f"no network interface or address {entry!r} (interfaces with an address here: {known})"
+            )
         v4 = [a for a in ips(adapter) if ipaddress.ip_address(a).version == 4]
         if not v4:
             raise DiscoveryError(f"interface {entry!r} has no IPv4 address")
@@ -199,8 +204,9 @@ def _resolve_listen(addresses: Sequence[HostPort]) -> list[HostPort]:
 class _Zeroconf:
     """The blocking side: one Zeroconf instance, our record, the browser. Every method runs in a thread."""
 
-    def __init__(self, interfaces: Sequence[str] | None, listen: Sequence[HostPort],
-                 node_id: str, network: str) -> None:
+    def __init__(
+        self, interfaces: Sequence[str] | None, listen: Sequence[HostPort], node_id: str, network: str
+    ) -> None:
         from zeroconf import ServiceInfo, Zeroconf
 
         zc_interfaces, host_addresses = _host_addresses(interfaces)
@@ -210,8 +216,11 @@ class _Zeroconf:
         self.info: Any = None
         if self.published:
             self.info = ServiceInfo(
-                SERVICE_TYPE, f"{node_id}.{SERVICE_TYPE}", port=self.published[0][1],
-                properties=txt_record(node_id, network), server=f"{node_id}.local.",
+                SERVICE_TYPE,
+                f"{node_id}.{SERVICE_TYPE}",
+                port=self.published[0][1],
+                properties=txt_record(node_id, network),
+                server=f"{node_id}.local.",
                 parsed_addresses=[a for a, _ in self.published],
             )
         self.browser: Any = None
@@ -261,8 +270,9 @@ class _Zeroconf:
 class _Browser:
     """The trio side: pending names from the browser thread, resolution, deduplicated reports."""
 
-    def __init__(self, zc: _Zeroconf, node_id: str, network: str, on_found: OnFound,
-                 on_lost: OnLost | None) -> None:
+    def __init__(
+        self, zc: _Zeroconf, node_id: str, network: str, on_found: OnFound, on_lost: OnLost | None
+    ) -> None:
         self.zc = zc
         self.node_id = node_id
         self.network = network
@@ -394,8 +404,10 @@ async def run_discovery(
             nursery.start_soon(browser.run)
             task_status.started()
             if zc.info is None:
-                log.warning("mDNS: no address to publish for %s; looking for peers only",
-                            ", ".join(_show(a) for a in addresses) or "no listen address")
+                log.warning(
+                    "mDNS: no address to publish for %s; looking for peers only",
+                    ", ".join(_show(a) for a in addresses) or "no listen address",
+                )
                 return
             try:
                 # Not abandoned on cancel: a registration cut short could announce after our goodbye
@@ -404,8 +416,7 @@ async def run_discovery(
             except Exception as e:  # a conflict or a socket error: we can still find others
                 log.warning("mDNS: cannot publish our record: %s", e or type(e).__name__)
             else:
-                log.info("mDNS: published %s at %s", zc.info.name,
-                         ", ".join(_show(a) for a in zc.published))
+                log.info("mDNS: published %s at %s", zc.info.name, ", ".join(_show(a) for a in zc.published))
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(zc.close)

@@ -67,8 +67,13 @@ class GcReport:
 
     @property
     def changed(self) -> bool:
-        return bool(self.blobs_deleted or self.refs_expired or self.runs_removed or self.jobs_pruned
-                    or self.small_blobs_dropped)
+        return bool(
+            self.blobs_deleted
+            or self.refs_expired
+            or self.runs_removed
+            or self.jobs_pruned
+            or self.small_blobs_dropped
+        )
 
 
 def keep_set(store: Store, *, now: float, retention_s: float) -> set[str] | None:
@@ -162,18 +167,36 @@ async def run_gc(
     task_status.started()
     while True:
         await trio.sleep(interval)
-        job = partial(collect, store.store, blobs, now=clock(), retention_s=retention_s, grace_s=grace_s,
-                      runs_dir=runs_dir)
+        job = partial(
+            collect,
+            store.store,
+            blobs,
+            now=clock(),
+            retention_s=retention_s,
+            grace_s=grace_s,
+            runs_dir=runs_dir,
+        )
         try:
             report = await trio.to_thread.run_sync(job)
         except OSError as e:
             log.warning("garbage collection failed: %s", e)
             continue
         if report.changed:
-            log.info("garbage collection: %d finished job(s) forgotten, %d blob(s) deleted (%d bytes), %d "
-                     "kept (%d bytes), %d stale run dir(s) removed", report.jobs_pruned, report.blobs_deleted,
-                     report.bytes_freed, report.blobs_kept, report.bytes_used, report.runs_removed)
+            log.info(
+                "garbage collection: %d finished job(s) forgotten, %d blob(s) deleted (%d bytes), %d "
+                "kept (%d bytes), %d stale run dir(s) removed",
+                report.jobs_pruned,
+                report.blobs_deleted,
+                report.bytes_freed,
+                report.blobs_kept,
+                report.bytes_used,
+                report.runs_removed,
+            )
         ceiling = blobs.ceiling
         if ceiling is not None and report.bytes_used > ceiling * 0.9:
-            log.warning("blobs still use %d of the %d-byte disk ceiling after collection: everything "
-                        "left is within its retention", report.bytes_used, ceiling)
+            log.warning(
+                "blobs still use %d of the %d-byte disk ceiling after collection: everything "
+                "left is within its retention",
+                report.bytes_used,
+                ceiling,
+            )

@@ -88,8 +88,12 @@ class GossipService(Generic[P]):
     def peers(self) -> tuple[P, ...]:
         return tuple(self._links)
 
-    async def run(self, incoming: trio.abc.ReceiveChannel[tuple[P, bytes]] | None = None,
-                  *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self,
+        incoming: trio.abc.ReceiveChannel[tuple[P, bytes]] | None = None,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Serve until cancelled, or until `incoming` (if given) is closed by its sender."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -154,8 +158,10 @@ class GossipService(Generic[P]):
         """A channel of every new valid message of `kind` from the network (not our own).
         Close it to unsubscribe; if it is not read, messages beyond `buffer` are dropped."""
         if kind not in self.engine.config.kinds:
-            raise ValueError(f"gossip does not carry {kind!r} messages "
-                             f"(it carries {', '.join(sorted(self.engine.config.kinds))})")
+            raise ValueError(
+                f"gossip does not carry {kind!r} messages "
+                f"(it carries {', '.join(sorted(self.engine.config.kinds))})"
+            )
         send, receive = trio.open_memory_channel[Verified](buffer)
         self._subscribers.setdefault(kind, []).append(send)
         return receive
@@ -216,8 +222,9 @@ class GossipService(Generic[P]):
         if self._on_disconnect is not None:
             self._on_disconnect(peer, reason)
 
-    async def _sender(self, peer: P, send: Send, outgoing: trio.MemoryReceiveChannel[bytes],
-                      link: _Link) -> None:
+    async def _sender(
+        self, peer: P, send: Send, outgoing: trio.MemoryReceiveChannel[bytes], link: _Link
+    ) -> None:
         with link.scope:
             async with outgoing:
                 async for raw in outgoing:

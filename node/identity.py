@@ -68,8 +68,10 @@ def load_identity(path: Path) -> nacl.signing.SigningKey:
         if not stat.S_ISREG(st.st_mode):
             raise IdentityError(f"{path}: the key file is not a regular file")
         if st.st_mode & 0o077:
-            raise IdentityError(f"{path}: the key file is readable by others (mode "
-                                f"{stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {path}")
+            raise IdentityError(
+                f"{path}: the key file is readable by others (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {path}"
+            )
         if hasattr(os, "getuid") and st.st_uid != os.getuid():
             raise IdentityError(f"{path}: the key file belongs to another user (uid {st.st_uid})")
         data = os.read(fd, 4096)

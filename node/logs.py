@@ -21,12 +21,13 @@ _QUIET = ("zeroconf", "hypercorn", "trio", "asyncio")
 class _Formatter(logging.Formatter):
     def __init__(self) -> None:
         self.converter = time.gmtime
-        super().__init__("%(asctime)s.%(msecs)03dZ %(levelname)-7s %(component)s: %(message)s",
-                         datefmt="%Y-%m-%dT%H:%M:%S")
+        super().__init__(
+            "%(asctime)s.%(msecs)03dZ %(levelname)-7s %(component)s: %(message)s", datefmt="%Y-%m-%dT%H:%M:%S"
+        )
 
     def format(self, record: logging.LogRecord) -> str:
         name = record.name
-        record.component = name[len(ROOT) + 1:] if name.startswith(ROOT + ".") else name
+        record.component = name[len(ROOT) + 1 :] if name.startswith(ROOT + ".") else name
         text = super().format(record)
         # One record, one line: continuation lines (tracebacks, multi-line messages) are indented.
         return text.replace("\n", "\n    ")

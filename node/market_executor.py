@@ -278,8 +278,9 @@ class Executor:
         room = self._promised_bytes + len(env.raw) <= PROMISED_BYTES_MAX
         reserved = len(env.raw) if room else 0  # taken now: answers to other offers run meanwhile
         self._promised_bytes += reserved
-        full = DeclinePlan("busy", "this node holds as many open bids as it keeps",
-                           now + self.ctx.settings.bid_ttl_ms)
+        full = DeclinePlan(
+            "busy", "this node holds as many open bids as it keeps", now + self.ctx.settings.bid_ttl_ms
+        )
         for manifest in offer.manifests:
             job_id = manifest.job_id
             if job_id.raw in held:
@@ -448,8 +449,13 @@ class Executor:
             return False
         msg = reopen_stored(stored.raw, UsageReceipt).message
         await self.ctx.store.run(
-            Store.update_job, job_id, ROLE, self.ctx.now_s(), state="done",
-            finished=msg.finished_at / 1000, fuel_used=msg.fuel_used,
+            Store.update_job,
+            job_id,
+            ROLE,
+            self.ctx.now_s(),
+            state="done",
+            finished=msg.finished_at / 1000,
+            fuel_used=msg.fuel_used,
         )
         self._deliver_now.set()
         return True
@@ -496,7 +502,8 @@ class Executor:
         suspended for its owner): its run is stopped and its submitter told, so it runs elsewhere."""
         now = self.ctx.clock()
         late = [
-            h for h in self._held.values()
+            h
+            for h in self._held.values()
             if not h.ran and not h.handed_back and now + h.estimate_ms > h.deadline
         ]
         for held in late:
@@ -505,7 +512,12 @@ class Executor:
         return len(late)
 
     async def _run(
-        self, job_id: bytes, manifest: JobManifest, assign: VerifiedEnvelope[Assign], work: Path, held: _Held,
+        self,
+        job_id: bytes,
+        manifest: JobManifest,
+        assign: VerifiedEnvelope[Assign],
+        work: Path,
+        held: _Held,
         fetched: bool,
     ) -> None:
         try:
@@ -552,8 +564,9 @@ class Executor:
             await self._fail(job_id, row.state if row else "fetching", str(e))
             return
         held.ending = True
-        await self._finish(job_id, manifest, assign, receipt, stored.small,
-                           state="running" if held.running else "queued")
+        await self._finish(
+            job_id, manifest, assign, receipt, stored.small, state="running" if held.running else "queued"
+        )
 
     async def _accept_unless_done(self, assign: VerifiedEnvelope[Assign], held: _Held) -> None:
         """The hand-off, ACCEPT_DELAY after the job was queued, unless the job is ending by then (its
@@ -705,8 +718,16 @@ class Executor:
                 now=now,
                 next_delivery=now + self.ctx.settings.delivery_interval,
             ),
-            transition(ROLE, job_id, state, "done", now, started=msg.started_at / 1000,
-                       finished=msg.finished_at / 1000, fuel_used=msg.fuel_used),
+            transition(
+                ROLE,
+                job_id,
+                state,
+                "done",
+                now,
+                started=msg.started_at / 1000,
+                finished=msg.finished_at / 1000,
+                fuel_used=msg.fuel_used,
+            ),
         )
         log.info(
             "job %s ran: %s, %d fuel, %d ms compute, %d ms queued",
@@ -791,13 +812,16 @@ class Executor:
                 available = receipt.message.finished_at + self._retention_ms(manifest)
                 if available <= self.ctx.clock():
                     # Retention is over: the outputs may be collected, so stop offering the receipt.
-                    log.info("stopped delivering the receipt of job %s: retention ended unacknowledged",
-                             row.job_id.hex()[:12])
+                    log.info(
+                        "stopped delivering the receipt of job %s: retention ended unacknowledged",
+                        row.job_id.hex()[:12],
+                    )
                     await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, math.inf)
                     continue
                 await self._deliver(receipt, available)  # the submitter fetches the outputs it lacks
-                delay = backoff(settings.delivery_interval, row.delivery_tries, settings.delivery_backoff_max,
-                                doublings=8)
+                delay = backoff(
+                    settings.delivery_interval, row.delivery_tries, settings.delivery_backoff_max, doublings=8
+                )
                 await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, now + delay)
 
     def on_ack(self, env: VerifiedEnvelope[Ack]) -> None:
@@ -819,8 +843,9 @@ class Executor:
             try:
                 check_ack(ack, receipt.message, receipt.message_id)
             except Mismatch as e:
-                log.warning("ignoring an ack from %s for receipt %s: %s", env.signer, row.digest.hex()[:12],
-                            e)
+                log.warning(
+                    "ignoring an ack from %s for receipt %s: %s", env.signer, row.digest.hex()[:12], e
+                )
                 continue
             self._unacked.pop(row.digest, None)
             if row.delivered is None:
@@ -830,8 +855,9 @@ class Executor:
             # not durable: lost to a power cut, the receipts are delivered again and their submitter
             # sends the stored ack again; the receipt log's append (durable) makes it durable within
             # moments
-            await self.ctx.store.run(Store.put_acks, env.message_id.raw, env.raw, self.ctx.now_s(), fresh,
-                                     durable=False)
+            await self.ctx.store.run(
+                Store.put_acks, env.message_id.raw, env.raw, self.ctx.now_s(), fresh, durable=False
+            )
         # Log each receipt once, whoever stored the ack first: when this node submitted the job itself,
         # its submitter role has already stored the same ack (and marked the receipt delivered).
         for receipt_id, to_log in prove:
@@ -937,7 +963,12 @@ class Executor:
             if row is None or row.submitter != str(msg.submitter) or row.state in FINISHED_HERE:
                 return
             if await self.ctx.store.run(
-                Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state=row.state, state="cancelled",
+                Store.update_job,
+                job_id,
+                ROLE,
+                self.ctx.now_s(),
+                expect_state=row.state,
+                state="cancelled",
                 reason="cancelled by its submitter",
             ):
                 log.info("job %s cancelled by its submitter", job_id.hex()[:12])

@@ -103,8 +103,12 @@ async def run_jobs(
 
     def append(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
         assert receipt_log is not None  # marks each receipt's row with its log index, in the same commit
-        _all_or_each(receipt_log.append_many, receipt_log.append, receipts,
-                     lambda r: f"receipt {r.message_id.hex()[:12]} stays out of the receipt log")
+        _all_or_each(
+            receipt_log.append_many,
+            receipt_log.append,
+            receipts,
+            lambda r: f"receipt {r.message_id.hex()[:12]} stays out of the receipt log",
+        )
 
     async def acked(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
         if receipt_log is not None:

@@ -208,7 +208,6 @@ class _Job:
         return None if self.assign_env is None else self.assign_env.message_id.raw
 
 
-
 class Submitter:
     def __init__(
         self,
@@ -388,8 +387,14 @@ class Submitter:
 
     async def _names_our_assignment(self, msg: Accepted | Release | Result) -> bool:
         """Whether an executor's message names an assignment this node made, of that job, to it."""
-        current = next((h.assign_env for h in self._holders(msg.job_id.raw) if h.assign_env is not None
-                        and h.assign_env.message_id == msg.assignment_id), None)
+        current = next(
+            (
+                h.assign_env
+                for h in self._holders(msg.job_id.raw)
+                if h.assign_env is not None and h.assign_env.message_id == msg.assignment_id
+            ),
+            None,
+        )
         if current is not None:
             assign = current.message  # one in flight, as signed here
         else:
@@ -726,8 +731,14 @@ class Submitter:
                         continue
             moving = [e for e in taken if e.to_offered is not None]
             await self.ctx.store.atomically(  # the offer, and its jobs `offered`, in one commit
-                call(Store.put_shared_envelope, env.message_id.raw, env.kind, env.raw, self.ctx.now_s(),
-                     [e.job_id for e in taken]),
+                call(
+                    Store.put_shared_envelope,
+                    env.message_id.raw,
+                    env.kind,
+                    env.raw,
+                    self.ctx.now_s(),
+                    [e.job_id for e in taken],
+                ),
                 *(e.to_offered for e in moving if e.to_offered is not None),
                 durable=False,  # neither the offer nor `offered` is a promise
             )
@@ -791,8 +802,11 @@ class Submitter:
                 continue
             # The offer expires with its shortest-lived job: a job whose offer must expire soon goes
             # only with jobs whose offers expire about as soon (not to cut the others' rounds short).
-            lo, hi = (entry.expires, entry.expires) if not taken else (min(low, entry.expires),
-                                                                       max(high, entry.expires))
+            lo, hi = (
+                (entry.expires, entry.expires)
+                if not taken
+                else (min(low, entry.expires), max(high, entry.expires))
+            )
             close = lo >= soon or hi - lo <= slack
             fits = (size + entry.job.size <= OFFER_BYTES and close) or not taken
             if len(taken) < MAX_SET and entry.job_id not in ids and fits:
@@ -1041,8 +1055,11 @@ class Submitter:
         if row is None:
             return
         if not await self._names_our_assignment(msg):  # nothing a node that holds no assignment sends is kept
-            log.info("ignoring a result for job %s from %s, which holds no assignment of it",
-                     job_id.hex()[:12], msg.executor)
+            log.info(
+                "ignoring a result for job %s from %s, which holds no assignment of it",
+                job_id.hex()[:12],
+                msg.executor,
+            )
             return
         if row.state in TERMINAL:  # done, or disputed with this receipt verified: its ack again
             await self._resend_ack(receipt_env)
@@ -1064,16 +1081,25 @@ class Submitter:
                 "job %s: the outcome from %s is refused: %s", job_id.hex()[:12], receipt_env.signer, e
             )
             # kept as evidence (not durably: a power cut loses only that)
-            await self.ctx.store.run(Store.put_envelope, receipt_env.message_id.raw, "receipt",
-                                     receipt_env.raw, self.ctx.now_s(), job_id)
+            await self.ctx.store.run(
+                Store.put_envelope,
+                receipt_env.message_id.raw,
+                "receipt",
+                receipt_env.raw,
+                self.ctx.now_s(),
+                job_id,
+            )
             signer = receipt_env.signer.raw
             job.rejected.add(signer)
             # Only the current assignment's executor, with an outcome for that assignment, ends the
             # attempt: a stranger (or an earlier attempt's executor) sending a bad one must not take
             # the job away. (Checked on the assignment, which outlives the wait for its lease.)
             current = job.assign_env
-            if (current is not None and receipt_env.message.assignment_id == current.message_id
-                    and signer == current.message.executor.raw):
+            if (
+                current is not None
+                and receipt_env.message.assignment_id == current.message_id
+                and signer == current.message.executor.raw
+            ):
                 job.refusal = f"its outcome was refused: {e}"
                 job.outcome_failed.set()
         finally:
@@ -1117,8 +1143,14 @@ class Submitter:
             now=self.ctx.now_s(),
             blobs=[ref.root.hex() for ref in outputs],
         )
-        kept = call(Store.put_envelope, receipt_env.message_id.raw, "receipt", receipt_env.raw,
-                    self.ctx.now_s(), job_id)
+        kept = call(
+            Store.put_envelope,
+            receipt_env.message_id.raw,
+            "receipt",
+            receipt_env.raw,
+            self.ctx.now_s(),
+            job_id,
+        )
         if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)
             await self.ctx.store.atomically(*small, kept, recorded)
             job.receipt = receipt_env
@@ -1226,20 +1258,31 @@ class Submitter:
             entry = proof.entry(Digest(row.digest))
             assert entry is not None  # the rows were asked for by the entries' receipt ids
             try:
-                verify_entry_inclusion(raw, entry.leaf_index, proof.tree_size, [h.raw for h in entry.path],
-                                       head.message.root.raw)
+                verify_entry_inclusion(
+                    raw, entry.leaf_index, proof.tree_size, [h.raw for h in entry.path], head.message.root.raw
+                )
             except ProtocolError as e:
                 # Refused whole: kept, it would carry a failing entry into every bundle of ours that
                 # holds that receipt. Its receipts stay unproven and are asked for again (proofreq).
-                log.warning("refusing an inclusion proof from %s: receipt %s: %s", proof.executor,
-                            row.digest.hex()[:12], e)
+                log.warning(
+                    "refusing an inclusion proof from %s: receipt %s: %s",
+                    proof.executor,
+                    row.digest.hex()[:12],
+                    e,
+                )
                 return
             proven.append((row, entry.leaf_index))
         if not proven:
             return
         await self.ctx.store.atomically(  # the rows' log indexes mark the receipts as proven here
-            call(Store.put_shared_envelope, env.message_id.raw, "proof", env.raw, self.ctx.now_s(),
-                 sorted({row.job_id for row, _ in proven})),
+            call(
+                Store.put_shared_envelope,
+                env.message_id.raw,
+                "proof",
+                env.raw,
+                self.ctx.now_s(),
+                sorted({row.job_id for row, _ in proven}),
+            ),
             *(call(Store.set_receipt_log_index, row.digest, index, durable=False) for row, index in proven),
             durable=False,  # lost to a power cut, the proof is asked for again (`proofreq`)
         )

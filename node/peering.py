@@ -69,6 +69,7 @@ class LinkListener(Protocol):
     async def message(self, peer: bytes, raw: bytes) -> None:
         """A signed envelope of a kind other than ping/pong/peers arrived from `peer`, unverified."""
 
+
 _LINK_KINDS = frozenset({"ping", "pong", "peers"})
 _NONCE_SIZE = 16
 _STORE_QUEUE = 1024
@@ -127,9 +128,16 @@ class Link:
 class PeerService:
     """Links to peers: listening, dialing, heartbeats, peer exchange, persistence."""
 
-    def __init__(self, *, identity: nacl.signing.SigningKey, config: NodeConfig, store: AsyncStore,
-                 settings: PeerSettings, wall: Callable[[], float] = time.time,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        identity: nacl.signing.SigningKey,
+        config: NodeConfig,
+        store: AsyncStore,
+        settings: PeerSettings,
+        wall: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
         self.identity = identity
         self.local = bytes(identity.verify_key)
         self.node_id = node_text(self.local)
@@ -154,8 +162,11 @@ class PeerService:
         self.limits = Limits(
             max_connections=config.max_connections,
             max_per_address=config.max_connections_per_address,
-            timeouts=Timeouts(connect=settings.dial_timeout, handshake=settings.dial_timeout,
-                              idle=max(heartbeat * (settings.dead_after + 2), 2 * settings.dial_timeout)),
+            timeouts=Timeouts(
+                connect=settings.dial_timeout,
+                handshake=settings.dial_timeout,
+                idle=max(heartbeat * (settings.dead_after + 2), 2 * settings.dial_timeout),
+            ),
         )
         self.caps = ConnectionCaps(self.limits)
         self._store_in, self._store_out = trio.open_memory_channel[Callable[[Store], object]](_STORE_QUEUE)
@@ -216,17 +227,19 @@ class PeerService:
             if address is None and link is not None:
                 address = join_address(*link.conn.remote_address)
             rtt = link.liveness.rtt if link is not None else None
-            docs.append({
-                "node_id": node_text(peer.node_id),
-                "state": peer.state(now).value,
-                "address": address,
-                "addresses": list(peer.addresses),
-                "source": peer.source,
-                "direction": None if link is None else ("outbound" if link.outbound else "inbound"),
-                "last_seen": peer.last_seen,
-                "failures": peer.failures,
-                "rtt_ms": None if rtt is None else round(rtt * 1000, 3),
-            })
+            docs.append(
+                {
+                    "node_id": node_text(peer.node_id),
+                    "state": peer.state(now).value,
+                    "address": address,
+                    "addresses": list(peer.addresses),
+                    "source": peer.source,
+                    "direction": None if link is None else ("outbound" if link.outbound else "inbound"),
+                    "last_seen": peer.last_seen,
+                    "failures": peer.failures,
+                    "rtt_ms": None if rtt is None else round(rtt * 1000, 3),
+                }
+            )
         docs.sort(key=lambda d: (d["state"] not in ("connected", "suspect"), d["node_id"]))
         return docs
 
@@ -246,9 +259,18 @@ class PeerService:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._store_writer)
-                host, port = await nursery.start(partial(
-                    serve, self._inbound, host=listen.host, port=listen.port, identity=self.identity,
-                    network=self.network, limits=self.limits, caps=self.caps))
+                host, port = await nursery.start(
+                    partial(
+                        serve,
+                        self._inbound,
+                        host=listen.host,
+                        port=listen.port,
+                        identity=self.identity,
+                        network=self.network,
+                        limits=self.limits,
+                        caps=self.caps,
+                    )
+                )
                 self._listen_port = port
                 self.listen = join_address(host, port)
                 if not _is_wildcard(listen.host):
@@ -278,8 +300,15 @@ class PeerService:
                     env = None
                 if env is not None and env.signer.raw == key and env.message.expires > now_ms:
                     contact, expires = row.contact, env.message.expires
-            self.table.learn(key, row.addresses, row.source, last_seen=row.last_seen, failures=row.failures,
-                             contact=contact, contact_expires=expires)
+            self.table.learn(
+                key,
+                row.addresses,
+                row.source,
+                last_seen=row.last_seen,
+                failures=row.failures,
+                contact=contact,
+                contact_expires=expires,
+            )
         if rows:
             log.info("%d known peer(s) loaded from the store", len(rows))
 
@@ -307,9 +336,16 @@ class PeerService:
             return
         try:
             try:
-                conn = await dial(host, port, identity=self.identity, network=self.network, expect=d.node_id,
-                                  timeouts=self.limits.timeouts, inbox=self.limits.inbox,
-                                  inbox_bytes=self.limits.inbox_bytes)
+                conn = await dial(
+                    host,
+                    port,
+                    identity=self.identity,
+                    network=self.network,
+                    expect=d.node_id,
+                    timeouts=self.limits.timeouts,
+                    inbox=self.limits.inbox,
+                    inbox_bytes=self.limits.inbox_bytes,
+                )
             except ConnectedToSelf:
                 log.info("%s is this node's own address; not dialing it again", d.address)
                 self.table.mark_own_address(d.address)
@@ -340,8 +376,13 @@ class PeerService:
 
     async def _run_link(self, conn: Connection, *, outbound: bool) -> None:
         s = self.settings
-        link = Link(conn, conn.peer_key, outbound, Liveness(s.suspect_after, s.dead_after),
-                    exchanges=TokenBucket(s.exchange_burst / s.exchange_interval, s.exchange_burst))
+        link = Link(
+            conn,
+            conn.peer_key,
+            outbound,
+            Liveness(s.suspect_after, s.dead_after),
+            exchanges=TokenBucket(s.exchange_burst / s.exchange_interval, s.exchange_burst),
+        )
         if not self._register(link):
             await conn.aclose()
             return
@@ -376,8 +417,12 @@ class PeerService:
             self._observe_host(local)
         if old is None:
             direction = "to" if link.outbound else "from"
-            log.info("connected %s %s (%s)", direction, node_text(link.peer),
-                     join_address(*link.conn.remote_address))
+            log.info(
+                "connected %s %s (%s)",
+                direction,
+                node_text(link.peer),
+                join_address(*link.conn.remote_address),
+            )
         self._persist_peer(peer.node_id)
         for listener in self.listeners:
             listener.link_up(link.peer, link.conn.send)
@@ -391,8 +436,9 @@ class PeerService:
             listener.link_down(link.peer)
         reason = link.conn.close_reason or "closed"
         failed = link.failed or not link.heard
-        self.table.on_disconnected(link.peer, trio.current_time(), self.rng, failed=failed,
-                                   misbehaved=link.misbehaved)
+        self.table.on_disconnected(
+            link.peer, trio.current_time(), self.rng, failed=failed, misbehaved=link.misbehaved
+        )
         log.info("disconnected from %s: %s", node_text(link.peer), reason)
         if failed:
             self._persist(partial(Store.peer_failed, node_id=node_text(link.peer), now=self.wall()))
@@ -473,14 +519,16 @@ class PeerService:
             health = link.liveness.tick(nonce, trio.current_time())
             peer = self.table.peers.get(link.peer)
             if health is LinkHealth.DEAD:
-                log.warning("%s missed %d heartbeats: closing the link", node_text(link.peer),
-                            link.liveness.missed)
+                log.warning(
+                    "%s missed %d heartbeats: closing the link", node_text(link.peer), link.liveness.missed
+                )
                 link.failed = True
                 link.scope.cancel()
                 return
             if peer is not None and health is LinkHealth.SUSPECT and not peer.suspect:
-                log.info("%s is suspect: %d heartbeats unanswered", node_text(link.peer),
-                         link.liveness.missed)
+                log.info(
+                    "%s is suspect: %d heartbeats unanswered", node_text(link.peer), link.liveness.missed
+                )
                 peer.suspect = True
             ping = Ping(self.network, NodeId(self.local), nonce, self._expiry(self._ping_ttl()))
             try:
@@ -529,8 +577,9 @@ class PeerService:
             known = key in self.table.peers
             previous = self.table.peers[key].contact_expires if known else 0
             source = "inbound" if key == link.peer and not link.outbound else "exchange"
-            peer = self.table.learn(key, contact.addresses, source, contact=record,
-                                    contact_expires=contact.expires)
+            peer = self.table.learn(
+                key, contact.addresses, source, contact=record, contact_expires=contact.expires
+            )
             if peer is None:
                 continue
             if not known or (key == link.peer and contact.expires > previous):
@@ -589,9 +638,17 @@ class PeerService:
         peer = self.table.peers.get(key)
         if peer is None or not peer.addresses:
             return  # nothing to redial it by: not worth keeping
-        self._persist(partial(Store.upsert_peer, node_id=node_text(key), network=self.network,
-                              addresses=list(peer.addresses), source=peer.source, now=self.wall(),
-                              contact=peer.contact))
+        self._persist(
+            partial(
+                Store.upsert_peer,
+                node_id=node_text(key),
+                network=self.network,
+                addresses=list(peer.addresses),
+                source=peer.source,
+                now=self.wall(),
+                contact=peer.contact,
+            )
+        )
 
     async def _store_writer(self) -> None:
         async for op in self._store_out:

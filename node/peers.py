@@ -65,8 +65,15 @@ class PeerSettings:
     def __post_init__(self) -> None:
         if not 0 < self.suspect_after < self.dead_after:
             raise ValueError("need 0 < suspect_after < dead_after")
-        for name in ("heartbeat_interval", "exchange_interval", "backoff_base", "backoff_max",
-                     "dial_timeout", "dial_tick", "contact_ttl"):
+        for name in (
+            "heartbeat_interval",
+            "exchange_interval",
+            "backoff_base",
+            "backoff_max",
+            "dial_timeout",
+            "dial_tick",
+            "contact_ttl",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
         if min(self.exchange_size, self.target_degree, self.max_peers, self.exchange_burst) < 1:
@@ -75,8 +82,14 @@ class PeerSettings:
     @classmethod
     def fast(cls, heartbeat: float) -> PeerSettings:
         """Every interval scaled from one heartbeat interval (for tests and local experiments)."""
-        return cls(heartbeat_interval=heartbeat, exchange_interval=4 * heartbeat, backoff_base=heartbeat / 2,
-                   backoff_max=8 * heartbeat, dial_timeout=max(2 * heartbeat, 1.0), dial_tick=heartbeat / 2)
+        return cls(
+            heartbeat_interval=heartbeat,
+            exchange_interval=4 * heartbeat,
+            backoff_base=heartbeat / 2,
+            backoff_max=8 * heartbeat,
+            dial_timeout=max(2 * heartbeat, 1.0),
+            dial_tick=heartbeat / 2,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,9 +272,17 @@ class PeerTable:
         if peer is not None:
             peer.bootstrap = True
 
-    def learn(self, node_id: bytes, addresses: Iterable[str], source: str, *,
-              last_seen: float | None = None, failures: int = 0, contact: bytes | None = None,
-              contact_expires: int = 0) -> Peer | None:
+    def learn(
+        self,
+        node_id: bytes,
+        addresses: Iterable[str],
+        source: str,
+        *,
+        last_seen: float | None = None,
+        failures: int = 0,
+        contact: bytes | None = None,
+        contact_expires: int = 0,
+    ) -> Peer | None:
         """Add a peer or merge new addresses (in front) into a known one. None for this node itself, and
         for a stranger met through others (exchange, mDNS) while the table is full."""
         if node_id == self.local:
@@ -307,8 +328,9 @@ class PeerTable:
         peer = self.peers.get(node_id)
         return peer is None or now >= peer.refused_until
 
-    def on_disconnected(self, node_id: bytes, now: float, rng: Random, *, failed: bool,
-                        misbehaved: bool = False) -> Peer | None:
+    def on_disconnected(
+        self, node_id: bytes, now: float, rng: Random, *, failed: bool, misbehaved: bool = False
+    ) -> Peer | None:
         """A link ended. `failed` (heartbeats went unanswered, or the link broke) counts a failure
         and backs off before the next dial; a clean close by either side redials after the base delay.
         `misbehaved` (it sent invalid messages) also refuses its own links to us for the backoff."""
@@ -341,9 +363,15 @@ class PeerTable:
             busy_addresses.add(target.address)
             dials.append(Dial(target.address, None, True))
         busy = sum(1 for p in self.peers.values() if p.connected or p.dialing) + len(dials)
-        candidates = [p for p in self.peers.values()
-                      if not p.connected and not p.dialing and p.addresses and now >= p.next_dial
-                      and p.addresses[0] not in busy_addresses]
+        candidates = [
+            p
+            for p in self.peers.values()
+            if not p.connected
+            and not p.dialing
+            and p.addresses
+            and now >= p.next_dial
+            and p.addresses[0] not in busy_addresses
+        ]
         always = [p for p in candidates if p.bootstrap]
         others = [p for p in candidates if not p.bootstrap]
         others.sort(key=lambda p: (p.failures, -(p.last_seen or 0.0), rng.random()))
@@ -402,15 +430,23 @@ class PeerTable:
     def contacts_to_share(self, rng: Random, now_ms: int, exclude: bytes, limit: int) -> list[bytes]:
         """Up to `limit` unexpired contact records of peers other than `exclude` (the recipient):
         the connected ones first, then a random sample of the rest."""
-        live = [p for p in self.peers.values()
-                if p.node_id != exclude and p.contact is not None and p.contact_expires > now_ms]
+        live = [
+            p
+            for p in self.peers.values()
+            if p.node_id != exclude and p.contact is not None and p.contact_expires > now_ms
+        ]
         live.sort(key=lambda p: (not p.connected, p.failures, rng.random()))
-        return [p.contact for p in live[:max(0, limit)] if p.contact is not None]
+        return [p.contact for p in live[: max(0, limit)] if p.contact is not None]
 
     def expired(self, wall: float) -> list[bytes]:
         """Peers to forget: not bootstrap, not connected, many failures, not seen for long."""
         s = self.settings
-        return [p.node_id for p in self.peers.values()
-                if not p.bootstrap and not p.connected and not p.dialing
-                and p.failures >= s.forget_after_failures
-                and (p.last_seen is None or p.last_seen < wall - s.forget_after)]
+        return [
+            p.node_id
+            for p in self.peers.values()
+            if not p.bootstrap
+            and not p.connected
+            and not p.dialing
+            and p.failures >= s.forget_after_failures
+            and (p.last_seen is None or p.last_seen < wall - s.forget_after)
+        ]

@@ -29,8 +29,14 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
-def encode_png(width: int, height: int, pixels: bytes | bytearray | memoryview, *, colour_type: int = GREY,
-               level: int = 9) -> bytes:
+def encode_png(
+    width: int,
+    height: int,
+    pixels: bytes | bytearray | memoryview,
+    *,
+    colour_type: int = GREY,
+    level: int = 9,
+) -> bytes:
     """The PNG file for `pixels`: rows top to bottom, one byte per sample (grey, or R G B)."""
     if colour_type not in _CHANNELS:
         raise PngError(f"unsupported colour type {colour_type}; expected {GREY} (grey) or {RGB} (RGB)")
@@ -40,22 +46,31 @@ def encode_png(width: int, height: int, pixels: bytes | bytearray | memoryview, 
     stride = width * _CHANNELS[colour_type]
     data = memoryview(pixels).cast("B")
     if len(data) != stride * height:
-        raise PngError(f"expected {stride * height} bytes for {width}x{height} "
-                       f"({_CHANNELS[colour_type]} per pixel), got {len(data)}")
+        raise PngError(
+            f"expected {stride * height} bytes for {width}x{height} "
+            f"({_CHANNELS[colour_type]} per pixel), got {len(data)}"
+        )
     compressor = zlib.compressobj(level)
     parts = []
     row_filter = b"\x00"
     for y in range(height):
         parts.append(compressor.compress(row_filter))
-        parts.append(compressor.compress(data[y * stride:(y + 1) * stride]))
+        parts.append(compressor.compress(data[y * stride : (y + 1) * stride]))
     parts.append(compressor.flush())
     header = struct.pack(">IIBBBBB", width, height, 8, colour_type, 0, 0, 0)
-    return b"".join((SIGNATURE, _chunk(b"IHDR", header), _chunk(b"IDAT", b"".join(parts)),
-                     _chunk(b"IEND", b"")))
+    return b"".join(
+        (SIGNATURE, _chunk(b"IHDR", header), _chunk(b"IDAT", b"".join(parts)), _chunk(b"IEND", b""))
+    )
 
 
-def write_png(path: str | os.PathLike[str], width: int, height: int, pixels: bytes | bytearray | memoryview,
-              *, colour_type: int = GREY) -> Path:
+def write_png(
+    path: str | os.PathLike[str],
+    width: int,
+    height: int,
+    pixels: bytes | bytearray | memoryview,
+    *,
+    colour_type: int = GREY,
+) -> Path:
     """Encode and write atomically (a temporary file in the same directory, then a rename)."""
     encoded = encode_png(width, height, pixels, colour_type=colour_type)
     target = Path(path)

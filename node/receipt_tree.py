@@ -121,8 +121,9 @@ def _node(c: sqlite3.Connection, level: int, index: int) -> bytes:
     if level == 0:
         row = c.execute("SELECT leaf_hash FROM receipt_log WHERE idx = ?", (index,)).fetchone()
     else:
-        row = c.execute("SELECT hash FROM receipt_log_nodes WHERE level = ? AND idx = ?",
-                        (level, index)).fetchone()
+        row = c.execute(
+            "SELECT hash FROM receipt_log_nodes WHERE level = ? AND idx = ?", (level, index)
+        ).fetchone()
     if row is None or len(row[0]) != HASH_SIZE:
         raise TreeStateError(f"the stored receipt log lacks a valid hash at level {level}, index {index}")
     return bytes(row[0])

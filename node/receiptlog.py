@@ -122,8 +122,10 @@ class ReceiptLog:
                     idx = grown.size
                     leaf = leaf_hash(env.raw)
                     grown, rows = grown.extended(leaf)
-                    c.execute("INSERT INTO receipt_log (idx, receipt_id, leaf_hash) VALUES (?, ?, ?)",
-                              (idx, receipt_id, leaf))
+                    c.execute(
+                        "INSERT INTO receipt_log (idx, receipt_id, leaf_hash) VALUES (?, ?, ?)",
+                        (idx, receipt_id, leaf),
+                    )
                     tree.insert_rows(c, rows)
                     _mark_receipt(c, receipt_id, idx)
                     fresh[receipt_id] = idx
@@ -146,8 +148,9 @@ class ReceiptLog:
         if env.signer != self._node:
             raise ReceiptLogError(f"the receipt was signed by {env.signer}, not by this node ({self._node})")
         if env.message.network != self._network:
-            raise ReceiptLogError(f"the receipt is for network {env.message.network!r}, "
-                                  f"not {self._network!r}")
+            raise ReceiptLogError(
+                f"the receipt is for network {env.message.network!r}, not {self._network!r}"
+            )
         return env
 
     def signed_tree_head(self, now: int) -> bytes:
@@ -184,11 +187,17 @@ class ReceiptLog:
             head = self._head_locked(now)
             size = head.head.size
             with self._reading() as c:
-                entries = [ProofEntry(Digest(r), idx, tuple(map(Digest, tree.inclusion_proof(c, idx, size))))
-                           for r, idx in found]
+                entries = [
+                    ProofEntry(Digest(r), idx, tuple(map(Digest, tree.inclusion_proof(c, idx, size))))
+                    for r, idx in found
+                ]
             return [
-                sign_message(InclusionProof(self._network, self._node, size, head.raw,
-                                            tuple(entries[i:i + MAX_PROOF_ENTRIES])), self._key)
+                sign_message(
+                    InclusionProof(
+                        self._network, self._node, size, head.raw, tuple(entries[i : i + MAX_PROOF_ENTRIES])
+                    ),
+                    self._key,
+                )
                 for i in range(0, len(entries), MAX_PROOF_ENTRIES)
             ]
 
@@ -212,8 +221,10 @@ class ReceiptLog:
         head = TreeHead(self._network, self._node, size, Digest(self._tree.root()), now)
         raw = sign_message(head, self._key)
         with self._store.transaction() as c:
-            c.execute("INSERT INTO receipt_log_heads (size, raw) VALUES (?, ?) "
-                      "ON CONFLICT (size) DO NOTHING", (size, raw))
+            c.execute(
+                "INSERT INTO receipt_log_heads (size, raw) VALUES (?, ?) ON CONFLICT (size) DO NOTHING",
+                (size, raw),
+            )
             stored = c.execute("SELECT raw FROM receipt_log_heads WHERE size = ?", (size,)).fetchone()
         self._latest = SignedHead(bytes(stored[0]), verify(bytes(stored[0]), TreeHead).message)
         return self._latest
@@ -241,8 +252,9 @@ class ReceiptLog:
         except tree.TreeStateError as e:
             raise ReceiptLogError(f"{self._store.path}: {e}") from None
         if latest is not None and (head_size > current.size or latest.head.root.raw != head_root):
-            raise ReceiptLogError(f"{self._store.path}: the stored log does not match its signed head of "
-                                  f"size {head_size}")
+            raise ReceiptLogError(
+                f"{self._store.path}: the stored log does not match its signed head of size {head_size}"
+            )
         return current, latest
 
     def _load_latest_head(self, c: sqlite3.Connection) -> SignedHead | None:
@@ -254,8 +266,10 @@ class ReceiptLog:
         except ProtocolError as e:
             raise ReceiptLogError(f"{self._store.path}: a stored tree head is invalid: {e}") from None
         if head.executor != self._node:
-            raise ReceiptLogError(f"{self._store.path}: the stored tree heads belong to {head.executor}, "
-                                  f"not to this node ({self._node}); was the key file replaced?")
+            raise ReceiptLogError(
+                f"{self._store.path}: the stored tree heads belong to {head.executor}, "
+                f"not to this node ({self._node}); was the key file replaced?"
+            )
         return SignedHead(bytes(row[1]), head)
 
 
@@ -277,6 +291,6 @@ def _is_size(x: object) -> bool:
 
 def _mark_receipt(c: sqlite3.Connection, receipt_id: bytes, idx: int) -> None:
     """Record the log position on the store's receipt row, when the node indexed the receipt there."""
-    c.execute("UPDATE receipts SET log_index = ? WHERE message_id = ? OR digest = ?",
-              (idx, receipt_id, receipt_id))
-
+    c.execute(
+        "UPDATE receipts SET log_index = ? WHERE message_id = ? OR digest = ?", (idx, receipt_id, receipt_id)
+    )

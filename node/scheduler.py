@@ -107,9 +107,12 @@ class Scheduler:
             log.info("sandbox pool of %d worker(s) ready", self.workers)
             orphans = getattr(self._pool, "orphans_killed", None)
             if orphans:
-                log.warning("killed %d sandbox worker(s) that a stopped run of this node left behind "
-                            "(suspended for the owner when it died): pid %s",
-                            len(orphans), ", ".join(map(str, orphans)))
+                log.warning(
+                    "killed %d sandbox worker(s) that a stopped run of this node left behind "
+                    "(suspended for the owner when it died): pid %s",
+                    len(orphans),
+                    ", ".join(map(str, orphans)),
+                )
             task_status.started()
             await trio.sleep_forever()
         finally:

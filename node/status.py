@@ -50,9 +50,13 @@ def format_status(doc: Mapping[str, Any]) -> str:
         ("addresses", ", ".join(doc.get("addresses") or []) or "(none yet)"),
         ("uptime", format_duration(float(doc.get("uptime_seconds", 0)))),
         ("version", str(doc.get("version", "?"))),
-        ("peers", f"{doc.get('peer_count', 0)} connected"
-                  + "".join(f", {counts[k]} {k}" for k in ("suspect", "dialing", "known", "backoff")
-                            if counts.get(k))),
+        (
+            "peers",
+            f"{doc.get('peer_count', 0)} connected"
+            + "".join(
+                f", {counts[k]} {k}" for k in ("suspect", "dialing", "known", "backoff") if counts.get(k)
+            ),
+        ),
     ]
     offered = doc.get("offered") or {}
     if "cores" in capacity:
@@ -89,14 +93,16 @@ def format_peers(peers: Sequence[Mapping[str, Any]], now: float | None = None) -
     rows = [PEER_COLUMNS]
     for p in peers:
         rtt = p.get("rtt_ms")
-        rows.append((
-            str(p.get("node_id", "?")),
-            str(p.get("state", "?")),
-            str(p.get("address") or "-"),
-            str(p.get("source", "?")),
-            format_ago(p.get("last_seen"), now),
-            "-" if rtt is None else f"{float(rtt):.1f} ms",
-        ))
+        rows.append(
+            (
+                str(p.get("node_id", "?")),
+                str(p.get("state", "?")),
+                str(p.get("address") or "-"),
+                str(p.get("source", "?")),
+                format_ago(p.get("last_seen"), now),
+                "-" if rtt is None else f"{float(rtt):.1f} ms",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(PEER_COLUMNS))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     return "\n".join(lines)

@@ -60,8 +60,18 @@ from .config import STORE_FILE
 APPLICATION_ID = 0x0E31_0001
 
 JOB_STATES = frozenset(
-    {"queued", "offered", "assigned", "fetching", "running", "done", "failed", "expired", "cancelled",
-     "disputed"}
+    {
+        "queued",
+        "offered",
+        "assigned",
+        "fetching",
+        "running",
+        "done",
+        "failed",
+        "expired",
+        "cancelled",
+        "disputed",
+    }
 )
 JOB_ROLES = frozenset({"submitter", "executor"})
 PEER_SOURCES = frozenset({"bootstrap", "mdns", "exchange", "inbound", "manual"})
@@ -337,15 +347,28 @@ _RECEIPT_COLUMNS = ", ".join(ReceiptRow.__slots__)
 
 def _peer(row: sqlite3.Row) -> PeerRow:
     return PeerRow(
-        row["node_id"], row["network"], tuple(json.loads(row["addresses"])), row["source"],
-        row["first_seen"], row["last_seen"], row["failures"], row["last_failure"], row["contact"],
+        row["node_id"],
+        row["network"],
+        tuple(json.loads(row["addresses"])),
+        row["source"],
+        row["first_seen"],
+        row["last_seen"],
+        row["failures"],
+        row["last_failure"],
+        row["contact"],
     )
 
 
 def _result(row: sqlite3.Row) -> ResultRow:
     return ResultRow(
-        row["job_id"], row["attempt"], row["executor"], row["message_id"], row["status"],
-        row["fuel_used"], json.loads(row["outputs"]), row["created"],
+        row["job_id"],
+        row["attempt"],
+        row["executor"],
+        row["message_id"],
+        row["status"],
+        row["fuel_used"],
+        json.loads(row["outputs"]),
+        row["created"],
     )
 
 
@@ -461,8 +484,10 @@ class Store:
             c = self._conn
             if self._depth:
                 if self._grouping and not self._in_member:
-                    raise RuntimeError("a store write from the event loop outside AsyncStore would join the "
-                                       "open write group unseen: call it through AsyncStore.run")
+                    raise RuntimeError(
+                        "a store write from the event loop outside AsyncStore would join the "
+                        "open write group unseen: call it through AsyncStore.run"
+                    )
                 if durable and not self._outer_durable:
                     raise ValueError("a durable write inside a transaction that is not durable")
                 self._inner_durable |= durable
@@ -507,8 +532,11 @@ class Store:
 
     def kv_set(self, key: str, value: bytes) -> None:
         with self.transaction(durable=False) as c:
-            c.execute("INSERT INTO kv (key, value) VALUES (?, ?) "
-                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
+            c.execute(
+                "INSERT INTO kv (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
 
     def kv_delete(self, key: str) -> bool:
         with self.transaction(durable=False) as c:
@@ -517,7 +545,12 @@ class Store:
     # --- peers ---
 
     def upsert_peer(
-        self, node_id: str, network: str, addresses: Sequence[str], source: str, now: float,
+        self,
+        node_id: str,
+        network: str,
+        addresses: Sequence[str],
+        source: str,
+        now: float,
         contact: bytes | None = None,
     ) -> None:
         """Record that a peer was seen now at `addresses` (merged in front of those already known).
@@ -543,7 +576,8 @@ class Store:
         with self.transaction(durable=False) as c:
             row = c.execute(
                 "UPDATE peers SET failures = failures + 1, last_failure = ? WHERE node_id = ? "
-                "RETURNING failures", (now, node_id),
+                "RETURNING failures",
+                (now, node_id),
             ).fetchone()
         return 0 if row is None else int(row[0])
 
@@ -568,22 +602,26 @@ class Store:
     def prune_peers(self, *, seen_before: float, min_failures: int) -> int:
         """Forget peers not seen since `seen_before` that failed at least `min_failures` times in a row."""
         with self.transaction(durable=False) as c:
-            return c.execute("DELETE FROM peers WHERE last_seen < ? AND failures >= ?",
-                             (seen_before, min_failures)).rowcount
+            return c.execute(
+                "DELETE FROM peers WHERE last_seen < ? AND failures >= ?", (seen_before, min_failures)
+            ).rowcount
 
     # --- seen messages ---
 
     def mark_seen(self, message_id: bytes, expires: float) -> bool:
         """Remember a message id until `expires`; True if it was new, False if already known."""
         with self.transaction(durable=False) as c:
-            cur = c.execute("INSERT INTO seen (message_id, expires) VALUES (?, ?) "
-                            "ON CONFLICT (message_id) DO NOTHING", (message_id, expires))
+            cur = c.execute(
+                "INSERT INTO seen (message_id, expires) VALUES (?, ?) ON CONFLICT (message_id) DO NOTHING",
+                (message_id, expires),
+            )
             return cur.rowcount > 0
 
     def is_seen(self, message_id: bytes, now: float) -> bool:
         with self.reading() as c:
-            row = c.execute("SELECT 1 FROM seen WHERE message_id = ? AND expires > ?",
-                            (message_id, now)).fetchone()
+            row = c.execute(
+                "SELECT 1 FROM seen WHERE message_id = ? AND expires > ?", (message_id, now)
+            ).fetchone()
         return row is not None
 
     def prune_seen(self, now: float) -> int:
@@ -594,9 +632,20 @@ class Store:
     # --- jobs ---
 
     def add_job(
-        self, *, job_id: bytes, role: str, manifest: bytes, state: str, submitter: str, created: float,
-        deadline: float, fuel_limit: int | None = None, executor: str | None = None, attempt: int = 0,
-        blobs: Sequence[str] = (), durable: bool = True,
+        self,
+        *,
+        job_id: bytes,
+        role: str,
+        manifest: bytes,
+        state: str,
+        submitter: str,
+        created: float,
+        deadline: float,
+        fuel_limit: int | None = None,
+        executor: str | None = None,
+        attempt: int = 0,
+        blobs: Sequence[str] = (),
+        durable: bool = True,
     ) -> bool:
         """Insert a job; returns False (and changes nothing) if this node already holds it in `role`.
 
@@ -608,26 +657,42 @@ class Store:
                 "INSERT INTO jobs (job_id, role, manifest, state, submitter, executor, attempt, created, "
                 "deadline, updated, fuel_limit) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (job_id, role) DO NOTHING",
-                (job_id, role, manifest, state, submitter, executor, attempt, created, deadline, created,
-                 fuel_limit),
+                (
+                    job_id,
+                    role,
+                    manifest,
+                    state,
+                    submitter,
+                    executor,
+                    attempt,
+                    created,
+                    deadline,
+                    created,
+                    fuel_limit,
+                ),
             )
             if cur.rowcount > 0:
-                c.executemany("INSERT INTO blob_refs (blob_hash, owner, retain_until) VALUES (?, ?, NULL) "
-                              "ON CONFLICT DO NOTHING", [(h, f"job:{job_id.hex()}") for h in blobs])
+                c.executemany(
+                    "INSERT INTO blob_refs (blob_hash, owner, retain_until) VALUES (?, ?, NULL) "
+                    "ON CONFLICT DO NOTHING",
+                    [(h, f"job:{job_id.hex()}") for h in blobs],
+                )
             return cur.rowcount > 0
 
     def job(self, job_id: bytes, role: str) -> JobRow | None:
         with self.reading() as c:
-            row = c.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ? AND role = ?",
-                            (job_id, role)).fetchone()
+            row = c.execute(
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ? AND role = ?", (job_id, role)
+            ).fetchone()
         return None if row is None else JobRow(*row)
 
     def jobs_held(self, job_ids: Sequence[bytes], role: str) -> set[bytes]:
         """Which of `job_ids` this store holds a job row of in `role` (one query for an offer's jobs)."""
         with self.reading() as c:
             marks = ", ".join("?" * len(job_ids))
-            rows = c.execute(f"SELECT job_id FROM jobs WHERE role = ? AND job_id IN ({marks})",
-                             (role, *job_ids)).fetchall()
+            rows = c.execute(
+                f"SELECT job_id FROM jobs WHERE role = ? AND job_id IN ({marks})", (role, *job_ids)
+            ).fetchall()
         return {bytes(r[0]) for r in rows}
 
     def jobs(self, *, role: str | None = None, states: Sequence[str] | None = None) -> list[JobRow]:
@@ -641,8 +706,9 @@ class Store:
             rows = c.execute(sql + " ORDER BY created, job_id", args).fetchall()
         return [JobRow(*r) for r in rows]
 
-    def update_job(self, /, job_id: bytes, role: str, now: float, *, expect_state: str | None = None,
-                   **changes: Any) -> bool:
+    def update_job(
+        self, /, job_id: bytes, role: str, now: float, *, expect_state: str | None = None, **changes: Any
+    ) -> bool:
         """Change a job's fields; with `expect_state`, only if it is still in that state (compare-and-set).
 
         Returns whether a row changed. Only state, executor, attempt, deadline, started, finished,
@@ -664,39 +730,48 @@ class Store:
 
     # --- envelopes ---
 
-    def put_envelope(self, message_id: bytes, kind: str, raw: bytes, now: float,
-                     job_id: bytes | None = None) -> bool:
+    def put_envelope(
+        self, message_id: bytes, kind: str, raw: bytes, now: float, job_id: bytes | None = None
+    ) -> bool:
         """Keep a signed envelope's exact bytes; returns False if it was already stored."""
         with self.transaction(durable=False) as c:
             cur = c.execute(
                 "INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (message_id) DO NOTHING", (message_id, kind, raw, job_id, now),
+                "ON CONFLICT (message_id) DO NOTHING",
+                (message_id, kind, raw, job_id, now),
             )
             return cur.rowcount > 0
 
-    def put_shared_envelope(self, message_id: bytes, kind: str, raw: bytes, now: float,
-                            job_ids: Sequence[bytes]) -> bool:
+    def put_shared_envelope(
+        self, message_id: bytes, kind: str, raw: bytes, now: float, job_ids: Sequence[bytes]
+    ) -> bool:
         """Keep a signed envelope that concerns several jobs once, linked to each of `job_ids` (links
         are added even when the envelope was already stored); returns whether the envelope was new.
         Only SHARED_KINDS: pruning collects an envelope of those kinds once no job links it."""
         if kind not in SHARED_KINDS:
-            raise ValueError(f"an envelope of kind {kind!r} is not shared by jobs "
-                             f"(only {', '.join(SHARED_KINDS)} are)")
+            raise ValueError(
+                f"an envelope of kind {kind!r} is not shared by jobs (only {', '.join(SHARED_KINDS)} are)"
+            )
         if not job_ids:
             raise ValueError("a shared envelope needs at least one job to link it to")
         with self.transaction(durable=False) as c:
             cur = c.execute(
                 "INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, NULL, ?) "
-                "ON CONFLICT (message_id) DO NOTHING", (message_id, kind, raw, now),
+                "ON CONFLICT (message_id) DO NOTHING",
+                (message_id, kind, raw, now),
             )
-            c.executemany("INSERT OR IGNORE INTO envelope_jobs (job_id, message_id) VALUES (?, ?)",
-                          [(job_id, message_id) for job_id in job_ids])
+            c.executemany(
+                "INSERT OR IGNORE INTO envelope_jobs (job_id, message_id) VALUES (?, ?)",
+                [(job_id, message_id) for job_id in job_ids],
+            )
             return cur.rowcount > 0
 
     def envelope(self, message_id: bytes) -> EnvelopeRow | None:
         with self.reading() as c:
-            row = c.execute("SELECT message_id, kind, raw, job_id, received FROM envelopes "
-                            "WHERE message_id = ?", (message_id,)).fetchone()
+            row = c.execute(
+                "SELECT message_id, kind, raw, job_id, received FROM envelopes WHERE message_id = ?",
+                (message_id,),
+            ).fetchone()
         return None if row is None else EnvelopeRow(*row)
 
     def envelopes_for_job(self, job_id: bytes, kind: str | None = None) -> list[EnvelopeRow]:
@@ -713,33 +788,62 @@ class Store:
             rows = c.execute(
                 f"SELECT job_id FROM envelopes WHERE job_id IS NOT NULL AND kind IN ({marks}) UNION "
                 f"SELECT l.job_id FROM envelope_jobs l JOIN envelopes e ON e.message_id = l.message_id "
-                f"WHERE e.kind IN ({marks})", (*kinds, *kinds),
+                f"WHERE e.kind IN ({marks})",
+                (*kinds, *kinds),
             ).fetchall()
         return {bytes(r[0]) for r in rows}
 
     # --- results, receipts, acknowledgements ---
 
-    def put_result(self, *, job_id: bytes, attempt: int, executor: str, message_id: bytes, status: str,
-                   outputs: dict[str, str], now: float, fuel_used: int | None = None) -> bool:
+    def put_result(
+        self,
+        *,
+        job_id: bytes,
+        attempt: int,
+        executor: str,
+        message_id: bytes,
+        status: str,
+        outputs: dict[str, str],
+        now: float,
+        fuel_used: int | None = None,
+    ) -> bool:
         """Index an executor's result of an attempt (`message_id`: its receipt's envelope, already stored);
         False if this attempt's result is known."""
         with self.transaction() as c:
             cur = c.execute(
                 "INSERT INTO results (job_id, attempt, executor, message_id, status, fuel_used, outputs, "
                 "created) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (job_id, attempt, executor, message_id, status, fuel_used,
-                 json.dumps(outputs, sort_keys=True), now),
+                (
+                    job_id,
+                    attempt,
+                    executor,
+                    message_id,
+                    status,
+                    fuel_used,
+                    json.dumps(outputs, sort_keys=True),
+                    now,
+                ),
             )
             return cur.rowcount > 0
 
     def results_for_job(self, job_id: bytes) -> list[ResultRow]:
         with self.reading() as c:
-            rows = c.execute("SELECT * FROM results WHERE job_id = ? ORDER BY attempt, executor",
-                             (job_id,)).fetchall()
+            rows = c.execute(
+                "SELECT * FROM results WHERE job_id = ? ORDER BY attempt, executor", (job_id,)
+            ).fetchall()
         return [_result(r) for r in rows]
 
-    def put_receipt(self, *, digest: bytes, job_id: bytes, attempt: int, executor: str, message_id: bytes,
-                    now: float, next_delivery: float | None = None) -> bool:
+    def put_receipt(
+        self,
+        *,
+        digest: bytes,
+        job_id: bytes,
+        attempt: int,
+        executor: str,
+        message_id: bytes,
+        now: float,
+        next_delivery: float | None = None,
+    ) -> bool:
         """Index a receipt whose envelope is already stored; False if it was known."""
         with self.transaction() as c:
             cur = c.execute(
@@ -761,18 +865,22 @@ class Store:
         columns = ", ".join(f"r.{c}" for c in ReceiptRow.__slots__)
         with self.reading() as c:
             for i in range(0, len(digests), 500):  # within SQLite's bound on parameters
-                part = digests[i:i + 500]
+                part = digests[i : i + 500]
                 marks = ", ".join("?" * len(part))
-                sql = (f"SELECT {columns}, e.raw FROM receipts r JOIN envelopes e "
-                       f"ON e.message_id = r.message_id WHERE r.digest IN ({marks})")
+                sql = (
+                    f"SELECT {columns}, e.raw FROM receipts r JOIN envelopes e "
+                    f"ON e.message_id = r.message_id WHERE r.digest IN ({marks})"
+                )
                 rows = c.execute(sql, part).fetchall()
                 out += [(ReceiptRow(*row[:-1]), bytes(row[-1])) for row in rows]
         return out
 
     def receipts_for_job(self, job_id: bytes) -> list[ReceiptRow]:
         with self.reading() as c:
-            rows = c.execute(f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE job_id = ? "
-                             "ORDER BY attempt, executor", (job_id,)).fetchall()
+            rows = c.execute(
+                f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE job_id = ? ORDER BY attempt, executor",
+                (job_id,),
+            ).fetchall()
         return [ReceiptRow(*r) for r in rows]
 
     def receipts_due(self, now: float, limit: int = 100) -> list[ReceiptRow]:
@@ -785,8 +893,9 @@ class Store:
             ).fetchall()
         return [ReceiptRow(*r) for r in rows]
 
-    def acked_without_proof(self, executor: str, limit: int = 100,
-                            before: tuple[float, bytes] | None = None) -> list[ReceiptRow]:
+    def acked_without_proof(
+        self, executor: str, limit: int = 100, before: tuple[float, bytes] | None = None
+    ) -> list[ReceiptRow]:
         """Receipts by `executor` this node acknowledged (as their submitter) for jobs it still holds
         and holds no inclusion proof of (its `log_index` is set when one is kept), newest first, from
         just below `before` (a row's (delivered, digest): where the last page ended); an index of
@@ -813,7 +922,8 @@ class Store:
                 "WHERE key = 'acks_v6_at'), 0) "
                 "AND NOT EXISTS (SELECT 1 FROM acks a WHERE a.receipt_digest = r.digest) "
                 "AND EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = r.job_id AND j.role = 'submitter') "
-                "ORDER BY r.delivered DESC LIMIT ?", (limit,),
+                "ORDER BY r.delivered DESC LIMIT ?",
+                (limit,),
             ).fetchall()
         return [ReceiptRow(*r) for r in rows]
 
@@ -830,8 +940,10 @@ class Store:
 
     def receipt_delivery_failed(self, digest: bytes, next_delivery: float) -> None:
         with self.transaction(durable=False) as c:
-            c.execute("UPDATE receipts SET delivery_tries = delivery_tries + 1, next_delivery = ? "
-                      "WHERE digest = ?", (next_delivery, digest))
+            c.execute(
+                "UPDATE receipts SET delivery_tries = delivery_tries + 1, next_delivery = ? WHERE digest = ?",
+                (next_delivery, digest),
+            )
 
     def set_receipt_log_index(self, digest: bytes, log_index: int, *, durable: bool = True) -> None:
         """Record where a receipt sits in its executor's log: durable for the executor's own log; a
@@ -839,32 +951,61 @@ class Store:
         with self.transaction(durable=durable) as c:
             c.execute("UPDATE receipts SET log_index = ? WHERE digest = ?", (log_index, digest))
 
-    def put_acks(self, ack_id: bytes, ack_raw: bytes, now: float, receipts: Sequence[tuple[bytes, bytes]],
-                 *, durable: bool = True) -> None:
+    def put_acks(
+        self,
+        ack_id: bytes,
+        ack_raw: bytes,
+        now: float,
+        receipts: Sequence[tuple[bytes, bytes]],
+        *,
+        durable: bool = True,
+    ) -> None:
         """Keep a verified `ack` once, linked to the jobs it answers, as the acknowledgement of each of
         `receipts` ((receipt digest, job id) pairs, receipts already indexed) that has none yet, and mark
         those receipts delivered. Not `durable` (an executor's copy, or a submitter's, which signs
         another when the receipt is delivered again): a power cut may take it back."""
         with self.transaction(durable=durable) as c:
             self.put_shared_envelope(ack_id, "ack", ack_raw, now, sorted({job for _, job in receipts}))
-            c.executemany("INSERT INTO acks (receipt_digest, message_id, created) VALUES (?, ?, ?) "
-                          "ON CONFLICT (receipt_digest) DO NOTHING",
-                          [(digest, ack_id, now) for digest, _ in receipts])
-            c.executemany("UPDATE receipts SET delivered = ?, next_delivery = NULL "
-                          "WHERE digest = ? AND delivered IS NULL", [(now, digest) for digest, _ in receipts])
+            c.executemany(
+                "INSERT INTO acks (receipt_digest, message_id, created) VALUES (?, ?, ?) "
+                "ON CONFLICT (receipt_digest) DO NOTHING",
+                [(digest, ack_id, now) for digest, _ in receipts],
+            )
+            c.executemany(
+                "UPDATE receipts SET delivered = ?, next_delivery = NULL "
+                "WHERE digest = ? AND delivered IS NULL",
+                [(now, digest) for digest, _ in receipts],
+            )
 
-    def record_verified_receipt(self, *, receipt_digest: bytes, job_id: bytes, attempt: int, executor: str,
-                                now: float, blobs: Sequence[str] = ()) -> None:
+    def record_verified_receipt(
+        self,
+        *,
+        receipt_digest: bytes,
+        job_id: bytes,
+        attempt: int,
+        executor: str,
+        now: float,
+        blobs: Sequence[str] = (),
+    ) -> None:
         """A submitter's side of a verified outcome: the receipt (envelope already stored) indexed and
         marked delivered (it is acknowledged with the next `ack` to its executor: put_acks), and the
         output blobs the job's result names (`blobs`) referenced by the job."""
         with self.transaction() as c:
             for blob in blobs:
                 self.ref_blob(blob, f"job:{job_id.hex()}")
-            self.put_receipt(digest=receipt_digest, job_id=job_id, attempt=attempt, executor=executor,
-                             message_id=receipt_digest, now=now)
-            c.execute("UPDATE receipts SET delivered = ?, next_delivery = NULL WHERE digest = ? "
-                      "AND delivered IS NULL", (now, receipt_digest))
+            self.put_receipt(
+                digest=receipt_digest,
+                job_id=job_id,
+                attempt=attempt,
+                executor=executor,
+                message_id=receipt_digest,
+                now=now,
+            )
+            c.execute(
+                "UPDATE receipts SET delivered = ?, next_delivery = NULL WHERE digest = ? "
+                "AND delivered IS NULL",
+                (now, receipt_digest),
+            )
 
     def ack_for(self, receipt_digest: bytes) -> EnvelopeRow | None:
         with self.reading() as c:
@@ -879,9 +1020,11 @@ class Store:
 
     def ref_blob(self, blob_hash: str, owner: str, retain_until: float | None = None) -> None:
         with self.transaction(durable=False) as c:
-            c.execute("INSERT INTO blob_refs (blob_hash, owner, retain_until) VALUES (?, ?, ?) "
-                      "ON CONFLICT DO UPDATE SET retain_until = excluded.retain_until",
-                      (blob_hash, owner, retain_until))
+            c.execute(
+                "INSERT INTO blob_refs (blob_hash, owner, retain_until) VALUES (?, ?, ?) "
+                "ON CONFLICT DO UPDATE SET retain_until = excluded.retain_until",
+                (blob_hash, owner, retain_until),
+            )
 
     def unref_owner(self, owner: str) -> int:
         with self.transaction(durable=False) as c:
@@ -893,8 +1036,10 @@ class Store:
         if len(data) > PUSH_MAX:
             raise ValueError(f"a small blob is at most {PUSH_MAX} bytes, not {len(data)}")
         with self.transaction(durable=False) as c:
-            c.execute("INSERT INTO small_blobs (blob_hash, data) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                      (blob_hash, data))
+            c.execute(
+                "INSERT INTO small_blobs (blob_hash, data) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                (blob_hash, data),
+            )
 
     def small_blobs(self, blob_hashes: Sequence[str]) -> dict[str, bytes]:
         """The small blobs of `blob_hashes` the database holds, by hash."""
@@ -911,14 +1056,17 @@ class Store:
         with self.transaction(durable=False) as c:
             return c.execute(
                 "DELETE FROM small_blobs WHERE NOT EXISTS (SELECT 1 FROM blob_refs r WHERE r.blob_hash = "
-                "small_blobs.blob_hash AND (r.retain_until IS NULL OR r.retain_until > ?))", (now,),
+                "small_blobs.blob_hash AND (r.retain_until IS NULL OR r.retain_until > ?))",
+                (now,),
             ).rowcount
 
     def live_blobs(self, now: float) -> set[str]:
         """Hashes still referenced (no end of retention, or one in the future): not to be collected."""
         with self.reading() as c:
-            rows = c.execute("SELECT DISTINCT blob_hash FROM blob_refs "
-                             "WHERE retain_until IS NULL OR retain_until > ?", (now,)).fetchall()
+            rows = c.execute(
+                "SELECT DISTINCT blob_hash FROM blob_refs WHERE retain_until IS NULL OR retain_until > ?",
+                (now,),
+            ).fetchall()
         return {r[0] for r in rows}
 
     def expire_blob_refs(self, now: float) -> int:
@@ -946,20 +1094,33 @@ class Store:
                 (ended_before, limit),
             ).fetchall()
             c.executemany("DELETE FROM jobs WHERE job_id = ? AND role = ?", [(r[0], r[1]) for r in rows])
-            gone = [(job,) for job in {bytes(r[0]) for r in rows}
-                    if c.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job,)).fetchone() is None]
+            gone = [
+                (job,)
+                for job in {bytes(r[0]) for r in rows}
+                if c.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job,)).fetchone() is None
+            ]
             c.executemany("DELETE FROM results WHERE job_id = ?", gone)
             c.executemany("DELETE FROM blob_refs WHERE owner = ?", [(f"job:{j.hex()}",) for (j,) in gone])
-            c.executemany("UPDATE receipts SET next_delivery = NULL WHERE job_id = ? AND delivered IS NULL",
-                          gone)  # its result goes: no more delivery attempts
-            unlinked = {bytes(r[0]) for (j,) in gone for r in c.execute(
-                "DELETE FROM envelope_jobs AS l WHERE job_id = ?1 AND NOT (EXISTS ("
-                "SELECT 1 FROM receipts WHERE job_id = ?1) AND EXISTS ("
-                "SELECT 1 FROM envelopes e WHERE e.message_id = l.message_id "
-                "AND e.kind IN ('offer', 'ack'))) "
-                "RETURNING message_id", (j,)).fetchall()}
-            c.executemany(f"UPDATE envelopes SET job_id = NULL WHERE {_NOT_EVIDENCE} AND EXISTS ("
-                          "SELECT 1 FROM envelope_jobs l WHERE l.message_id = envelopes.message_id)", gone)
+            c.executemany(
+                "UPDATE receipts SET next_delivery = NULL WHERE job_id = ? AND delivered IS NULL", gone
+            )  # its result goes: no more delivery attempts
+            unlinked = {
+                bytes(r[0])
+                for (j,) in gone
+                for r in c.execute(
+                    "DELETE FROM envelope_jobs AS l WHERE job_id = ?1 AND NOT (EXISTS ("
+                    "SELECT 1 FROM receipts WHERE job_id = ?1) AND EXISTS ("
+                    "SELECT 1 FROM envelopes e WHERE e.message_id = l.message_id "
+                    "AND e.kind IN ('offer', 'ack'))) "
+                    "RETURNING message_id",
+                    (j,),
+                ).fetchall()
+            }
+            c.executemany(
+                f"UPDATE envelopes SET job_id = NULL WHERE {_NOT_EVIDENCE} AND EXISTS ("
+                "SELECT 1 FROM envelope_jobs l WHERE l.message_id = envelopes.message_id)",
+                gone,
+            )
             c.executemany(f"DELETE FROM envelopes WHERE {_NOT_EVIDENCE}", gone)
             marks = ", ".join("?" * len(SHARED_KINDS))
             c.executemany(
@@ -1080,8 +1241,9 @@ def _check_and_setup(conn: sqlite3.Connection, path: Path) -> None:
         if has_tables:
             problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
             if problems != ["ok"]:
-                raise StoreError(f"{path}: the database is corrupt ({'; '.join(problems[:3])}); "
-                                 "it was left untouched")
+                raise StoreError(
+                    f"{path}: the database is corrupt ({'; '.join(problems[:3])}); it was left untouched"
+                )
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode != "wal":
             raise StoreError(f"{path}: cannot use write-ahead logging here (journal mode {mode})")
@@ -1127,16 +1289,41 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-INLINE_READS = frozenset({"job", "jobs_held", "envelope", "envelopes_for_job", "receipts_for_job", "kv_get",
-                          "receipt", "ack_for", "results_for_job", "receipts_with_envelopes", "small_blobs"})
+INLINE_READS = frozenset(
+    {
+        "job",
+        "jobs_held",
+        "envelope",
+        "envelopes_for_job",
+        "receipts_for_job",
+        "kv_get",
+        "receipt",
+        "ack_for",
+        "results_for_job",
+        "receipts_with_envelopes",
+        "small_blobs",
+    }
+)
 """Point reads by key (or by a proof's keys, 256 at most): run on the event loop, on a read-only
 connection of their own."""
-INLINE_WRITES = frozenset({
-    "put_envelope", "put_shared_envelope", "ref_blob", "kv_set", "mark_seen", "receipt_delivery_failed",
-    "update_job", "add_job", "put_result", "put_receipt", "set_receipt_log_index", "put_acks",
-    "record_verified_receipt",
-    "put_small_blob",
-})
+INLINE_WRITES = frozenset(
+    {
+        "put_envelope",
+        "put_shared_envelope",
+        "ref_blob",
+        "kv_set",
+        "mark_seen",
+        "receipt_delivery_failed",
+        "update_job",
+        "add_job",
+        "put_result",
+        "put_receipt",
+        "set_receipt_log_index",
+        "put_acks",
+        "record_verified_receipt",
+        "put_small_blob",
+    }
+)
 """Writes of a row or two: they commit in microseconds (a durable one waits for its group's fsync after)."""
 CHECKPOINT_EVERY = 500
 """Calls other than INLINE_READS between two WAL checkpoints (run in the worker thread)."""
@@ -1312,8 +1499,9 @@ class AsyncStore:
                 c.execute("RELEASE write")
         except BaseException as e:
             if not c.in_transaction:  # SQLite ended the whole transaction: every write of it is lost
-                group.error = StoreError(f"{store.path}: a write failed and the writes to commit with it "
-                                         f"were lost ({e})")
+                group.error = StoreError(
+                    f"{store.path}: a write failed and the writes to commit with it were lost ({e})"
+                )
                 raise
             try:
                 with _translate(store.path):
@@ -1406,8 +1594,10 @@ class AsyncStore:
             covered = await trio.to_thread.run_sync(self.store.sync, limiter=self._sync_limiter)
             self._synced = max(self._synced, covered)
         except StoreError as e:
-            self._failed = StoreError(f"the database could not be synced to disk ({e}); its last "
-                                      "writes may not be durable: stop the node and check the disk")
+            self._failed = StoreError(
+                f"the database could not be synced to disk ({e}); its last "
+                "writes may not be durable: stop the node and check the disk"
+            )
             raise self._failed from e
         finally:
             self._syncing = None

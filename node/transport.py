@@ -156,8 +156,17 @@ class Connection:
     raises ConnectionClosed instead.
     """
 
-    def __init__(self, stream: trio.SocketStream, result: HandshakeResult, *, remote_address: Address,
-                 leftover: bytes, timeouts: Timeouts, inbox: int, inbox_bytes: int) -> None:
+    def __init__(
+        self,
+        stream: trio.SocketStream,
+        result: HandshakeResult,
+        *,
+        remote_address: Address,
+        leftover: bytes,
+        timeouts: Timeouts,
+        inbox: int,
+        inbox_bytes: int,
+    ) -> None:
         self.peer_key: bytes = result.peer_key
         self.transcript_hash: bytes = result.transcript_hash
         self.initiator: bool = result.initiator
@@ -193,8 +202,14 @@ class Connection:
         return self._reason
 
     def stats(self) -> ConnectionStats:
-        return ConnectionStats(self._opened_at, self._last_received_at, self._bytes_in, self._bytes_out,
-                               self._session.frames_received, self._session.frames_sent)
+        return ConnectionStats(
+            self._opened_at,
+            self._last_received_at,
+            self._bytes_in,
+            self._bytes_out,
+            self._session.frames_received,
+            self._session.frames_sent,
+        )
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -271,7 +286,8 @@ class Connection:
     def _inbox_full(self, size: int) -> bool:
         """Whether one more message of `size` bytes must wait (one message is always let through)."""
         return self._queued >= self._inbox_limit or (
-            self._queued > 0 and self._buffered + size > self._inbox_bytes)
+            self._queued > 0 and self._buffered + size > self._inbox_bytes
+        )
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self
@@ -344,6 +360,7 @@ class Connection:
 
 # --- opening ---
 
+
 async def _run_handshake(stream: trio.SocketStream, machine: Initiator | Responder, first: bytes) -> bytes:
     if first:
         await stream.send_all(first)
@@ -357,9 +374,17 @@ async def _run_handshake(stream: trio.SocketStream, machine: Initiator | Respond
     return machine.unused_data
 
 
-async def _establish(stream: trio.SocketStream, machine: Initiator | Responder, first: bytes, *,
-                     own_key: bytes, remote: Address, timeouts: Timeouts, inbox: int,
-                     inbox_bytes: int) -> Connection:
+async def _establish(
+    stream: trio.SocketStream,
+    machine: Initiator | Responder,
+    first: bytes,
+    *,
+    own_key: bytes,
+    remote: Address,
+    timeouts: Timeouts,
+    inbox: int,
+    inbox_bytes: int,
+) -> Connection:
     """Run the handshake on `stream` under the deadline; the caller closes the stream on failure."""
     limit = timeouts.handshake
     try:
@@ -374,8 +399,15 @@ async def _establish(stream: trio.SocketStream, machine: Initiator | Responder, 
     result = machine.result
     if result.peer_key == own_key:
         raise ConnectedToSelf("the peer is this node itself")
-    return Connection(stream, result, remote_address=remote, leftover=leftover, timeouts=timeouts,
-                      inbox=inbox, inbox_bytes=inbox_bytes)
+    return Connection(
+        stream,
+        result,
+        remote_address=remote,
+        leftover=leftover,
+        timeouts=timeouts,
+        inbox=inbox,
+        inbox_bytes=inbox_bytes,
+    )
 
 
 def _sock_address(get: Callable[[], Any]) -> Address | None:
@@ -386,9 +418,18 @@ def _sock_address(get: Callable[[], Any]) -> Address | None:
     return str(name[0]), int(name[1])
 
 
-async def dial(host: str, port: int, *, identity: nacl.signing.SigningKey, network: str,
-               expect: bytes | None = None, timeouts: Timeouts | None = None, inbox: int = DEFAULT_INBOX,
-               inbox_bytes: int = DEFAULT_INBOX_BYTES, local_address: str | None = None) -> Connection:
+async def dial(
+    host: str,
+    port: int,
+    *,
+    identity: nacl.signing.SigningKey,
+    network: str,
+    expect: bytes | None = None,
+    timeouts: Timeouts | None = None,
+    inbox: int = DEFAULT_INBOX,
+    inbox_bytes: int = DEFAULT_INBOX_BYTES,
+    local_address: str | None = None,
+) -> Connection:
     """Connect over TCP and complete the handshake as initiator.
 
     `expect` pins the peer's node key; `inbox` and `inbox_bytes` bound what the connection buffers for
@@ -412,8 +453,16 @@ async def dial(host: str, port: int, *, identity: nacl.signing.SigningKey, netwo
         raise DialFailed(f"{target}: {e.strerror or e}") from e
     try:
         remote = _sock_address(stream.socket.getpeername) or (host, port)
-        conn = await _establish(stream, machine, machine.initiate(), own_key=bytes(identity.verify_key),
-                                remote=remote, timeouts=timeouts, inbox=inbox, inbox_bytes=inbox_bytes)
+        conn = await _establish(
+            stream,
+            machine,
+            machine.initiate(),
+            own_key=bytes(identity.verify_key),
+            remote=remote,
+            timeouts=timeouts,
+            inbox=inbox,
+            inbox_bytes=inbox_bytes,
+        )
     except BaseException:
         stream.socket.close()
         raise
@@ -421,9 +470,17 @@ async def dial(host: str, port: int, *, identity: nacl.signing.SigningKey, netwo
     return conn
 
 
-async def serve(handler: Handler, *, host: str, port: int, identity: nacl.signing.SigningKey, network: str,
-                limits: Limits | None = None, caps: ConnectionCaps | None = None,
-                task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
+async def serve(
+    handler: Handler,
+    *,
+    host: str,
+    port: int,
+    identity: nacl.signing.SigningKey,
+    network: str,
+    limits: Limits | None = None,
+    caps: ConnectionCaps | None = None,
+    task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Listen on host:port and run `handler(conn)` for each authenticated inbound connection.
 
     For `nursery.start`: reports the bound (host, port) (port 0 picks a free one). Runs until
@@ -441,8 +498,7 @@ async def serve(handler: Handler, *, host: str, port: int, identity: nacl.signin
     bound = [listener.socket.getsockname() for listener in listeners]
     address: Address = (str(bound[0][0]), int(bound[0][1]))
     log.info("listening on %s", ", ".join(_fmt((str(b[0]), int(b[1]))) for b in bound))
-    accept = partial(_accepted, handler=handler, identity=identity, network=network, limits=limits,
-                     caps=caps)
+    accept = partial(_accepted, handler=handler, identity=identity, network=network, limits=limits, caps=caps)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, accept, listeners)
@@ -452,8 +508,15 @@ async def serve(handler: Handler, *, host: str, port: int, identity: nacl.signin
             listener.socket.close()
 
 
-async def _accepted(stream: trio.SocketStream, *, handler: Handler, identity: nacl.signing.SigningKey,
-                    network: str, limits: Limits, caps: ConnectionCaps) -> None:
+async def _accepted(
+    stream: trio.SocketStream,
+    *,
+    handler: Handler,
+    identity: nacl.signing.SigningKey,
+    network: str,
+    limits: Limits,
+    caps: ConnectionCaps,
+) -> None:
     remote = _sock_address(stream.socket.getpeername)
     if remote is None:
         stream.socket.close()
@@ -472,13 +535,26 @@ async def _accepted(stream: trio.SocketStream, *, handler: Handler, identity: na
         stream.socket.close()
 
 
-async def _handle(stream: trio.SocketStream, remote: Address, handler: Handler,
-                  identity: nacl.signing.SigningKey, network: str, limits: Limits) -> None:
+async def _handle(
+    stream: trio.SocketStream,
+    remote: Address,
+    handler: Handler,
+    identity: nacl.signing.SigningKey,
+    network: str,
+    limits: Limits,
+) -> None:
     machine = Responder(identity, network, os.urandom(_EPHEMERAL_SIZE))
     try:
-        conn = await _establish(stream, machine, b"", own_key=bytes(identity.verify_key), remote=remote,
-                                timeouts=limits.timeouts, inbox=limits.inbox,
-                                inbox_bytes=limits.inbox_bytes)
+        conn = await _establish(
+            stream,
+            machine,
+            b"",
+            own_key=bytes(identity.verify_key),
+            remote=remote,
+            timeouts=limits.timeouts,
+            inbox=limits.inbox,
+            inbox_bytes=limits.inbox_bytes,
+        )
     except TransportError as e:
         log.debug("dropped %s during the handshake: %s", _fmt(remote), e)
         return

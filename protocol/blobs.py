@@ -61,8 +61,9 @@ class ChunkList:
         if not 0 <= self.size <= MAX_BLOB_SIZE:
             raise BadBlob(f"blob size {self.size} is outside 0..{MAX_BLOB_SIZE}")
         if len(self.hashes) != chunk_count(self.size):
-            raise BadBlob(f"a blob of {self.size} bytes has {chunk_count(self.size)} chunks, "
-                          f"not {len(self.hashes)}")
+            raise BadBlob(
+                f"a blob of {self.size} bytes has {chunk_count(self.size)} chunks, not {len(self.hashes)}"
+            )
 
     def to_bytes(self) -> bytes:
         return b"".join(h.raw for h in self.hashes)
@@ -79,9 +80,11 @@ class ChunkList:
     def from_bytes(cls, ref: BlobRef, data: bytes) -> ChunkList:
         """Parse a received chunk list and check it against the blob it claims to describe."""
         if len(data) != DIGEST_SIZE * chunk_count(ref.size):
-            raise BadBlob(f"the chunk list of a {ref.size}-byte blob is "
-                          f"{DIGEST_SIZE * chunk_count(ref.size)} bytes, got {len(data)}")
-        hashes = tuple(Digest(bytes(data[i:i + DIGEST_SIZE])) for i in range(0, len(data), DIGEST_SIZE))
+            raise BadBlob(
+                f"the chunk list of a {ref.size}-byte blob is "
+                f"{DIGEST_SIZE * chunk_count(ref.size)} bytes, got {len(data)}"
+            )
+        hashes = tuple(Digest(bytes(data[i : i + DIGEST_SIZE])) for i in range(0, len(data), DIGEST_SIZE))
         chunks = cls(ref.size, hashes)
         if chunks.root != ref.root:
             raise BadBlob(f"chunk list does not hash to the blob root {ref.root}")
@@ -134,4 +137,4 @@ def split(data: bytes) -> Iterator[bytes]:
     """The chunks of `data`, in order."""
     view = memoryview(data)
     for i in range(0, len(data), CHUNK_SIZE):
-        yield bytes(view[i:i + CHUNK_SIZE])
+        yield bytes(view[i : i + CHUNK_SIZE])

@@ -129,11 +129,13 @@ def sign(kind: str, message_or_body: Message | bytes, signing_key: nacl.signing.
     signer = node_id_of(signing_key)
     if isinstance(message_or_body, Message):
         if kind != message_or_body.KIND:
-            raise LocalProtocolError(f"a {type(message_or_body).__name__} is of kind "
-                                     f"{message_or_body.KIND!r}, not {kind!r}")
+            raise LocalProtocolError(
+                f"a {type(message_or_body).__name__} is of kind {message_or_body.KIND!r}, not {kind!r}"
+            )
         if message_or_body.issuer != signer:
-            raise LocalProtocolError(f"the {kind} names issuer {message_or_body.issuer}, "
-                                     f"but the signing key is {signer}")
+            raise LocalProtocolError(
+                f"the {kind} names issuer {message_or_body.issuer}, but the signing key is {signer}"
+            )
         body = pack(message_or_body.to_wire())
     elif isinstance(message_or_body, bytes):
         body = message_or_body
@@ -148,8 +150,9 @@ def _seal(kind: str, body: bytes, signing_key: nacl.signing.SigningKey, signer: 
     signature = signing_key.sign(signed_bytes(kind, body)).signature
     envelope = pack((ENVELOPE_VERSION, kind, body, signer.raw, signature))
     if len(envelope) > MAX_FRAME:
-        raise LocalProtocolError(f"the {kind} envelope is {len(envelope)} bytes, more than a frame holds "
-                                 f"({MAX_FRAME})")
+        raise LocalProtocolError(
+            f"the {kind} envelope is {len(envelope)} bytes, more than a frame holds ({MAX_FRAME})"
+        )
     return envelope
 
 
@@ -164,8 +167,9 @@ def sign_verified(message: M, signing_key: nacl.signing.SigningKey) -> VerifiedE
     signing key (`sign` refuses anything else), and the body is its own canonical encoding."""
     signer = node_id_of(signing_key)
     if message.issuer != signer:
-        raise LocalProtocolError(f"the {message.KIND} names issuer {message.issuer}, "
-                                 f"but the signing key is {signer}")
+        raise LocalProtocolError(
+            f"the {message.KIND} names issuer {message.issuer}, but the signing key is {signer}"
+        )
     body = pack(message.to_wire())
     data = _seal(message.KIND, body, signing_key, signer)
     env = _Builder()
@@ -305,14 +309,18 @@ def _read_canonical(data: bytes) -> tuple[_Kind, bytes, bytes, bytes] | None:
             return None
     elif tag == 0xC6:
         start = pos + 5
-        size = int.from_bytes(data[pos + 1:start], "big")
+        size = int.from_bytes(data[pos + 1 : start], "big")
         if size < 0x10000:
             return None
     else:
         return None
-    if end - start != size or data[end:end + 2] != _SIGNER_HEADER or data[end + 34:end + 36] != _SIG_HEADER:
+    if (
+        end - start != size
+        or data[end : end + 2] != _SIGNER_HEADER
+        or data[end + 34 : end + 36] != _SIG_HEADER
+    ):
         return None
-    return entry, data[start:end], data[end + 2:end + 34], data[end + 36:]
+    return entry, data[start:end], data[end + 2 : end + 34], data[end + 36 :]
 
 
 _SIGNER_HEADER = bytes((0xC4, KEY_SIZE))
@@ -328,8 +336,9 @@ def _split_canonical(data: bytes) -> tuple[str, bytes, bytes, bytes] | None:
     return entry.name, body, signer, signature
 
 
-def check_fresh(env: VerifiedEnvelope[Any], now: int, *, network: str | None = None,
-                max_ttl: int | None = None) -> None:
+def check_fresh(
+    env: VerifiedEnvelope[Any], now: int, *, network: str | None = None, max_ttl: int | None = None
+) -> None:
     """Refuse a message arriving from the network that has expired (`now` in ms since the epoch),
     belongs to another network, or (with max_ttl) claims a life longer than max_ttl ms from now.
     Stored or archived messages are never checked for expiry (inspect, audit)."""
@@ -354,7 +363,7 @@ def claimed_kind(raw: bytes) -> str | None:
     """The kind an envelope claims, read without checking anything else; None if it is no envelope.
     Reads the canonical layout straight from the bytes and decodes only other layouts."""
     if len(raw) > 3 and raw[0] == 0x95 and raw[1] == ENVELOPE_VERSION and 0xA1 <= raw[2] <= 0xBF:
-        kind = raw[3:3 + raw[2] - 0xA0]
+        kind = raw[3 : 3 + raw[2] - 0xA0]
         return kind.decode("ascii") if kind.isascii() else None
     try:
         outer = unpack(raw)

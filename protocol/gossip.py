@@ -186,18 +186,25 @@ class GossipConfig:
             if cls is None:
                 raise LocalProtocolError(f"gossip kind {kind!r} is not a message kind")
             if cls.EXPIRY is None:
-                raise LocalProtocolError(f"gossip kind {kind!r} has no expiry; gossip carries only "
-                                         "messages that expire")
+                raise LocalProtocolError(
+                    f"gossip kind {kind!r} has no expiry; gossip carries only messages that expire"
+                )
             if type(cap) is not int or cap < 1:
                 raise LocalProtocolError(f"size cap of gossip kind {kind!r} must be a positive int")
         if not self.kinds:
             raise LocalProtocolError("gossip needs at least one kind")
         if self.fanout < 1 or (self.publish_fanout is not None and self.publish_fanout < 1):
             raise LocalProtocolError("fan-out must be at least 1")
-        positive = {"seen_capacity": self.seen_capacity, "peer_rate": self.peer_rate,
-                    "peer_burst": self.peer_burst, "sender_rate": self.sender_rate,
-                    "sender_burst": self.sender_burst, "max_senders": self.max_senders,
-                    "score_half_life_ms": self.score_half_life_ms, "max_ttl_ms": self.max_ttl_ms}
+        positive = {
+            "seen_capacity": self.seen_capacity,
+            "peer_rate": self.peer_rate,
+            "peer_burst": self.peer_burst,
+            "sender_rate": self.sender_rate,
+            "sender_burst": self.sender_burst,
+            "max_senders": self.max_senders,
+            "score_half_life_ms": self.score_half_life_ms,
+            "max_ttl_ms": self.max_ttl_ms,
+        }
         for name, value in positive.items():
             if not value > 0:
                 raise LocalProtocolError(f"gossip {name} must be positive, got {value}")
@@ -238,8 +245,13 @@ def peek(raw: bytes, kinds: Mapping[str, int]) -> Header:
         raise _NotGossip(f"kind {str(kind)[:32]!r} is not carried by gossip")
     if len(raw) > kinds[kind]:
         raise _Oversize(f"{kind} envelope of {len(raw)} bytes exceeds its cap of {kinds[kind]}")
-    if (type(body) is not bytes or type(signer) is not bytes or len(signer) != KEY_SIZE
-            or type(signature) is not bytes or len(signature) != SIGNATURE_SIZE):
+    if (
+        type(body) is not bytes
+        or type(signer) is not bytes
+        or len(signer) != KEY_SIZE
+        or type(signature) is not bytes
+        or len(signature) != SIGNATURE_SIZE
+    ):
         raise DecodeError("envelope fields of the wrong type or size")
     return Header(kind, body, signer, hashlib.sha256(signed_bytes(kind, body) + signer).digest())
 

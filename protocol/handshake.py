@@ -101,14 +101,16 @@ class HandshakeResult:
     initiator: bool
 
     def __repr__(self) -> str:
-        return (f"HandshakeResult(peer_key={self.peer_key.hex()}, initiator={self.initiator}, "
-                f"transcript_hash={self.transcript_hash.hex()})")
+        return (
+            f"HandshakeResult(peer_key={self.peer_key.hex()}, initiator={self.initiator}, "
+            f"transcript_hash={self.transcript_hash.hex()})"
+        )
 
 
 class State(enum.Enum):
-    START = "start"                # initiator: initiate() not called yet
-    AWAIT_HELLO = "await_hello"    # responder: waiting for message 1
-    AWAIT_REPLY = "await_reply"    # initiator: waiting for message 2
+    START = "start"  # initiator: initiate() not called yet
+    AWAIT_HELLO = "await_hello"  # responder: waiting for message 1
+    AWAIT_REPLY = "await_reply"  # initiator: waiting for message 2
     AWAIT_FINISH = "await_finish"  # responder: waiting for message 3
     DONE = "done"
     FAILED = "failed"
@@ -185,8 +187,9 @@ class _Machine(abc.ABC):
 
     _is_initiator: bool
 
-    def __init__(self, identity: nacl.signing.SigningKey, network: str, ephemeral_secret: bytes,
-                 state: State) -> None:
+    def __init__(
+        self, identity: nacl.signing.SigningKey, network: str, ephemeral_secret: bytes, state: State
+    ) -> None:
         _check_init(identity, network, ephemeral_secret)
         self._identity = identity
         self._network = network
@@ -256,8 +259,8 @@ class _Machine(abc.ABC):
             raise FrameTooLarge(f"handshake frame of {n} bytes announced; the limit is {MAX_HANDSHAKE_FRAME}")
         if len(self._buf) < 4 + n:
             return None
-        frame = bytes(self._buf[4:4 + n])
-        del self._buf[:4 + n]
+        frame = bytes(self._buf[4 : 4 + n])
+        del self._buf[: 4 + n]
         return frame
 
     def _fail(self) -> None:
@@ -288,8 +291,13 @@ class Initiator(_Machine):
 
     _is_initiator = True
 
-    def __init__(self, identity: nacl.signing.SigningKey, network: str, ephemeral_secret: bytes,
-                 expect: bytes | None = None) -> None:
+    def __init__(
+        self,
+        identity: nacl.signing.SigningKey,
+        network: str,
+        ephemeral_secret: bytes,
+        expect: bytes | None = None,
+    ) -> None:
         if expect is not None and (not isinstance(expect, bytes) or len(expect) != 32):
             raise LocalProtocolError("expect must be a 32-byte node key or None")
         super().__init__(identity, network, ephemeral_secret, State.START)
@@ -310,12 +318,12 @@ class Initiator(_Machine):
         self._mix(peer_ephemeral)
         self._chain = hkdf_extract(self._hash, _dh(self._secret, peer_ephemeral))
         h2 = self._hash
-        plaintext = _open(hkdf_expand(self._chain, b"e31/1 handshake responder"), h2, sealed,
-                          "handshake message 2")
+        plaintext = _open(
+            hkdf_expand(self._chain, b"e31/1 handshake responder"), h2, sealed, "handshake message 2"
+        )
         peer_key = _check_identity_proof(plaintext, _SIG_RESPONDER, h2, "responder")
         if self._expect is not None and peer_key != self._expect:
-            raise HandshakeFailed(
-                f"the responder is {peer_key.hex()}, not the pinned {self._expect.hex()}")
+            raise HandshakeFailed(f"the responder is {peer_key.hex()}, not the pinned {self._expect.hex()}")
         self._mix(sealed)
         h3 = self._hash
         proof = _identity_proof(self._identity, _SIG_INITIATOR, h3)
@@ -360,8 +368,9 @@ class Responder(_Machine):
     def _on_finish(self, frame: bytes) -> bytes:
         (sealed,) = _fields(frame, (bytes,), "handshake message 3")
         h3 = self._hash
-        plaintext = _open(hkdf_expand(self._chain, b"e31/1 handshake initiator"), h3, sealed,
-                          "handshake message 3")
+        plaintext = _open(
+            hkdf_expand(self._chain, b"e31/1 handshake initiator"), h3, sealed, "handshake message 3"
+        )
         peer_key = _check_identity_proof(plaintext, _SIG_INITIATOR, h3, "initiator")
         self._mix(sealed)
         self._result = self._keys(peer_key)

@@ -50,7 +50,7 @@ class NodeId:
             raise InvalidId(f"a node id starts with {NODE_ID_PREFIX!r}: {_clip(text)!r}")
         if len(text) != _NODE_ID_TEXT_LEN:
             raise InvalidId(f"a node id is {_NODE_ID_TEXT_LEN} characters, got {len(text)}: {_clip(text)!r}")
-        body = text[len(NODE_ID_PREFIX):]
+        body = text[len(NODE_ID_PREFIX) :]
         if not set(body) <= _B32_ALPHABET:
             raise InvalidId(f"a node id uses lower-case base32 (a-z, 2-7) only: {_clip(text)!r}")
         raw = base64.b32decode(body.upper() + "====")

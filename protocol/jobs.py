@@ -49,8 +49,10 @@ def check_file_name(name: str) -> str | None:
     Valid: '/'-separated parts, none empty, '.' or '..', no control character or backslash.
     """
     if _FILE_NAME.fullmatch(name) is None:
-        return (f"file name {name!r} is not relative, or has an empty, '.' or '..' part, "
-                "a control character or a backslash")
+        return (
+            f"file name {name!r} is not relative, or has an empty, '.' or '..' part, "
+            "a control character or a backslash"
+        )
     return None
 
 
@@ -62,10 +64,18 @@ def _env_name_rule(name: str) -> str | None:
 
 # ASCII file names (at least one character) that need no regex: printable (no control character),
 # no backslash, no empty part, no part starting with "." (so none is "." or "..")
-_QUICK_FILE_NAME = ('{x}.isprintable() and "\\\\" not in {x} and "//" not in {x} and "/." not in {x} '
-                    'and {x}[0] not in "/." and {x}[-1] != "/"')
-FILE_NAME = Text(NAME_MAX, min_len=1, rule=check_file_name, label="relative file name (section 8)",
-                 quick=_QUICK_FILE_NAME, native=("file_name",))
+_QUICK_FILE_NAME = (
+    '{x}.isprintable() and "\\\\" not in {x} and "//" not in {x} and "/." not in {x} '
+    'and {x}[0] not in "/." and {x}[-1] != "/"'
+)
+FILE_NAME = Text(
+    NAME_MAX,
+    min_len=1,
+    rule=check_file_name,
+    label="relative file name (section 8)",
+    quick=_QUICK_FILE_NAME,
+    native=("file_name",),
+)
 
 
 @record
@@ -91,8 +101,18 @@ class FileRef(Record):
 @record
 @dataclass(frozen=True, slots=True)
 class EnvVar(Record):
-    name: str = field(metadata=w(Text(NAME_MAX, min_len=1, rule=_env_name_rule, label="no `=`",
-                                      quick='"=" not in {x}', native=("exclude", "="))))
+    name: str = field(
+        metadata=w(
+            Text(
+                NAME_MAX,
+                min_len=1,
+                rule=_env_name_rule,
+                label="no `=`",
+                quick='"=" not in {x}',
+                native=("exclude", "="),
+            )
+        )
+    )
     value: str = field(metadata=w(Text(ARG_MAX)))
 
 
@@ -109,11 +129,9 @@ class JobManifest(_JobIdSlot):
     """What to run, on what, within which limits, by when, and who asks."""
 
     module: BlobRef = field(metadata=w(Sub(BlobRef)))
-    inputs: tuple[FileRef, ...] = field(
-        metadata=w(Seq(Sub(FileRef), MAX_INPUTS, order_key=BY_NAME)))
+    inputs: tuple[FileRef, ...] = field(metadata=w(Seq(Sub(FileRef), MAX_INPUTS, order_key=BY_NAME)))
     args: tuple[str, ...] = field(metadata=w(Seq(Text(ARG_MAX), MAX_ARGS)))
-    env: tuple[EnvVar, ...] = field(
-        metadata=w(Seq(Sub(EnvVar), MAX_ENV, order_key=BY_NAME)))
+    env: tuple[EnvVar, ...] = field(metadata=w(Seq(Sub(EnvVar), MAX_ENV, order_key=BY_NAME)))
     stdin: BlobRef | None = field(metadata=w(Opt(Sub(BlobRef))))
     limits: Limits = field(metadata=w(Sub(Limits)))
     deadline: int = field(metadata=w(TIME))
@@ -134,8 +152,9 @@ class JobManifest(_JobIdSlot):
                 cut = name.rfind("/")
                 while cut > 0:
                     if name[:cut] in names:
-                        raise InvalidMessage(f"JobManifest.inputs: {name!r} lies under the file "
-                                             f"{name[:cut]!r}")
+                        raise InvalidMessage(
+                            f"JobManifest.inputs: {name!r} lies under the file {name[:cut]!r}"
+                        )
                     cut = name.rfind("/", 0, cut)
 
     @property
@@ -148,4 +167,3 @@ class JobManifest(_JobIdSlot):
         value = sha256(pack(self.to_wire()))
         object.__setattr__(self, "_job_id", value)
         return value
-

@@ -112,8 +112,7 @@ class Contact(Message):
 
     network: str = field(metadata=w(NETWORK))
     node: NodeId = field(metadata=w(Key()))
-    addresses: tuple[str, ...] = field(
-        metadata=w(Seq(ADDRESS, MAX_ADDRESSES, min_items=1)))
+    addresses: tuple[str, ...] = field(metadata=w(Seq(ADDRESS, MAX_ADDRESSES, min_items=1)))
     expires: int = field(metadata=w(TIME))
 
 
@@ -142,8 +141,7 @@ class Capacity(Message):
     expires: int = field(metadata=w(TIME))
     cores: int = field(metadata=w(UInt(U16)))
     memory_bytes: int = field(metadata=w(UInt()))
-    profiles: tuple[Digest, ...] = field(
-        metadata=w(Seq(Hash(), MAX_PROFILES, min_items=1, order_key=BY_RAW)))
+    profiles: tuple[Digest, ...] = field(metadata=w(Seq(Hash(), MAX_PROFILES, min_items=1, order_key=BY_RAW)))
     queue_length: int = field(metadata=w(UInt(U32)))
     fuel_rate: int = field(metadata=w(UInt()))
     """Fuel per second of compute one core delivers (an estimate, for the submitter's planning)."""
@@ -165,7 +163,8 @@ class Offer(Message):
     expires: int = field(metadata=w(TIME))
     submitter: NodeId = field(metadata=w(Key()))
     manifests: tuple[JobManifest, ...] = field(
-        metadata=w(Seq(Sub(JobManifest), MAX_SET, min_items=1, order_key=BY_JOB)))
+        metadata=w(Seq(Sub(JobManifest), MAX_SET, min_items=1, order_key=BY_JOB))
+    )
 
     def _validate(self) -> None:
         for manifest in self.manifests:
@@ -376,7 +375,8 @@ class InclusionProof(Message):
     tree_size: int = field(metadata=w(UInt(minimum=1)))
     treehead: bytes = field(metadata=w(Bin(TREEHEAD_MAX, min_len=1)))
     entries: tuple[ProofEntry, ...] = field(
-        metadata=w(Seq(Sub(ProofEntry), MAX_PROOF_ENTRIES, min_items=1, order_key=BY_RECEIPT)))
+        metadata=w(Seq(Sub(ProofEntry), MAX_PROOF_ENTRIES, min_items=1, order_key=BY_RECEIPT))
+    )
 
     def _validate(self) -> None:
         if any(e.leaf_index >= self.tree_size for e in self.entries):
@@ -387,9 +387,28 @@ class InclusionProof(Message):
         return find_sorted(self.entries, receipt_id.raw, BY_RECEIPT)
 
 
-AnyMessage = (Ping | Pong | Contact | Peers | Capacity | Offer | Bid | Decline | Assign | BlobRequest
-              | BlobChunk | Result | UsageReceipt | Ack | Accepted | Release | Cancel | TreeHead
-              | ProofRequest | InclusionProof)
+AnyMessage = (
+    Ping
+    | Pong
+    | Contact
+    | Peers
+    | Capacity
+    | Offer
+    | Bid
+    | Decline
+    | Assign
+    | BlobRequest
+    | BlobChunk
+    | Result
+    | UsageReceipt
+    | Ack
+    | Accepted
+    | Release
+    | Cancel
+    | TreeHead
+    | ProofRequest
+    | InclusionProof
+)
 """The closed union of every message kind."""
 
 KINDS: tuple[str, ...] = tuple(REGISTRY)

@@ -72,13 +72,11 @@ class UsageReceipt(Message):
     submitter: NodeId = field(metadata=w(Key()))
     executor: NodeId = field(metadata=w(Key()))
     module: BlobRef = field(metadata=w(Sub(BlobRef)))
-    inputs: tuple[FileRef, ...] = field(
-        metadata=w(Seq(Sub(FileRef), MAX_INPUTS, order_key=BY_NAME)))
+    inputs: tuple[FileRef, ...] = field(metadata=w(Seq(Sub(FileRef), MAX_INPUTS, order_key=BY_NAME)))
     stdin: BlobRef | None = field(metadata=w(Opt(Sub(BlobRef))))
     stdout: BlobRef = field(metadata=w(Sub(BlobRef)))
     stderr: BlobRef = field(metadata=w(Sub(BlobRef)))
-    outputs: tuple[FileRef, ...] = field(
-        metadata=w(Seq(Sub(FileRef), MAX_OUTPUTS, order_key=BY_NAME)))
+    outputs: tuple[FileRef, ...] = field(metadata=w(Seq(Sub(FileRef), MAX_OUTPUTS, order_key=BY_NAME)))
     profile: Digest = field(metadata=w(Hash()))
     limits: Limits = field(metadata=w(Sub(Limits)))
     outcome: Outcome = field(metadata=w(Sub(Outcome)))
@@ -120,8 +118,7 @@ class Ack(Message):
     submitter: NodeId = field(metadata=w(Key()))
     executor: NodeId = field(metadata=w(Key()))
     acked_at: int = field(metadata=w(TIME))
-    receipt_ids: tuple[Digest, ...] = field(
-        metadata=w(Seq(Hash(), MAX_ACKED, min_items=1, order_key=BY_RAW)))
+    receipt_ids: tuple[Digest, ...] = field(metadata=w(Seq(Hash(), MAX_ACKED, min_items=1, order_key=BY_RAW)))
 
     def names(self, receipt_id: Digest) -> bool:
         """Whether this ack countersigns that receipt."""
@@ -143,8 +140,10 @@ def check_receipt_manifest(receipt: UsageReceipt, manifest: JobManifest) -> None
     expect(receipt.stdin == manifest.stdin, "receipt names another stdin")
     expect(receipt.profile == manifest.profile, "receipt names another execution profile")
     expect(receipt.limits == manifest.limits, "receipt names other limits")
-    expect(receipt.output_bytes <= manifest.limits.max_output_bytes,
-            "receipt's outputs exceed the job's max_output_bytes")
+    expect(
+        receipt.output_bytes <= manifest.limits.max_output_bytes,
+        "receipt's outputs exceed the job's max_output_bytes",
+    )
 
 
 def check_receipt_assignment(receipt: UsageReceipt, assignment: Assign, assignment_id: Digest) -> None:

@@ -135,9 +135,15 @@ class Text(Codec[str]):
     the same test for the C decoder (protocol/_recdecode.c): ("charset", allowed ASCII characters),
     ("exclude", refused ASCII characters) or ("file_name",)."""
 
-    def __init__(self, max_bytes: int, min_len: int = 0,
-                 rule: Callable[[str], str | None] | None = None, label: str = "",
-                 quick: str | None = None, native: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self,
+        max_bytes: int,
+        min_len: int = 0,
+        rule: Callable[[str], str | None] | None = None,
+        label: str = "",
+        quick: str | None = None,
+        native: tuple[str, ...] | None = None,
+    ) -> None:
         self.max, self.min, self.rule, self.label = max_bytes, min_len, rule, label
         self.quick = quick if rule is not None else None
         self.native = native if rule is not None else None
@@ -157,8 +163,13 @@ class Text(Codec[str]):
             raise InvalidMessage(why)
 
     def decode(self, w: object) -> Any:
-        if (type(w) is not str or not w.isascii() or not self.min <= len(w) <= self.max or "\x00" in w
-                or self.rule is not None):
+        if (
+            type(w) is not str
+            or not w.isascii()
+            or not self.min <= len(w) <= self.max
+            or "\x00" in w
+            or self.rule is not None
+        ):
             self.check(w)
         return w
 
@@ -358,8 +369,13 @@ class Opt(Codec[Any]):
 class Seq(Codec[tuple[Any, ...]]):
     """An array of at most `max_items` values; optionally strictly increasing by `order_key`."""
 
-    def __init__(self, inner: Codec[Any], max_items: int, min_items: int = 0,
-                 order_key: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self,
+        inner: Codec[Any],
+        max_items: int,
+        min_items: int = 0,
+        order_key: Callable[[Any], Any] | None = None,
+    ) -> None:
         self.inner, self.max, self.min, self.order_key = inner, max_items, min_items, order_key
 
     def check(self, v: object) -> None:
@@ -651,10 +667,23 @@ class Source:
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.ns: dict[str, Any] = {
-            "type": type, "len": len, "int": int, "str": str, "bytes": bytes, "bool": bool, "tuple": tuple,
-            "InvalidMessage": InvalidMessage, "new": object.__new__, "NUL": "\x00", "MISSING": MISSING,
-            "NodeId": NodeId, "Digest": Digest, "check_shape": _check_shape, "explain": _explain,
-            "set_node_raw": _slot_setter(NodeId, "raw"), "set_digest_raw": _slot_setter(Digest, "raw"),
+            "type": type,
+            "len": len,
+            "int": int,
+            "str": str,
+            "bytes": bytes,
+            "bool": bool,
+            "tuple": tuple,
+            "InvalidMessage": InvalidMessage,
+            "new": object.__new__,
+            "NUL": "\x00",
+            "MISSING": MISSING,
+            "NodeId": NodeId,
+            "Digest": Digest,
+            "check_shape": _check_shape,
+            "explain": _explain,
+            "set_node_raw": _slot_setter(NodeId, "raw"),
+            "set_digest_raw": _slot_setter(Digest, "raw"),
         }
         self.depth = 0
         self.fields: dict[str, dict[str, str]] = {}
@@ -837,8 +866,9 @@ def _mutable_twin(cls: type) -> type:
     if twin is None:
         slots = cls.__dict__["__slots__"]
         bases = cls.__dict__.get("__orig_bases__", cls.__bases__)  # as written (Generic[M], say)
-        twin = _TWINS[cls] = types.new_class(f"{cls.__name__}Builder", bases,
-                                             exec_body=lambda ns: ns.update(__slots__=slots))
+        twin = _TWINS[cls] = types.new_class(
+            f"{cls.__name__}Builder", bases, exec_body=lambda ns: ns.update(__slots__=slots)
+        )
     return twin
 
 
@@ -857,8 +887,16 @@ def _hex(j: object) -> bytes:
 
 
 def _wire_type(v: object) -> str:
-    return {bytes: "bin", str: "str", int: "int", bool: "bool", tuple: "array", float: "float",
-            type(None): "nil", dict: "map"}.get(type(v), type(v).__name__)
+    return {
+        bytes: "bin",
+        str: "str",
+        int: "int",
+        bool: "bool",
+        tuple: "array",
+        float: "float",
+        type(None): "nil",
+        dict: "map",
+    }.get(type(v), type(v).__name__)
 
 
 def _show(v: object) -> str:
@@ -886,8 +924,14 @@ def _network_rule(s: str) -> str | None:
 
 
 # quick: stripping the allowed characters from both ends leaves nothing exactly when all are allowed
-NETWORK = Text(NETWORK_MAX, min_len=1, rule=_network_rule, label="network name (section 3)",
-               quick=f"not {{x}}.strip({_NETWORK_CHARS!r})", native=("charset", _NETWORK_CHARS))
+NETWORK = Text(
+    NETWORK_MAX,
+    min_len=1,
+    rule=_network_rule,
+    label="network name (section 3)",
+    quick=f"not {{x}}.strip({_NETWORK_CHARS!r})",
+    native=("charset", _NETWORK_CHARS),
+)
 TIME = UInt(label="timestamp (uint64, ms since the Unix epoch)")
 """A timestamp: milliseconds since the Unix epoch (UTC), an unsigned 64-bit integer."""
 

@@ -69,8 +69,9 @@ class Session:
     They are parameters so that tests can reach the schedule; nodes use the defaults.
     """
 
-    def __init__(self, keys: HandshakeResult, *, rekey_interval: int = REKEY_INTERVAL,
-                 max_frames: int = MAX_FRAMES) -> None:
+    def __init__(
+        self, keys: HandshakeResult, *, rekey_interval: int = REKEY_INTERVAL, max_frames: int = MAX_FRAMES
+    ) -> None:
         if not isinstance(keys, HandshakeResult):
             raise LocalProtocolError("a Session starts from a HandshakeResult")
         if rekey_interval < 1 or not 1 <= max_frames <= MAX_FRAMES:
@@ -126,7 +127,8 @@ class Session:
         if plaintext is None:
             self._broken = BadCiphertext(
                 f"session frame {self._recv.counter - 1} does not authenticate "
-                "(tampered, replayed, reordered or dropped)")
+                "(tampered, replayed, reordered or dropped)"
+            )
             raise self._broken
         return plaintext
 

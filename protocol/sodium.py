@@ -43,6 +43,7 @@ def _public(sealed: bytes, length: int, key: bytes) -> bool:
 def _direct() -> Callable[[bytes, int, bytes], bool] | None:
     try:
         from nacl._sodium import ffi, lib
+
         sign_open = lib.crypto_sign_open
         null = ffi.NULL
     except (ImportError, AttributeError):
@@ -63,8 +64,12 @@ signature_ok_trusted: Callable[[bytes, int, bytes], bool] = _direct() or _public
 def signature_ok(sealed: bytes, length: int, key: bytes) -> bool:
     """Whether the first `length` bytes of `sealed` are a 64-byte Ed25519 signature by `key` (32 bytes)
     followed by the message it signs. Bytes after `length` are ignored."""
-    if (type(sealed) is not bytes or type(key) is not bytes or len(key) != crypto_sign_PUBLICKEYBYTES
-            or not crypto_sign_BYTES <= length <= len(sealed)):
+    if (
+        type(sealed) is not bytes
+        or type(key) is not bytes
+        or len(key) != crypto_sign_PUBLICKEYBYTES
+        or not crypto_sign_BYTES <= length <= len(sealed)
+    ):
         raise TypeError("signature_ok takes bytes, a length within them and a 32-byte key")
     return signature_ok_trusted(sealed, length, key)
 
@@ -84,10 +89,12 @@ def _public_open(sealed: bytes, nonce: bytes, key: bytes) -> bytes | None:
     return plaintext
 
 
-def _direct_aead() -> tuple[Callable[[bytes, bytes, bytes], bytes],
-                            Callable[[bytes, bytes, bytes], bytes | None]] | None:
+def _direct_aead() -> (
+    tuple[Callable[[bytes, bytes, bytes], bytes], Callable[[bytes, bytes, bytes], bytes | None]] | None
+):
     try:
         from nacl._sodium import ffi, lib
+
         encrypt = lib.crypto_aead_chacha20poly1305_ietf_encrypt
         decrypt = lib.crypto_aead_chacha20poly1305_ietf_decrypt
         null = ffi.NULL

@@ -98,8 +98,9 @@ def _read_key(path: Path) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise CacheError(f"cache key {path} is not a regular file")
         if st.st_mode & 0o077:
-            raise CacheError(f"cache key {path} is readable by others (mode {st.st_mode & 0o777:o}); "
-                             "expected 0600")
+            raise CacheError(
+                f"cache key {path} is readable by others (mode {st.st_mode & 0o777:o}); expected 0600"
+            )
         key = f.read(KEY_BYTES + 1)
     if len(key) != KEY_BYTES:
         raise CacheError(f"cache key {path} must hold exactly {KEY_BYTES} bytes")
@@ -141,8 +142,9 @@ class ModuleCache:
             try:
                 key = load_or_create_key(self.directory / "key")
             except OSError as e:
-                raise CacheError(f"cannot read or create the cache key in {self.directory}: "
-                                 f"{e.strerror}") from e
+                raise CacheError(
+                    f"cannot read or create the cache key in {self.directory}: {e.strerror}"
+                ) from e
         elif len(key) < 16:
             raise CacheError("a cache key must be at least 16 bytes")
         self._key = key
@@ -205,7 +207,7 @@ class ModuleCache:
         if len(blob) <= head or not blob.startswith(MAGIC):
             self._discard(path, "truncated or not a cache entry")
             return None
-        tag, artifact = blob[len(MAGIC):head], blob[head:]
+        tag, artifact = blob[len(MAGIC) : head], blob[head:]
         if not hmac.compare_digest(tag, self._tag(digest, artifact)):
             self._discard(path, "integrity tag does not match")
             return None

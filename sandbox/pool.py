@@ -105,10 +105,21 @@ class _Worker:
                 shm_file.truncate(SHM_BYTES)
                 self.shm = mmap.mmap(shm_file.fileno(), SHM_BYTES)
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "e31.sandbox.worker", "--request-fd", str(req_r),
-                     "--reply-fd", str(rep_w), "--paused-fd", str(shm_file.fileno()), *args],
+                    [
+                        sys.executable,
+                        "-m",
+                        "e31.sandbox.worker",
+                        "--request-fd",
+                        str(req_r),
+                        "--reply-fd",
+                        str(rep_w),
+                        "--paused-fd",
+                        str(shm_file.fileno()),
+                        *args,
+                    ],
                     pass_fds=(req_r, rep_w, shm_file.fileno()),
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
                     start_new_session=True,
                 )
             except BaseException:
@@ -179,8 +190,8 @@ class _Worker:
                 raise ProtocolViolation(f"worker frame of {n} bytes")
             if len(self._buf) < _LEN.size + n:
                 break
-            payload = bytes(self._buf[_LEN.size:_LEN.size + n])
-            del self._buf[:_LEN.size + n]
+            payload = bytes(self._buf[_LEN.size : _LEN.size + n])
+            del self._buf[: _LEN.size + n]
             try:
                 message = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
             except Exception as e:  # msgpack raises several unrelated types
@@ -267,18 +278,30 @@ def _classify_exit(code: int) -> tuple[str, str]:
 
 def _host_result(limits: Limits, trap: str, message: str, wall: float) -> RunResult:
     return RunResult(
-        status=Status.TRAP, exit_code=None, trap=trap, message=message, fuel_used=0,
-        fuel_limit=limits.fuel, wall_seconds=round(max(wall, 0.0), 6), peak_memory_bytes=0, stdout=b"",
-        stdout_sha256=_EMPTY_SHA256, stderr_sha256=_EMPTY_SHA256, output_files={}, output_bytes=0,
-        profile_digest=PROFILE.digest_hex, reverifiable=False,
+        status=Status.TRAP,
+        exit_code=None,
+        trap=trap,
+        message=message,
+        fuel_used=0,
+        fuel_limit=limits.fuel,
+        wall_seconds=round(max(wall, 0.0), 6),
+        peak_memory_bytes=0,
+        stdout=b"",
+        stdout_sha256=_EMPTY_SHA256,
+        stderr_sha256=_EMPTY_SHA256,
+        output_files={},
+        output_bytes=0,
+        profile_digest=PROFILE.digest_hex,
+        reverifiable=False,
     )
 
 
 class JobHandle:
     """One job submitted to the pool. All methods are thread-safe."""
 
-    def __init__(self, job_id: int, spec: JobSpec, output_dir: Path | None,
-                 streams_dir: Path | None = None) -> None:
+    def __init__(
+        self, job_id: int, spec: JobSpec, output_dir: Path | None, streams_dir: Path | None = None
+    ) -> None:
         self.job_id = job_id
         self.spec = spec
         self.output_dir = output_dir
@@ -444,8 +467,11 @@ class _Slot:
 
     def ensure_worker(self) -> _Worker:
         if self.worker is not None and self.worker.proc.poll() is not None:
-            log.warning("worker %d exited while idle (%s)", self.worker.pid,
-                        describe_exit(self.worker.proc.returncode))
+            log.warning(
+                "worker %d exited while idle (%s)",
+                self.worker.pid,
+                describe_exit(self.worker.proc.returncode),
+            )
             self.worker.reap()
             self.worker = None
         if self.worker is None:
@@ -477,13 +503,20 @@ class _Slot:
                 return
             # A worker that died meanwhile fails the send; the receive loop reports how it ended.
             with contextlib.suppress(ValueError, OSError):
-                worker.send(["run", job.job_id, encode_spec(job.spec),
-                             None if job.output_dir is None else os.fsencode(job.output_dir),
-                             None if job.streams_dir is None else os.fsencode(job.streams_dir)])
+                worker.send(
+                    [
+                        "run",
+                        job.job_id,
+                        encode_spec(job.spec),
+                        None if job.output_dir is None else os.fsencode(job.output_dir),
+                        None if job.streams_dir is None else os.fsencode(job.streams_dir),
+                    ]
+                )
             if not self._supervise(job, worker, may_retry=attempt == 0):
                 return
-            log.warning("worker %d died before starting job %d; sending it to a new worker",
-                        worker.pid, job.job_id)
+            log.warning(
+                "worker %d died before starting job %d; sending it to a new worker", worker.pid, job.job_id
+            )
 
     def _supervise(self, job: JobHandle, worker: _Worker, *, may_retry: bool) -> bool:
         """Sees the job to its end on `worker`; True if the worker died before starting it and the
@@ -537,8 +570,11 @@ class _Slot:
                     return True
                 else:
                     trap, why = _classify_exit(code)
-                    job._finish(_host_result(limits, trap, f"worker {worker.pid} {why} while running the job",
-                                             elapsed()))
+                    job._finish(
+                        _host_result(
+                            limits, trap, f"worker {worker.pid} {why} while running the job", elapsed()
+                        )
+                    )
                 return False
             with job._lock:
                 suspended = job._suspended_at is not None
@@ -649,8 +685,14 @@ class WorkerPool:
 
     pids = worker_pids
 
-    def start_job(self, spec: JobSpec, output_dir: Path | None = None, *,
-                  timeout: float | None = None, streams_dir: Path | None = None) -> JobHandle:
+    def start_job(
+        self,
+        spec: JobSpec,
+        output_dir: Path | None = None,
+        *,
+        timeout: float | None = None,
+        streams_dir: Path | None = None,
+    ) -> JobHandle:
         """Hands the job to a free worker (waiting up to `timeout` for one) and returns at once.
         With `streams_dir`, the job's whole stdout and stderr are written there (runner.run)."""
         if not isinstance(spec, JobSpec):
@@ -673,8 +715,14 @@ class WorkerPool:
         slot.submit(job)
         return job
 
-    def run(self, spec: JobSpec, output_dir: Path | None = None, *,
-            timeout: float | None = None, streams_dir: Path | None = None) -> RunResult:
+    def run(
+        self,
+        spec: JobSpec,
+        output_dir: Path | None = None,
+        *,
+        timeout: float | None = None,
+        streams_dir: Path | None = None,
+    ) -> RunResult:
         """Runs one job to its end on a worker (blocking). `timeout` bounds the wait for a free worker."""
         return self.start_job(spec, output_dir, timeout=timeout, streams_dir=streams_dir).wait()
 
@@ -710,5 +758,15 @@ class WorkerPool:
         self.close()
 
 
-__all__ = ["CANCELLED", "WORKER_CRASHED", "WORKER_KILLED", "WORKER_LIMIT", "WORKER_TRAPS", "JobHandle",
-           "PoolError", "WorkerPool", "cores_available", "describe_exit"]
+__all__ = [
+    "CANCELLED",
+    "WORKER_CRASHED",
+    "WORKER_KILLED",
+    "WORKER_LIMIT",
+    "WORKER_TRAPS",
+    "JobHandle",
+    "PoolError",
+    "WorkerPool",
+    "cores_available",
+    "describe_exit",
+]

@@ -269,6 +269,7 @@ def _spills(files: contextlib.ExitStack, streams_dir: Path) -> tuple[Opener, Ope
         def open_sink() -> BinaryIO:
             make_private_dirs(streams_dir)
             return files.enter_context(open(streams_dir / name, "wb", buffering=SINK_BUFFER))
+
         return open_sink
 
     return opener("stdout"), opener("stderr")
@@ -309,8 +310,13 @@ def _run_locked(
     watchdog = state.watchdog
     instance: wasmtime.Instance | None = None
     try:
-        store.set_limits(memory_size=limits.memory_bytes, table_elements=PROFILE.max_table_elements,
-                         instances=1, tables=MAX_TABLES, memories=1)
+        store.set_limits(
+            memory_size=limits.memory_bytes,
+            table_elements=PROFILE.max_table_elements,
+            instances=1,
+            tables=MAX_TABLES,
+            memories=1,
+        )
         store.set_fuel(limits.fuel)
         store.set_epoch_deadline(1)
         state.slot.ctx = ctx
@@ -330,8 +336,9 @@ def _run_locked(
         except wasmtime.WasmtimeError as e:
             ending = _classify_error(str(e))
         except Exception as e:  # a bug on our side, not the guest's: reported, never hidden
-            ending = _Ending(Status.TRAP, trap="host_error", message=f"{type(e).__name__}: {e}",
-                             host_fault=True)
+            ending = _Ending(
+                Status.TRAP, trap="host_error", message=f"{type(e).__name__}: {e}", host_fault=True
+            )
         finally:
             state.slot.ctx = None
             elapsed, fired = watchdog.disarm()
@@ -339,9 +346,11 @@ def _run_locked(
             ending = _Ending(Status.TIMEOUT, message=f"wall-clock limit of {limits.wall_seconds:g} s reached")
         peak = _memory_size(store, instance, ctx)
         if ending.status is Status.TRAP and not ending.host_fault and peak + WASM_PAGE > limits.memory_bytes:
-            ending = _Ending(Status.MEMORY_LIMIT, trap=ending.trap,
-                             message=f"trapped at the memory limit ({limits.memory_bytes} bytes): "
-                             f"{ending.message}")
+            ending = _Ending(
+                Status.MEMORY_LIMIT,
+                trap=ending.trap,
+                message=f"trapped at the memory limit ({limits.memory_bytes} bytes): {ending.message}",
+            )
         # wasmtime under-reports fuel after an epoch stop: a timeout is charged its whole budget.
         fuel_used = limits.fuel if ending.status is Status.TIMEOUT else limits.fuel - store.get_fuel()
     finally:
@@ -380,10 +389,21 @@ def _run_locked(
 def invalid_result(limits: Limits, message: str) -> RunResult:
     """The result of a job whose module was refused before it ran (reverifiable: compilation is)."""
     return RunResult(
-        status=Status.INVALID_MODULE, exit_code=None, trap=None, message=message, fuel_used=0,
-        fuel_limit=limits.fuel, wall_seconds=0.0, peak_memory_bytes=0, stdout=b"",
-        stdout_sha256=_EMPTY_SHA, stderr_sha256=_EMPTY_SHA, output_files={}, output_bytes=0,
-        profile_digest=PROFILE.digest_hex, reverifiable=True,
+        status=Status.INVALID_MODULE,
+        exit_code=None,
+        trap=None,
+        message=message,
+        fuel_used=0,
+        fuel_limit=limits.fuel,
+        wall_seconds=0.0,
+        peak_memory_bytes=0,
+        stdout=b"",
+        stdout_sha256=_EMPTY_SHA,
+        stderr_sha256=_EMPTY_SHA,
+        output_files={},
+        output_bytes=0,
+        profile_digest=PROFILE.digest_hex,
+        reverifiable=True,
     )
 
 

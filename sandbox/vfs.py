@@ -423,15 +423,16 @@ class Tree:
                 if isinstance(node, Dir):
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(base, dir_fd=dir_fd)
-                    fds[name] = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                        dir_fd=dir_fd)
+                    fds[name] = os.open(
+                        base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+                    )
                 elif isinstance(node, OutputFile):
                     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
                     fd = os.open(base, flags, 0o644, dir_fd=dir_fd)
                     try:
                         view = memoryview(node.data)
                         while view:
-                            view = view[os.write(fd, view):]
+                            view = view[os.write(fd, view) :]
                     finally:
                         os.close(fd)
         finally:

@@ -64,10 +64,24 @@ R_FD_SYNC, R_FD_TELL, R_FD_WRITE, R_FD_ADVISE, R_FD_ALLOCATE = 1 << 4, 1 << 5, 1
 R_FD_FILESTAT_GET, R_FD_FILESTAT_SET_SIZE, R_FD_FILESTAT_SET_TIMES = 1 << 21, 1 << 22, 1 << 23
 R_POLL_FD_READWRITE = 1 << 27
 RIGHTS_FILE_READ = R_FD_READ | R_FD_SEEK | R_FD_TELL | R_FD_ADVISE | R_FD_FILESTAT_GET | R_POLL_FD_READWRITE
-RIGHTS_FILE_WRITE = (R_FD_WRITE | R_FD_DATASYNC | R_FD_SYNC | R_FD_ALLOCATE | R_FD_FILESTAT_SET_SIZE
-                     | R_FD_FILESTAT_SET_TIMES)
-RIGHTS_DIR = ((1 << 9) | (1 << 10) | (1 << 13) | (1 << 14) | (1 << 15) | (1 << 16) | (1 << 17) | (1 << 18)
-              | (1 << 19) | (1 << 20) | R_FD_FILESTAT_GET | (1 << 25) | (1 << 26))
+RIGHTS_FILE_WRITE = (
+    R_FD_WRITE | R_FD_DATASYNC | R_FD_SYNC | R_FD_ALLOCATE | R_FD_FILESTAT_SET_SIZE | R_FD_FILESTAT_SET_TIMES
+)
+RIGHTS_DIR = (
+    (1 << 9)
+    | (1 << 10)
+    | (1 << 13)
+    | (1 << 14)
+    | (1 << 15)
+    | (1 << 16)
+    | (1 << 17)
+    | (1 << 18)
+    | (1 << 19)
+    | (1 << 20)
+    | R_FD_FILESTAT_GET
+    | (1 << 25)
+    | (1 << 26)
+)
 RIGHTS_DIR_INHERIT = RIGHTS_DIR | RIGHTS_FILE_READ | RIGHTS_FILE_WRITE | R_FD_FDSTAT_SET_FLAGS
 RIGHTS_STDIO = R_FD_READ | R_FD_WRITE | R_FD_FDSTAT_SET_FLAGS | R_FD_FILESTAT_GET | R_POLL_FD_READWRITE
 
@@ -528,7 +542,7 @@ def _read_into(ctx: Context, m: Memory, o: Open, iovs: list[tuple[int, int]], of
             if isinstance(node, InputFile):
                 data = ctx.host.pread(node, want, offset)
             elif isinstance(node, OutputFile):
-                data = bytes(node.data[offset:offset + want])
+                data = bytes(node.data[offset : offset + want])
             else:
                 data = b""
             if not data:
@@ -708,8 +722,19 @@ def fd_readdir(ctx: Context, m: Memory, fd: int, buf: int, n: int, cookie: int, 
 
 
 @wasi("iiiiiIIii")
-def path_open(ctx: Context, m: Memory, fd: int, dirflags: int, path: int, path_len: int, oflags: int,
-              base: int, inheriting: int, fdflags: int, out: int) -> int:
+def path_open(
+    ctx: Context,
+    m: Memory,
+    fd: int,
+    dirflags: int,
+    path: int,
+    path_len: int,
+    oflags: int,
+    base: int,
+    inheriting: int,
+    fdflags: int,
+    out: int,
+) -> int:
     start = ctx.dir_fd(fd)
     raw = m.read(path, path_len & _U32)
     m._check(out, 4)
@@ -737,15 +762,23 @@ def path_open(ctx: Context, m: Memory, fd: int, dirflags: int, path: int, path_l
             return E.ROFS
         if oflags & O_TRUNC and isinstance(node, OutputFile):
             ctx.tree.resize(node, 0)
-        new = ctx.add_fd(Open(node, "file", readable=readable or not writable, writable=writable,
-                              append=bool(fdflags & FDFLAG_APPEND)))
+        new = ctx.add_fd(
+            Open(
+                node,
+                "file",
+                readable=readable or not writable,
+                writable=writable,
+                append=bool(fdflags & FDFLAG_APPEND),
+            )
+        )
     m.put(out, U32, new)
     return 0
 
 
 @wasi("iiiii")
-def path_filestat_get(ctx: Context, m: Memory, fd: int, flags: int, path: int, path_len: int,
-                      out: int) -> int:
+def path_filestat_get(
+    ctx: Context, m: Memory, fd: int, flags: int, path: int, path_len: int, out: int
+) -> int:
     start = ctx.dir_fd(fd)
     node = ctx.tree.lookup(start, m.read(path, path_len & _U32))
     _filestat(m, out, node)
@@ -753,8 +786,9 @@ def path_filestat_get(ctx: Context, m: Memory, fd: int, flags: int, path: int, p
 
 
 @wasi("iiiiIIi")
-def path_filestat_set_times(ctx: Context, m: Memory, fd: int, flags: int, path: int, path_len: int,
-                            atim: int, mtim: int, fst: int) -> int:
+def path_filestat_set_times(
+    ctx: Context, m: Memory, fd: int, flags: int, path: int, path_len: int, atim: int, mtim: int, fst: int
+) -> int:
     """Accepted and ignored once the path exists: timestamps are fixed."""
     ctx.tree.lookup(ctx.dir_fd(fd), m.read(path, path_len & _U32))
     return 0
@@ -779,16 +813,19 @@ def path_remove_directory(ctx: Context, m: Memory, fd: int, path: int, path_len:
 
 
 @wasi("iiiiii")
-def path_rename(ctx: Context, m: Memory, fd: int, old: int, old_len: int, new_fd: int, new: int,
-                new_len: int) -> int:
-    ctx.tree.rename(ctx.dir_fd(fd), m.read(old, old_len & _U32),
-                    ctx.dir_fd(new_fd), m.read(new, new_len & _U32))
+def path_rename(
+    ctx: Context, m: Memory, fd: int, old: int, old_len: int, new_fd: int, new: int, new_len: int
+) -> int:
+    ctx.tree.rename(
+        ctx.dir_fd(fd), m.read(old, old_len & _U32), ctx.dir_fd(new_fd), m.read(new, new_len & _U32)
+    )
     return 0
 
 
 @wasi("iiiiii")
-def path_readlink(ctx: Context, m: Memory, fd: int, path: int, path_len: int, buf: int, n: int,
-                  out: int) -> int:
+def path_readlink(
+    ctx: Context, m: Memory, fd: int, path: int, path_len: int, buf: int, n: int, out: int
+) -> int:
     ctx.tree.lookup(ctx.dir_fd(fd), m.read(path, path_len & _U32))
     return E.INVAL  # nothing in the tree is a symbolic link
 
@@ -799,8 +836,17 @@ def path_symlink(ctx: Context, m: Memory, old: int, old_len: int, fd: int, new: 
 
 
 @wasi("iiiiiii")
-def path_link(ctx: Context, m: Memory, old_fd: int, flags: int, old: int, old_len: int, new_fd: int,
-              new: int, new_len: int) -> int:
+def path_link(
+    ctx: Context,
+    m: Memory,
+    old_fd: int,
+    flags: int,
+    old: int,
+    old_len: int,
+    new_fd: int,
+    new: int,
+    new_len: int,
+) -> int:
     return E.NOTSUP
 
 
@@ -813,8 +859,9 @@ def sock_accept(ctx: Context, m: Memory, fd: int, flags: int, out: int) -> int:
 
 
 @wasi("iiiiii")
-def sock_recv(ctx: Context, m: Memory, fd: int, data: int, data_len: int, flags: int, out_len: int,
-              out_flags: int) -> int:
+def sock_recv(
+    ctx: Context, m: Memory, fd: int, data: int, data_len: int, flags: int, out_len: int, out_flags: int
+) -> int:
     return E.NOSYS
 
 

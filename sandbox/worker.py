@@ -143,8 +143,14 @@ def decode_spec(obj: Any) -> JobSpec:
 
 _RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(RunResult))
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "Status": (str,), "int": (int,), "float": (float, int), "str": (str,), "bytes": (bytes,),
-    "bool": (bool,), "None": (type(None),), "dict[str, str]": (dict,),
+    "Status": (str,),
+    "int": (int,),
+    "float": (float, int),
+    "str": (str,),
+    "bytes": (bytes,),
+    "bool": (bool,),
+    "None": (type(None),),
+    "dict[str, str]": (dict,),
 }
 
 
@@ -159,8 +165,9 @@ _RESULT_TYPES = {f.name: _allowed(f.type) for f in dataclasses.fields(RunResult)
 
 
 def encode_result(result: RunResult) -> list[Any]:
-    return [str(v) if isinstance(v, Status) else v
-            for v in (getattr(result, name) for name in _RESULT_FIELDS)]
+    return [
+        str(v) if isinstance(v, Status) else v for v in (getattr(result, name) for name in _RESULT_FIELDS)
+    ]
 
 
 def decode_result(obj: Any) -> RunResult:
@@ -191,8 +198,11 @@ def apply_limits(data_bytes: int | None, file_bytes: int | None) -> None:
     Python ignores SIGXFSZ; a worker takes the default again, so passing RLIMIT_FSIZE kills it
     (the pool reports `worker_limit`) instead of failing one write in some layer that may retry."""
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
-    for which, value in ((resource.RLIMIT_DATA, data_bytes), (resource.RLIMIT_FSIZE, file_bytes),
-                         (resource.RLIMIT_CORE, 0)):
+    for which, value in (
+        (resource.RLIMIT_DATA, data_bytes),
+        (resource.RLIMIT_FSIZE, file_bytes),
+        (resource.RLIMIT_CORE, 0),
+    ):
         if value is None:
             continue
         _, hard = resource.getrlimit(which)
@@ -272,8 +282,10 @@ def watch_parent(interval: float = PARENT_CHECK_SECONDS, parent: int | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m e31.sandbox.worker",
-                                description="An e31 sandbox worker (started by WorkerPool, not by hand).")
+    p = argparse.ArgumentParser(
+        prog="python -m e31.sandbox.worker",
+        description="An e31 sandbox worker (started by WorkerPool, not by hand).",
+    )
     p.add_argument("--request-fd", type=int, required=True)
     p.add_argument("--reply-fd", type=int, required=True)
     p.add_argument("--paused-fd", type=int, required=True)

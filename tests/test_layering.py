@@ -10,8 +10,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 FORBIDDEN = {
-    "protocol": {"trio", "socket", "zeroconf", "time", "random", "wasmtime", "asyncio", "threading",
-                 "os", "e31.sandbox", "e31.node", "sqlite3", "secrets"},
+    "protocol": {
+        "trio",
+        "socket",
+        "zeroconf",
+        "time",
+        "random",
+        "wasmtime",
+        "asyncio",
+        "threading",
+        "os",
+        "e31.sandbox",
+        "e31.node",
+        "sqlite3",
+        "secrets",
+    },
     "sandbox": {"trio", "e31.node", "e31.protocol", "zeroconf", "asyncio"},
 }
 

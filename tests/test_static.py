@@ -30,14 +30,32 @@ def test_ruff_clean() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_ruff_format_clean() -> None:
+    proc = subprocess.run(
+        [_tool("ruff"), "format", "--check", "--no-cache", str(ROOT)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_mypy_strict_on_protocol_and_sandbox(tmp_path: Path) -> None:
     ns = tmp_path / "e31"
     ns.mkdir()
     for pkg in ("protocol", "sandbox"):
         os.symlink(ROOT / pkg, ns / pkg)
     proc = subprocess.run(
-        [_tool("mypy"), "--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(tmp_path / "cache"),
-         "-p", "e31.protocol", "-p", "e31.sandbox"],
-        cwd=tmp_path, capture_output=True, text=True,
+        [
+            _tool("mypy"),
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "-p",
+            "e31.protocol",
+            "-p",
+            "e31.sandbox",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

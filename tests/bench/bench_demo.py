@@ -52,9 +52,25 @@ def main() -> int:
         root = Path(tmp)
         keep = root / "kept"
         started = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "e31.node", "demo", "--nodes", args.nodes,
-                                 "--jobs", args.jobs, "--json", "--keep", str(keep)], cwd=root,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "e31.node",
+                "demo",
+                "--nodes",
+                args.nodes,
+                "--jobs",
+                args.jobs,
+                "--json",
+                "--keep",
+                str(keep),
+            ],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         peak, peak_nodes, samples = 0, 0, 0
         while proc.poll() is None:
             pids = node_pids(keep)
@@ -69,14 +85,20 @@ def main() -> int:
         print(f"bench_demo: the demo failed with exit status {proc.returncode}:\n{err}", file=sys.stderr)
         return 1
     report = json.loads(out)
-    print(f"e31 demo --nodes {args.nodes} --jobs {args.jobs}: {wall:.2f} s wall "
-          f"({report['jobs']} jobs, {report['verified']} verified, {report['reexecuted']} re-executed)")
-    print(f"peak resident memory of the {peak_nodes} node processes and their workers: "
-          f"{peak / 2**20:.1f} MiB ({samples} samples); the demo's own sample: "
-          f"{(report.get('peak_rss_bytes') or 0) / 2**20:.1f} MiB")
+    print(
+        f"e31 demo --nodes {args.nodes} --jobs {args.jobs}: {wall:.2f} s wall "
+        f"({report['jobs']} jobs, {report['verified']} verified, {report['reexecuted']} re-executed)"
+    )
+    print(
+        f"peak resident memory of the {peak_nodes} node processes and their workers: "
+        f"{peak / 2**20:.1f} MiB ({samples} samples); the demo's own sample: "
+        f"{(report.get('peak_rss_bytes') or 0) / 2**20:.1f} MiB"
+    )
     for row in report["per_node"]:
-        print(f"  {row['node']}: {row['jobs']} jobs, {row['fuel']:,} fuel, "
-              f"{row['compute_seconds']:.3f} s compute, {row['queue_wait_seconds']:.3f} s queued")
+        print(
+            f"  {row['node']}: {row['jobs']} jobs, {row['fuel']:,} fuel, "
+            f"{row['compute_seconds']:.3f} s compute, {row['queue_wait_seconds']:.3f} s queued"
+        )
     if peak >= FLOOR_BYTES:
         print(f"bench_demo: FLOOR MISSED: the nodes held {peak / 1e9:.2f} GB (floor: under 1 GB)")
         return 1

@@ -96,18 +96,31 @@ def make_offer(seed: int, jobs: int) -> bytes:
     """An offer of `jobs` tiny jobs (a parameter sweep: one module, one argument differing)."""
     key = nacl.signing.SigningKey(sha256(b"bench submitter %d" % seed).raw)
     module = chunk_list(b"\x00asm\x01\x00\x00\x00 bench module %d" % seed).ref
-    manifests = [JobManifest(
-        module=module, inputs=(), args=("run", f"--point={j}"), env=(), stdin=None,
-        limits=Limits(fuel=10**9, memory_bytes=64 << 20, wall_ms=60_000, max_output_bytes=1 << 20),
-        deadline=T0 + 3_600_000, retention_ms=86_400_000, replicas=1,
-        profile=sha256(b"bench profile"), submitter=node_id_of(key),
-        nonce=(seed * MAX_SET + j).to_bytes(16, "big"), created_at=T0) for j in range(jobs)]
+    manifests = [
+        JobManifest(
+            module=module,
+            inputs=(),
+            args=("run", f"--point={j}"),
+            env=(),
+            stdin=None,
+            limits=Limits(fuel=10**9, memory_bytes=64 << 20, wall_ms=60_000, max_output_bytes=1 << 20),
+            deadline=T0 + 3_600_000,
+            retention_ms=86_400_000,
+            replicas=1,
+            profile=sha256(b"bench profile"),
+            submitter=node_id_of(key),
+            nonce=(seed * MAX_SET + j).to_bytes(16, "big"),
+            created_at=T0,
+        )
+        for j in range(jobs)
+    ]
     offer = Offer(NETWORK, T0 + 600_000, node_id_of(key), tuple(sorted(manifests, key=BY_JOB)))
     return sign_message(offer, key)
 
 
-def run_trial(adj: list[list[int]], config: GossipConfig, origin: int, raw: bytes,
-              rng: random.Random) -> Trial:
+def run_trial(
+    adj: list[list[int]], config: GossipConfig, origin: int, raw: bytes, rng: random.Random
+) -> Trial:
     n = len(adj)
     engines: list[GossipEngine[int]] = []
     for i in range(n):
@@ -152,8 +165,9 @@ def run_trial(adj: list[list[int]], config: GossipConfig, origin: int, raw: byte
     return _summary(n, reached_at, seconds_at, duplicates, sends)
 
 
-async def _trio_trial(adj: list[list[int]], config: GossipConfig, origin: int, raw: bytes,
-                      rng: random.Random) -> Trial:
+async def _trio_trial(
+    adj: list[list[int]], config: GossipConfig, origin: int, raw: bytes, rng: random.Random
+) -> Trial:
     n = len(adj)
     reached_at: dict[int, int] = {origin: 0}
     seconds_at: dict[int, float] = {origin: 0.0}
@@ -171,6 +185,7 @@ async def _trio_trial(adj: list[list[int]], config: GossipConfig, origin: int, r
         async def send(data: bytes) -> None:
             await trio.sleep(HOP_MS / 1000)
             inbox.send_nowait((src, data))
+
         return send
 
     t_start = 0.0
@@ -197,8 +212,9 @@ async def _trio_trial(adj: list[list[int]], config: GossipConfig, origin: int, r
     return _summary(n, reached_at, seconds_at, duplicates, sends)
 
 
-def _summary(n: int, reached_at: dict[int, int], seconds_at: dict[int, float], duplicates: int,
-             sends: int) -> Trial:
+def _summary(
+    n: int, reached_at: dict[int, int], seconds_at: dict[int, float], duplicates: int, sends: int
+) -> Trial:
     """From each reached node's round and the seconds spent until it was reached."""
     rounds = sorted(reached_at.values())
     times = sorted(seconds_at.values())
@@ -206,18 +222,29 @@ def _summary(n: int, reached_at: dict[int, int], seconds_at: dict[int, float], d
     if len(rounds) < k:
         return Trial(n, len(rounds), None, None, None, None, duplicates / n, sends)
     full = len(rounds) == n
-    return Trial(n, len(rounds), rounds[k - 1], rounds[-1] if full else None, times[k - 1],
-                 times[-1] if full else None, duplicates / n, sends)
+    return Trial(
+        n,
+        len(rounds),
+        rounds[k - 1],
+        rounds[-1] if full else None,
+        times[k - 1],
+        times[-1] if full else None,
+        duplicates / n,
+        sends,
+    )
 
 
-def trio_trial(adj: list[list[int]], config: GossipConfig, origin: int, raw: bytes,
-               rng: random.Random) -> Trial:
-    return trio.run(_trio_trial, adj, config, origin, raw, rng,
-                    clock=trio.testing.MockClock(autojump_threshold=0))
+def trio_trial(
+    adj: list[list[int]], config: GossipConfig, origin: int, raw: bytes, rng: random.Random
+) -> Trial:
+    return trio.run(
+        _trio_trial, adj, config, origin, raw, rng, clock=trio.testing.MockClock(autojump_threshold=0)
+    )
 
 
-def run_size(n: int, config: GossipConfig, trials: int, seed: int, jobs: int,
-             mode: str = "rounds") -> list[Trial]:
+def run_size(
+    n: int, config: GossipConfig, trials: int, seed: int, jobs: int, mode: str = "rounds"
+) -> list[Trial]:
     rng = random.Random(seed * 1_000_003 + n)
     adj = overlay(n, DEGREE, rng)
     trial = run_trial if mode == "rounds" else trio_trial
@@ -297,12 +324,16 @@ def main() -> int:
     if not 1 <= args.jobs <= MAX_SET:
         parser.error(f"--jobs takes 1..{MAX_SET}")
     config = GossipConfig(NETWORK)
-    print(f"gossip dissemination of one signed offer: real GossipEngine and Ed25519, default config "
-          f"(fan-out {config.fanout}; the origin sends to all its peers)")
+    print(
+        f"gossip dissemination of one signed offer: real GossipEngine and Ed25519, default config "
+        f"(fan-out {config.fanout}; the origin sends to all its peers)"
+    )
     new_us, dup_us = per_message_cost(args.jobs)
-    print(f"one receive (offer of {args.jobs} jobs, {len(make_offer(0, args.jobs))} bytes): "
-          f"new {new_us:.0f} us (verified; {new_us / args.jobs:.1f} us per job), "
-          f"duplicate {dup_us:.1f} us (no signature work)")
+    print(
+        f"one receive (offer of {args.jobs} jobs, {len(make_offer(0, args.jobs))} bytes): "
+        f"new {new_us:.0f} us (verified; {new_us / args.jobs:.1f} us per job), "
+        f"duplicate {dup_us:.1f} us (no signature work)"
+    )
     failures: list[str] = []
     for n in sizes:
         for mode in modes:
@@ -324,9 +355,11 @@ def main() -> int:
             r99 = [t.rounds_99 for t in trials]
             r100 = [t.rounds_100 for t in trials]
             missed = sum(1 for t in trials if t.reached < 200)
-            print(f"  fan-out {fanout}: 99% {_med(r99)}, 100% {_med(r100)}, "
-                  f"duplicates {statistics.median(t.duplicates_per_node for t in trials):.2f}"
-                  + (f", {missed}/{len(trials)} offers missed a node" if missed else ""))
+            print(
+                f"  fan-out {fanout}: 99% {_med(r99)}, 100% {_med(r100)}, "
+                f"duplicates {statistics.median(t.duplicates_per_node for t in trials):.2f}"
+                + (f", {missed}/{len(trials)} offers missed a node" if missed else "")
+            )
     print(f"peak RSS: {peak_rss_bytes() / 2**20:.0f} MiB")
     for f in failures:
         print("FLOOR MISSED:", f)

@@ -95,8 +95,9 @@ def latencies(api: ApiClient, count: int, first_seed: int) -> list[float]:
     return out
 
 
-def throughput(network: LocalNetwork, count: int, clients: int, first_seed: int,
-               done_at: list[float] | None = None) -> dict[str, float]:
+def throughput(
+    network: LocalNetwork, count: int, clients: int, first_seed: int, done_at: list[float] | None = None
+) -> dict[str, float]:
     """Submit `count` tiny jobs from `clients` threads, each waiting for its jobs as it goes, keeping
     about 4 jobs per client in flight; returns the rates. `done_at` collects each job's end time as it
     happens (another thread may watch it grow)."""
@@ -224,19 +225,30 @@ def main() -> int:
         by_node[doc["executor"]] = by_node.get(doc["executor"], 0) + 1
     p50, p99 = statistics.median(lat), percentile(lat, 0.99)
     print(f"e31 tiny jobs (montecarlo 1,000 samples) over 3 local nodes, --cores {args.cores} each")
-    print(f"  latency submit -> verified, one at a time ({len(lat)} jobs): p50 {p50 * 1000:.0f} ms, "
-          f"p99 {p99 * 1000:.0f} ms, min {min(lat) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms")
-    print(f"  throughput, {jobs} jobs from {args.clients} clients: {rates['overall']:.1f} jobs/s overall "
-          f"({rates['seconds']:.1f} s), {rates['sustained']:.1f} jobs/s sustained (10th-90th percentile)")
-    print(f"  CPU per job in the throughput run, all nodes and their sandbox workers: {cpu * 1000:.1f} ms "
-          f"({os.cpu_count()} cores: at most {(os.cpu_count() or 1) / cpu:.0f} jobs/s at that cost)"
-          if cpu > 0 else "  CPU per job: not measured (no /proc)")
+    print(
+        f"  latency submit -> verified, one at a time ({len(lat)} jobs): p50 {p50 * 1000:.0f} ms, "
+        f"p99 {p99 * 1000:.0f} ms, min {min(lat) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms"
+    )
+    print(
+        f"  throughput, {jobs} jobs from {args.clients} clients: {rates['overall']:.1f} jobs/s overall "
+        f"({rates['seconds']:.1f} s), {rates['sustained']:.1f} jobs/s sustained (10th-90th percentile)"
+    )
+    print(
+        f"  CPU per job in the throughput run, all nodes and their sandbox workers: {cpu * 1000:.1f} ms "
+        f"({os.cpu_count()} cores: at most {(os.cpu_count() or 1) / cpu:.0f} jobs/s at that cost)"
+        if cpu > 0
+        else "  CPU per job: not measured (no /proc)"
+    )
     print(f"  jobs per executor: {sorted(by_node.values(), reverse=True)}")
-    print(f"  sweep, {jobs} jobs in one batch: {swept['overall']:.1f} jobs/s overall "
-          f"({swept['seconds']:.1f} s), {swept['sustained']:.1f} jobs/s sustained; "
-          f"{sweep_cpu * 1000:.1f} ms CPU per job")
-    print(f"  host speed: a trio checkpoint took {speed_before:.1f} µs of CPU before the runs, "
-          f"{host_speed():.1f} after (about 5 on a quiet host; the figures above scale with it)")
+    print(
+        f"  sweep, {jobs} jobs in one batch: {swept['overall']:.1f} jobs/s overall "
+        f"({swept['seconds']:.1f} s), {swept['sustained']:.1f} jobs/s sustained; "
+        f"{sweep_cpu * 1000:.1f} ms CPU per job"
+    )
+    print(
+        f"  host speed: a trio checkpoint took {speed_before:.1f} µs of CPU before the runs, "
+        f"{host_speed():.1f} after (about 5 on a quiet host; the figures above scale with it)"
+    )
     failed = []
     best = max(rates["sustained"], swept["sustained"])  # either way of submitting may meet the floor
     if best < FLOOR_JOBS_PER_S:

@@ -26,9 +26,25 @@ READY = re.compile(r"node e31n\S+ on network \S+ listening on (\S+)$", re.MULTIL
 def start(data_dir: Path, log: Path, *args: str) -> tuple[subprocess.Popen[bytes], str]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "e31.node.cli", "node", "run", "--data-dir", str(data_dir),
-             "--listen", "127.0.0.1:0", "--mdns-interfaces", "127.0.0.1", "--heartbeat", "1", *args],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out,
+            [
+                sys.executable,
+                "-m",
+                "e31.node.cli",
+                "node",
+                "run",
+                "--data-dir",
+                str(data_dir),
+                "--listen",
+                "127.0.0.1:0",
+                "--mdns-interfaces",
+                "127.0.0.1",
+                "--heartbeat",
+                "1",
+                *args,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=out,
         )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -39,15 +39,26 @@ WALL = 60
 
 
 def limits(tile: Tile) -> Limits:
-    return Limits(fuel=fuel_for(tile), memory_bytes=MEMORY, wall_seconds=WALL,
-                  max_output_bytes=tile.width * tile.height + 64)
+    return Limits(
+        fuel=fuel_for(tile),
+        memory_bytes=MEMORY,
+        wall_seconds=WALL,
+        max_output_bytes=tile.width * tile.height + 64,
+    )
 
 
 def job_body(tile: Tile) -> dict[str, Any]:
     lim = limits(tile)
-    return {"module": str(MODULE), "args": tile.guest_args(WIDTH, HEIGHT, MAX_ITER),
-            "limits": {"fuel": lim.fuel, "memory": lim.memory_bytes, "timeout": lim.wall_seconds,
-                       "max_output": lim.max_output_bytes}}
+    return {
+        "module": str(MODULE),
+        "args": tile.guest_args(WIDTH, HEIGHT, MAX_ITER),
+        "limits": {
+            "fuel": lim.fuel,
+            "memory": lim.memory_bytes,
+            "timeout": lim.wall_seconds,
+            "max_output": lim.max_output_bytes,
+        },
+    }
 
 
 _WORKER: dict[str, Any] = {}
@@ -60,8 +71,9 @@ def _warm() -> None:
 
 
 def _run_tile(tile: Tile) -> tuple[int, str, str]:
-    spec = JobSpec(module=_WORKER["bytes"], args=tuple(tile.guest_args(WIDTH, HEIGHT, MAX_ITER)),
-                   limits=limits(tile))
+    spec = JobSpec(
+        module=_WORKER["bytes"], args=tuple(tile.guest_args(WIDTH, HEIGHT, MAX_ITER)), limits=limits(tile)
+    )
     result = runner.run(spec, module=_WORKER["module"])
     return tile.index, str(result.status), result.stdout_sha256
 

@@ -88,8 +88,10 @@ def main() -> int:
             signing[name].append(_rate(lambda: sign_message(msg, key), max(2, n // 4)))  # noqa: B023
 
     med = statistics.median
-    print(f"e31 protocol benchmark: {args.rounds} rounds x {args.batch} operations (/ jobs per offer), "
-          "one core, medians")
+    print(
+        f"e31 protocol benchmark: {args.rounds} rounds x {args.batch} operations (/ jobs per offer), "
+        "one core, medians"
+    )
     print(f"  raw Ed25519 verify                {med(raw):10.0f} /s")
     failed = False
     for name, (_key, msg, data, *_rest) in cases.items():
@@ -101,8 +103,10 @@ def main() -> int:
             verdict = f"  [{'ok' if ok else 'BELOW FLOOR'} >= {FLOOR:.0%}]"
         jobs = _jobs(msg)
         per_job = f", {1e6 / med(decoded[name]) / jobs:5.1f} us per job" if jobs > 1 else ""
-        print(f"  verify+decode {name:<9} ({len(data):5d} B) {med(decoded[name]):10.0f} /s   "
-              f"{ratio:6.1%} of raw verify, {med(overheads[name]):6.1f} us more{per_job}{verdict}")
+        print(
+            f"  verify+decode {name:<9} ({len(data):5d} B) {med(decoded[name]):10.0f} /s   "
+            f"{ratio:6.1%} of raw verify, {med(overheads[name]):6.1f} us more{per_job}{verdict}"
+        )
     for name in cases:
         print(f"  encode+sign   {name:<9}                {med(signing[name]):10.0f} /s")
     return 1 if failed else 0

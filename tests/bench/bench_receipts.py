@@ -61,18 +61,26 @@ def main() -> int:
             for data in j.blobs.values():
                 blobs.put(data)
         exported: list[bytes] = []
-        figures["export jobs/s"] = median_rate(n, lambda i: exported.append(
-            export_bundle(store, blobs, None, True, receipt_log=logs[0], now_ms=T0 + i).data))
+        figures["export jobs/s"] = median_rate(
+            n,
+            lambda i: exported.append(
+                export_bundle(store, blobs, None, True, receipt_log=logs[0], now_ms=T0 + i).data
+            ),
+        )
         data = exported[-1]
         figures["decode MB/s"] = median_rate(len(data) // 10**6 or 1, lambda i: decode_bundle(data))
         bundle = decode_bundle(data)
         reports = []
         figures["audit receipts/s"] = median_rate(n, lambda i: reports.append(audit(bundle)))
         sample = min(n, 20)
-        small = decode_bundle(export_bundle(store, blobs, [j.job_id.raw for j in jobs[:sample]], True,
-                                            receipt_log=logs[0], now_ms=T0).data)
-        figures["audit --reexecute receipts/s"] = median_rate(sample, lambda i: reports.append(
-            audit(small, reexecute=True)))
+        small = decode_bundle(
+            export_bundle(
+                store, blobs, [j.job_id.raw for j in jobs[:sample]], True, receipt_log=logs[0], now_ms=T0
+            ).data
+        )
+        figures["audit --reexecute receipts/s"] = median_rate(
+            sample, lambda i: reports.append(audit(small, reexecute=True))
+        )
         for s in stores:
             s.close()
     assert all(r.sound for r in reports), [r.problems[:3] for r in reports if not r.sound]

@@ -251,23 +251,44 @@ def main() -> int:
         ("(1) cache memory hit", f"{cache['memory_hit_us']:.1f} us", ""),
         ("(1) tiny job, cold compile", f"{cache['cold_job_ms']:.1f} ms", ""),
         ("(1) tiny job, cached start", f"{cache['cached_job_ms']:.2f} ms", ""),
-        ("(2) tiny jobs/s, pool of 2, 4 callers", f"{pool['tiny_jobs_per_s']:.0f} /s",
-         f">= {FLOORS['tiny_jobs_per_s']:.0f}"),
+        (
+            "(2) tiny jobs/s, pool of 2, 4 callers",
+            f"{pool['tiny_jobs_per_s']:.0f} /s",
+            f">= {FLOORS['tiny_jobs_per_s']:.0f}",
+        ),
         ("(2) tiny job latency through the pool", f"{pool['tiny_job_latency_ms']:.2f} ms", ""),
-        (f"(3) mandelbrot {'x'.join(MANDEL_ARGS[:2])}/{MANDEL_ARGS[6]}: native gcc -O2",
-         f"{mandel['native_s']:.3f} s", ""),
-        ("(3) wasm, bare wasmtime, no fuel", f"{mandel['wasm_s']:.3f} s",
-         f"{mandel['wasm_vs_native']:.2f}x native"),
-        ("(3) wasm, bare wasmtime, fuel + epochs", f"{mandel['wasm_fuel_s']:.3f} s",
-         f"{mandel['fuel_cost']:.2f}x wasm (metering)"),
-        ("(3) wasm, e31 sandbox", f"{mandel['sandbox_s']:.3f} s",
-         f"{mandel['our_layer_cost']:.2f}x wasm+fuel (our layer)"),
-        ("(3) e31 sandbox vs native", f"{mandel['sandbox_vs_native']:.2f}x",
-         f"<= {FLOORS['sandbox_vs_native']:.1f}x"),
+        (
+            f"(3) mandelbrot {'x'.join(MANDEL_ARGS[:2])}/{MANDEL_ARGS[6]}: native gcc -O2",
+            f"{mandel['native_s']:.3f} s",
+            "",
+        ),
+        (
+            "(3) wasm, bare wasmtime, no fuel",
+            f"{mandel['wasm_s']:.3f} s",
+            f"{mandel['wasm_vs_native']:.2f}x native",
+        ),
+        (
+            "(3) wasm, bare wasmtime, fuel + epochs",
+            f"{mandel['wasm_fuel_s']:.3f} s",
+            f"{mandel['fuel_cost']:.2f}x wasm (metering)",
+        ),
+        (
+            "(3) wasm, e31 sandbox",
+            f"{mandel['sandbox_s']:.3f} s",
+            f"{mandel['our_layer_cost']:.2f}x wasm+fuel (our layer)",
+        ),
+        (
+            "(3) e31 sandbox vs native",
+            f"{mandel['sandbox_vs_native']:.2f}x",
+            f"<= {FLOORS['sandbox_vs_native']:.1f}x",
+        ),
         ("(3) through the pool (wall, incl. IPC)", f"{mandel['pool_wall_s']:.3f} s", ""),
         ("(4) worker RSS, fresh", f"{pool['fresh_worker_rss_mb']:.1f} MB", ""),
-        ("(4) worker RSS, idle after jobs", f"{pool['idle_worker_rss_mb']:.1f} MB",
-         f"<= {FLOORS['idle_worker_rss_mb']:.0f} MB"),
+        (
+            "(4) worker RSS, idle after jobs",
+            f"{pool['idle_worker_rss_mb']:.1f} MB",
+            f"<= {FLOORS['idle_worker_rss_mb']:.0f} MB",
+        ),
     ]
     width = max(len(r[0]) for r in rows)
     print(f"e31 sandbox benchmark (CPU seconds for the Mandelbrot rows; {os.cpu_count()} CPUs)")

@@ -109,8 +109,11 @@ def main() -> int:
             assert r.status is Status.EXITED, r.message
             return size / (1 << 20) / (time.perf_counter() - t)
 
-        figures = {"small_jobs_per_s": _median(small_jobs), "host_calls_per_s": _median(host_calls),
-                   "input_read_mb_per_s": _median(input_read)}
+        figures = {
+            "small_jobs_per_s": _median(small_jobs),
+            "host_calls_per_s": _median(host_calls),
+            "input_read_mb_per_s": _median(input_read),
+        }
 
     writer = bytes(wasmtime.wat2wasm(WRITE))
 

@@ -86,14 +86,20 @@ def main() -> int:
     # a cache filling up (SQLite's pages, allocator pools) flattens out; a leak keeps its slope
     total = slope([(done, sum(rss)) for done, rss in half])
     peak = max(sum(rss) for _, rss in samples)
-    print(f"e31 soak: {jobs} tiny jobs over 3 local nodes after {args.warmup} warm-up jobs, "
-          f"{rates['overall']:.1f} jobs/s, {len(samples)} memory samples every {args.interval:g} s")
+    print(
+        f"e31 soak: {jobs} tiny jobs over 3 local nodes after {args.warmup} warm-up jobs, "
+        f"{rates['overall']:.1f} jobs/s, {len(samples)} memory samples every {args.interval:g} s"
+    )
     for i in range(3):
-        print(f"  node{i + 1}: RSS {first[1][i] / MIB:6.1f} MiB -> {last[1][i] / MIB:6.1f} MiB, "
-              f"slope {per_node[i]:8.1f} bytes/job, {per_node_half[i]:8.1f} over the second half")
-    print(f"  all nodes: RSS {sum(first[1]) / MIB:.1f} MiB -> {sum(last[1]) / MIB:.1f} MiB (peak "
-          f"{peak / MIB:.1f} MiB), slope {whole:.1f} bytes/job over the run, {total:.1f} bytes/job "
-          "over its second half (judged)")
+        print(
+            f"  node{i + 1}: RSS {first[1][i] / MIB:6.1f} MiB -> {last[1][i] / MIB:6.1f} MiB, "
+            f"slope {per_node[i]:8.1f} bytes/job, {per_node_half[i]:8.1f} over the second half"
+        )
+    print(
+        f"  all nodes: RSS {sum(first[1]) / MIB:.1f} MiB -> {sum(last[1]) / MIB:.1f} MiB (peak "
+        f"{peak / MIB:.1f} MiB), slope {whole:.1f} bytes/job over the run, {total:.1f} bytes/job "
+        "over its second half (judged)"
+    )
     if total > FLOOR_BYTES_PER_JOB:
         print(f"  FLOOR MISSED: memory grows {total:.0f} bytes per job (> {FLOOR_BYTES_PER_JOB})")
         return 1

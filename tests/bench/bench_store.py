@@ -43,8 +43,10 @@ def bench_batched(root: Path, n: int = 20_000) -> float:
     with Store(root / "batched.sqlite") as s:
         t = time.perf_counter()
         with s.transaction() as c:
-            c.executemany("INSERT INTO seen (message_id, expires) VALUES (?, ?)",
-                          ((i.to_bytes(8, "big"), 1e12) for i in range(n)))
+            c.executemany(
+                "INSERT INTO seen (message_id, expires) VALUES (?, ?)",
+                ((i.to_bytes(8, "big"), 1e12) for i in range(n)),
+            )
         return n / (time.perf_counter() - t)
 
 
@@ -60,7 +62,7 @@ def bench_blob_put(root: Path, count: int = 16, size: int = 4 << 20) -> float:
 def bench_chunked(root: Path, size: int = 32 << 20) -> float:
     store = BlobStore(root / "blobs-chunked")
     data = os.urandom(size)
-    pieces = [data[i:i + CHUNK_SIZE] for i in range(0, size, CHUNK_SIZE)]
+    pieces = [data[i : i + CHUNK_SIZE] for i in range(0, size, CHUNK_SIZE)]
     hashes = [hashlib.sha256(p).digest() for p in pieces]
     t = time.perf_counter()
     partial = store.partial(hashlib.sha256(data).hexdigest(), size)
@@ -84,7 +86,8 @@ def bench_api(root: Path, n: int = 300) -> float:
         nonlocal rate
         async with trio.open_nursery() as nursery:
             ep: ControlEndpoint = await nursery.start(
-                lambda task_status: serve_control(router, config, task_status=task_status))
+                lambda task_status: serve_control(router, config, task_status=task_status)
+            )
             client = ApiClient(ep.api_file.parent)
 
             def loop() -> float:

@@ -53,8 +53,8 @@ async def verifying_handler(conn: Connection) -> None:
             cpu_start = time.process_time()
         signer = message[:SIGNER]
         key = keys.get(signer) or keys.setdefault(signer, VerifyKey(signer))
-        body = message[SIGNER + SIGNATURE:]
-        key.verify(body, message[SIGNER:SIGNER + SIGNATURE])
+        body = message[SIGNER + SIGNATURE :]
+        key.verify(body, message[SIGNER : SIGNER + SIGNATURE])
         verified += 1
         if body.startswith(b"last"):
             await conn.send(b"%d %.6f" % (verified, time.process_time() - cpu_start))
@@ -68,12 +68,24 @@ async def quiet_handler(conn: Connection) -> None:
 Handler = Callable[[Connection], Awaitable[None]]
 
 
-async def serve_until_cancelled(handler: Handler, report: multiprocessing.Queue[int] | None, *,
-                                task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+async def serve_until_cancelled(
+    handler: Handler,
+    report: multiprocessing.Queue[int] | None,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
     async with trio.open_nursery() as nursery:
-        _, port = await nursery.start(partial(
-            serve, handler, host="127.0.0.1", port=0, identity=SigningKey.generate(), network=NETWORK,
-            limits=LIMITS))
+        _, port = await nursery.start(
+            partial(
+                serve,
+                handler,
+                host="127.0.0.1",
+                port=0,
+                identity=SigningKey.generate(),
+                network=NETWORK,
+                limits=LIMITS,
+            )
+        )
         if report is not None:
             report.put(port)
         task_status.started(port)
@@ -163,15 +175,22 @@ def main() -> int:
     rate = statistics.median(r.rate for r in two_process)
     sender_us = statistics.median(r.sender_cpu for r in two_process) * 1e6
     receiver_us = statistics.median(r.receiver_cpu for r in two_process) * 1e6
-    print(f"signed {BODY_SIZE} B messages through one link, two processes: {rate:,.0f}/s "
-          f"(median of {args.rounds} x {args.messages}; floor {FLOOR:,}/s)")
+    print(
+        f"signed {BODY_SIZE} B messages through one link, two processes: {rate:,.0f}/s "
+        f"(median of {args.rounds} x {args.messages}; floor {FLOOR:,}/s)"
+    )
     ceiling = 1e6 / max(sender_us, receiver_us)
-    print(f"  CPU per message: sender {sender_us:.0f} us (sign, seal, send), receiver {receiver_us:.0f} us "
-          f"(receive, open, verify): {ceiling:,.0f}/s with a free core for each side")
-    print(f"signed {BODY_SIZE} B messages through one link, one process:  "
-          f"{statistics.median(r.rate for r in one_process):,.0f}/s")
-    print(f"handshakes over loopback (dial + handshake + close, sequential): "
-          f"{statistics.median(shakes):,.0f}/s")
+    print(
+        f"  CPU per message: sender {sender_us:.0f} us (sign, seal, send), receiver {receiver_us:.0f} us "
+        f"(receive, open, verify): {ceiling:,.0f}/s with a free core for each side"
+    )
+    print(
+        f"signed {BODY_SIZE} B messages through one link, one process:  "
+        f"{statistics.median(r.rate for r in one_process):,.0f}/s"
+    )
+    print(
+        f"handshakes over loopback (dial + handshake + close, sequential): {statistics.median(shakes):,.0f}/s"
+    )
     if rate < FLOOR:
         print(f"FAIL: {rate:,.0f} signed messages/s is below the floor of {FLOOR:,}/s")
         return 1

@@ -28,11 +28,19 @@ def _receipts(store: Store, executor: bytes, count: int, tag: bytes) -> list[tup
     out = []
     for i in range(count):
         job, digest = hashlib.sha256(tag + b"job%d" % i).digest(), hashlib.sha256(tag + b"r%d" % i).digest()
-        store.add_job(job_id=job, role="submitter", manifest=b"m", state="done", submitter="s", created=1.0,
-                      deadline=2.0)
+        store.add_job(
+            job_id=job,
+            role="submitter",
+            manifest=b"m",
+            state="done",
+            submitter="s",
+            created=1.0,
+            deadline=2.0,
+        )
         store.put_envelope(digest, "receipt", b"r", 1.0, job)
-        store.record_verified_receipt(receipt_digest=digest, job_id=job, attempt=1,
-                                      executor=str(NodeId(executor)), now=time.time())
+        store.record_verified_receipt(
+            receipt_digest=digest, job_id=job, attempt=1, executor=str(NodeId(executor)), now=time.time()
+        )
         out.append((digest, job))
     return out
 
@@ -46,9 +54,13 @@ async def until(check: Callable[[], bool]) -> None:
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> MarketContext:
-    return MarketContext(identity=nacl.signing.SigningKey(b"\x01" * 32), network=NETWORK,
-                         store=AsyncStore(Store(tmp_path / "a.sqlite")), blobs=BlobStore(tmp_path / "blobs"),
-                         settings=MarketSettings(ack_batch_s=0.05))
+    return MarketContext(
+        identity=nacl.signing.SigningKey(b"\x01" * 32),
+        network=NETWORK,
+        store=AsyncStore(Store(tmp_path / "a.sqlite")),
+        blobs=BlobStore(tmp_path / "blobs"),
+        settings=MarketSettings(ack_batch_s=0.05),
+    )
 
 
 async def test_each_executor_gets_one_ack_per_batch_of_at_most_max_acked_receipts(ctx: MarketContext) -> None:

@@ -50,8 +50,9 @@ def log(tmp_path: Path) -> Iterator[ReceiptLog]:
     store.close()
 
 
-def bundle_of(jobs: list[SignedJob], log: ReceiptLog | None = None, *, blobs: bool = True,
-              extra: tuple[bytes, ...] = ()) -> Bundle:
+def bundle_of(
+    jobs: list[SignedJob], log: ReceiptLog | None = None, *, blobs: bool = True, extra: tuple[bytes, ...] = ()
+) -> Bundle:
     """The bundle an exporter would write, with inclusion proofs from `log` (which appends the receipts)."""
     envelopes = [e for j in jobs for e in j.envelopes]
     if log is not None:
@@ -104,9 +105,14 @@ def test_changed_fuel_re_signed_by_the_executor_is_caught_by_reexecution(log: Re
     bundle = bundle_of([liar], log)
     assert audit(bundle).sound, "signatures, manifest, ack and log are all in order"
     report = audit(bundle, reexecute=True)
-    assert problems(report) == [("reexecute", "re-execution disagrees with receipt "
-                                              f"{liar.receipt_id.hex()[:16]}: "
-                                              f"fuel_used {real + 1_000} claimed, {real} measured")]
+    assert problems(report) == [
+        (
+            "reexecute",
+            "re-execution disagrees with receipt "
+            f"{liar.receipt_id.hex()[:16]}: "
+            f"fuel_used {real + 1_000} claimed, {real} measured",
+        )
+    ]
     assert report.nodes[0].problems == 1 and report.nodes[0].reexecuted == 0
 
 
@@ -114,8 +120,9 @@ def test_an_altered_output_hash_is_caught_by_reexecution() -> None:
     job = mandelbrot_file()
     r = verify(job.receipt, UsageReceipt).message
     forged_stdout = dataclasses.replace(r.stdout, root=Digest(b"\x07" * 32))
-    forged_file = dataclasses.replace(r.outputs[0], blob=dataclasses.replace(r.outputs[0].blob,
-                                                                             root=Digest(b"\x08" * 32)))
+    forged_file = dataclasses.replace(
+        r.outputs[0], blob=dataclasses.replace(r.outputs[0].blob, root=Digest(b"\x08" * 32))
+    )
     forged = resign_receipt(job, stdout=forged_stdout, outputs=(forged_file,))
     report = audit(bundle_of([forged]), reexecute=True)
     [(check, what)] = problems(report)
@@ -126,11 +133,15 @@ def test_an_altered_output_hash_is_caught_by_reexecution() -> None:
 def test_an_ack_for_another_receipt_is_refused() -> None:
     a, b = mandelbrot(), montecarlo()
     ack = verify(a.ack, Ack).message
-    wrong = sign_message(dataclasses.replace(ack, executor=nid("executor2"), receipt_ids=(b.receipt_id,)),
-                         key("submitter"))
+    wrong = sign_message(
+        dataclasses.replace(ack, executor=nid("executor2"), receipt_ids=(b.receipt_id,)), key("submitter")
+    )
     report = audit(bundle_of([dataclasses.replace(a, ack=wrong), b]))
-    assert ("ack", f"acknowledgement {verify(wrong).message_id.hex()[:16]} does not match receipt "
-                   f"{b.receipt_id.hex()[:16]}: ack and receipt name different executors") in problems(report)
+    assert (
+        "ack",
+        f"acknowledgement {verify(wrong).message_id.hex()[:16]} does not match receipt "
+        f"{b.receipt_id.hex()[:16]}: ack and receipt name different executors",
+    ) in problems(report)
     assert any(n.check == "ack" and a.receipt_id.hex()[:16] in n.what for n in report.notes)
 
 
@@ -144,8 +155,11 @@ def test_one_ack_of_a_batch_acknowledges_each_receipt_it_names_in_the_bundle(log
     assert report.notes == [] and report.acks == 1
     stray = sign_message(dataclasses.replace(verify(c.ack, Ack).message), key("submitter"))
     report = audit(bundle_of(exported, log, extra=(stray,)))
-    assert ("ack", f"acknowledgement {verify(stray).message_id.hex()[:16]} names 1 receipt, none of them "
-                   f"in the bundle (the first {c.receipt_id.hex()[:16]})") in problems(report)
+    assert (
+        "ack",
+        f"acknowledgement {verify(stray).message_id.hex()[:16]} names 1 receipt, none of them "
+        f"in the bundle (the first {c.receipt_id.hex()[:16]})",
+    ) in problems(report)
 
 
 def test_an_inclusion_proof_that_does_not_match_its_head(log: ReceiptLog) -> None:
@@ -192,8 +206,9 @@ def test_a_missing_blob_fails_reexecution_but_not_the_plain_audit(log: ReceiptLo
 
 def test_two_disagreeing_receipts_are_a_dispute() -> None:
     honest = mandelbrot(nonce=5)
-    other = make_job("mandelbrot.wasm", ("64", "48", "0", "0", "32", "24", "200"), nonce=5,
-                     executor="executor2")
+    other = make_job(
+        "mandelbrot.wasm", ("64", "48", "0", "0", "32", "24", "200"), nonce=5, executor="executor2"
+    )
     assert other.job_id == honest.job_id
     real = verify(other.receipt, UsageReceipt).message.fuel_used
     cheat = resign_receipt(other, fuel_used=real // 2)
@@ -203,8 +218,10 @@ def test_two_disagreeing_receipts_are_a_dispute() -> None:
     assert report.problems[0].job == honest.job_id.hex()
     assert audit(bundle_of([honest, other])).sound, "two agreeing replicas are no dispute"
     report = audit(bundle_of([honest, cheat]), reexecute=True)
-    assert {(p.check, p.node) for p in report.problems} == {("dispute", str(nid("executor2"))),
-                                                            ("reexecute", str(nid("executor2")))}
+    assert {(p.check, p.node) for p in report.problems} == {
+        ("dispute", str(nid("executor2"))),
+        ("reexecute", str(nid("executor2"))),
+    }
 
 
 def test_receipts_that_do_not_match_offer_or_assignment() -> None:
@@ -212,15 +229,17 @@ def test_receipts_that_do_not_match_offer_or_assignment() -> None:
     bigger = dataclasses.replace(LIMITS, fuel=LIMITS.fuel + 1)
     report = audit(bundle_of([resign_receipt(job, limits=bigger)]))
     changed = resign_receipt(job, limits=bigger).receipt_id.hex()[:16]
-    assert problems(report) == [("manifest", f"receipt {changed} "
-                                             "does not match the offer: receipt names other limits")]
+    assert problems(report) == [
+        ("manifest", f"receipt {changed} does not match the offer: receipt names other limits")
+    ]
     orphan = audit(bundle_of([dataclasses.replace(job, offer=job.ack, assign=job.ack)]))
     assert {c for c, _ in problems(orphan)} == {"manifest", "assignment"}
 
 
 def test_a_timeout_is_not_re_verifiable_and_a_foreign_profile_cannot_be_re_executed(log: ReceiptLog) -> None:
-    timed_out = resign_receipt(montecarlo(nonce=9), outcome=Outcome("timeout", None, None),
-                               fuel_used=LIMITS.fuel)
+    timed_out = resign_receipt(
+        montecarlo(nonce=9), outcome=Outcome("timeout", None, None), fuel_used=LIMITS.fuel
+    )
     foreign = make_job("montecarlo.wasm", ("42", "20000"), profile=Digest(b"\x0f" * 32))
     report = audit(bundle_of([timed_out, foreign], log), reexecute=True)
     assert report.sound, problems(report)
@@ -286,9 +305,17 @@ def test_an_envelope_that_does_not_verify_is_labelled_with_the_one_job_it_names(
     ]
     report = audit(Bundle(tuple(raw for raw, _ in cases)))
     assert [(f.check, f.job) for f in report.problems] == [
-        ("envelope", None if job is None else job.hex()) for _, job in cases]
+        ("envelope", None if job is None else job.hex()) for _, job in cases
+    ]
     assert [f.what.split(" envelope")[0] for f in report.problems] == [
-        "bid", "bid", "decline", "decline", "offer", "assign", "ack"]
+        "bid",
+        "bid",
+        "decline",
+        "decline",
+        "offer",
+        "assign",
+        "ack",
+    ]
 
 
 def test_the_job_id_fields_peeked_at_are_those_of_the_messages() -> None:
@@ -302,8 +329,11 @@ def test_the_job_id_fields_peeked_at_are_those_of_the_messages() -> None:
                 found[kind] = (index, "one")
             elif name == "job_ids":
                 found[kind] = (index, "list")
-            elif isinstance(codec, Seq) and isinstance(codec.inner, Sub) and \
-                    codec.inner.cls._FIELDS[0][0] == "job_id":
+            elif (
+                isinstance(codec, Seq)
+                and isinstance(codec.inner, Sub)
+                and codec.inner.cls._FIELDS[0][0] == "job_id"
+            ):
                 found[kind] = (index, "items" if codec.order_key is BY_JOB else "?")
     assert "offer" not in found  # manifests: the job ids are hashes, not fields
     assert found == _JOB_ID_FIELD

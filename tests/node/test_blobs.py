@@ -32,7 +32,7 @@ def h(data: bytes) -> str:
 
 
 def chunks_of(data: bytes) -> list[bytes]:
-    return [data[i:i + CHUNK_SIZE] for i in range(0, len(data), CHUNK_SIZE)]
+    return [data[i : i + CHUNK_SIZE] for i in range(0, len(data), CHUNK_SIZE)]
 
 
 @pytest.fixture
@@ -290,6 +290,7 @@ def test_chunk_rules_match_the_protocol() -> None:
     assert wire.CHUNK_SIZE == CHUNK_SIZE
     for size in (0, 1, CHUNK_SIZE - 1, CHUNK_SIZE, 3 * CHUNK_SIZE + 7):
         assert wire.chunk_count(size) == chunk_count(size)
+
 
 def test_served_chunk_hashes_build_the_protocols_chunk_list(store: BlobStore) -> None:
     from e31.protocol import blobs as wire

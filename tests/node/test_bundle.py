@@ -44,9 +44,11 @@ from receipt_fixtures import (
 
 def sample() -> Bundle:
     jobs = [mandelbrot(), montecarlo()]
-    return Bundle(tuple(e for j in jobs for e in j.envelopes),
-                  {k: v for j in jobs for k, v in j.blobs.items()},
-                  (Consistency(bytes(32), 1, 2, (b"\x01" * 32,)),))
+    return Bundle(
+        tuple(e for j in jobs for e in j.envelopes),
+        {k: v for j in jobs for k, v in j.blobs.items()},
+        (Consistency(bytes(32), 1, 2, (b"\x01" * 32,)),),
+    )
 
 
 def test_round_trip_keeps_every_envelope_byte_for_byte() -> None:
@@ -56,29 +58,32 @@ def test_round_trip_keeps_every_envelope_byte_for_byte() -> None:
     assert encode_bundle(again) == encode_bundle(bundle)
 
 
-@pytest.mark.parametrize(("doc", "error"), [
-    (b"", "empty"),
-    (b"\xc1", "not a bundle"),
-    (pack(["e31-bundle", 1, [], [], []])[:-1], "not a bundle"),
-    (pack(["e31-bundle", 1, [], [], []]) + b"\x00", "trailing"),
-    (pack(["something", 1, [], [], []]), "does not start"),
-    (pack({"e31-bundle": 1}), "does not start"),
-    (pack(["e31-bundle", 2, [], [], []]), "version 2"),
-    (pack(["e31-bundle", True, [], [], []]), "version True"),
-    (pack(["e31-bundle", 1, [], []]), "5 items"),
-    (pack(["e31-bundle", 1, {}, [], []]), "envelopes is not an array"),
-    (pack(["e31-bundle", 1, ["text"], [], []]), r"envelopes\[0\] is not"),
-    (pack(["e31-bundle", 1, [b"x" * (MAX_FRAME + 1)], [], []]), "larger than an envelope"),
-    (pack(["e31-bundle", 1, [b"ab", b"ab"], [], []]), "twice"),
-    (pack(["e31-bundle", 1, [], [[b"\x00" * 32, 3]], []]), "array of 3"),
-    (pack(["e31-bundle", 1, [], [[b"\x00" * 31, 3, b"abc"]], []]), "root is not 32"),
-    (pack(["e31-bundle", 1, [], [[blob_ref(b"abc").root.raw, 4, b"abc"]], []]), "says 4 bytes"),
-    (pack(["e31-bundle", 1, [], [[blob_ref(b"abd").root.raw, 3, b"abc"]], []]), "does not hash"),
-    (pack(["e31-bundle", 1, [], [[blob_ref(b"abc").root.raw, -3, b"abc"]], []]), "negative"),
-    (pack(["e31-bundle", 1, [], [], [[b"k" * 32, 3, 2, []]]]), "old <= new"),
-    (pack(["e31-bundle", 1, [], [], [[b"k" * 32, 1, 2, [b"x"]]]]), "32-byte hashes"),
-    (pack(["e31-bundle", 1, [], [], [[b"k" * 31, 1, 2, []]]]), "32-byte key"),
-])
+@pytest.mark.parametrize(
+    ("doc", "error"),
+    [
+        (b"", "empty"),
+        (b"\xc1", "not a bundle"),
+        (pack(["e31-bundle", 1, [], [], []])[:-1], "not a bundle"),
+        (pack(["e31-bundle", 1, [], [], []]) + b"\x00", "trailing"),
+        (pack(["something", 1, [], [], []]), "does not start"),
+        (pack({"e31-bundle": 1}), "does not start"),
+        (pack(["e31-bundle", 2, [], [], []]), "version 2"),
+        (pack(["e31-bundle", True, [], [], []]), "version True"),
+        (pack(["e31-bundle", 1, [], []]), "5 items"),
+        (pack(["e31-bundle", 1, {}, [], []]), "envelopes is not an array"),
+        (pack(["e31-bundle", 1, ["text"], [], []]), r"envelopes\[0\] is not"),
+        (pack(["e31-bundle", 1, [b"x" * (MAX_FRAME + 1)], [], []]), "larger than an envelope"),
+        (pack(["e31-bundle", 1, [b"ab", b"ab"], [], []]), "twice"),
+        (pack(["e31-bundle", 1, [], [[b"\x00" * 32, 3]], []]), "array of 3"),
+        (pack(["e31-bundle", 1, [], [[b"\x00" * 31, 3, b"abc"]], []]), "root is not 32"),
+        (pack(["e31-bundle", 1, [], [[blob_ref(b"abc").root.raw, 4, b"abc"]], []]), "says 4 bytes"),
+        (pack(["e31-bundle", 1, [], [[blob_ref(b"abd").root.raw, 3, b"abc"]], []]), "does not hash"),
+        (pack(["e31-bundle", 1, [], [[blob_ref(b"abc").root.raw, -3, b"abc"]], []]), "negative"),
+        (pack(["e31-bundle", 1, [], [], [[b"k" * 32, 3, 2, []]]]), "old <= new"),
+        (pack(["e31-bundle", 1, [], [], [[b"k" * 32, 1, 2, [b"x"]]]]), "32-byte hashes"),
+        (pack(["e31-bundle", 1, [], [], [[b"k" * 31, 1, 2, []]]]), "32-byte key"),
+    ],
+)
 def test_the_reader_refuses_malformed_bundles(doc: bytes, error: str) -> None:
     with pytest.raises(BundleError, match=error):
         decode_bundle(doc)
@@ -90,7 +95,7 @@ def test_any_damage_gives_only_bundle_errors() -> None:
     for _ in range(300):
         data = bytearray(good)
         if rng.random() < 0.5:
-            data = data[:rng.randrange(len(data))]
+            data = data[: rng.randrange(len(data))]
         else:
             for _ in range(rng.randint(1, 4)):
                 data[rng.randrange(len(data))] = rng.randrange(256)
@@ -133,22 +138,25 @@ def node(tmp_path: Path) -> Iterator[tuple[Store, BlobStore, ReceiptLog]]:
     store.close()
 
 
-def keep(store: Store, blobs: BlobStore, log: ReceiptLog | None, job: SignedJob, *,
-         with_blob: bool = True) -> None:
+def keep(
+    store: Store, blobs: BlobStore, log: ReceiptLog | None, job: SignedJob, *, with_blob: bool = True
+) -> None:
     """Store a job's records as the market would: the offer shared with the jobs it holds, the other
     envelopes by job, the receipt indexed, and its ack kept for it."""
     for raw in job.envelopes:
         env = verify(raw)
         if isinstance(env.message, Offer):
-            store.put_shared_envelope(env.message_id.raw, env.kind, raw, 1.0,
-                                      [m.job_id.raw for m in env.message.manifests])
+            store.put_shared_envelope(
+                env.message_id.raw, env.kind, raw, 1.0, [m.job_id.raw for m in env.message.manifests]
+            )
         elif env.kind == "ack":
             continue  # stored once, for the receipts it names, after the receipt
         else:
             store.put_envelope(env.message_id.raw, env.kind, raw, 1.0, job.job_id.raw)
     rid = job.receipt_id.raw
-    store.put_receipt(digest=rid, job_id=job.job_id.raw, attempt=1, executor=job.executor, message_id=rid,
-                      now=1.0)
+    store.put_receipt(
+        digest=rid, job_id=job.job_id.raw, attempt=1, executor=job.executor, message_id=rid, now=1.0
+    )
     store.put_acks(verify(job.ack).message_id.raw, job.ack, 2.0, [(rid, job.job_id.raw)])
     if with_blob:
         for data in job.blobs.values():
@@ -177,8 +185,11 @@ def test_export_of_every_job_audits_sound_with_reexecution(node: tuple[Store, Bl
     assert report.reexecuted == 3 and report.nodes[0].reexecuted == 3
     assert not [f for f in report.notes if f.check in ("inclusion", "ack")]
     # An earlier export's proof (head of size 1) and a later one's (size 3) are linked by consistency.
-    merged = Bundle(tuple(dict.fromkeys(decode_bundle(first.data).envelopes + bundle.envelopes)),
-                    bundle.blobs, decode_bundle(first.data).consistency + bundle.consistency)
+    merged = Bundle(
+        tuple(dict.fromkeys(decode_bundle(first.data).envelopes + bundle.envelopes)),
+        bundle.blobs,
+        decode_bundle(first.data).consistency + bundle.consistency,
+    )
     assert {(c.old_size, c.new_size) for c in bundle.consistency} >= {(1, 3)}
     assert audit(merged).sound
 
@@ -198,8 +209,9 @@ def test_export_of_some_jobs_and_missing_blobs(node: tuple[Store, BlobStore, Rec
     assert "lacks the module" in report.problems[0].what
 
 
-async def test_the_export_endpoint_writes_the_bundle(node: tuple[Store, BlobStore, ReceiptLog],
-                                                     tmp_path: Path) -> None:
+async def test_the_export_endpoint_writes_the_bundle(
+    node: tuple[Store, BlobStore, ReceiptLog], tmp_path: Path
+) -> None:
     store, blobs, log = node
     job = mandelbrot_file()
     await trio.to_thread.run_sync(lambda: keep(store, blobs, log, job))
@@ -236,8 +248,15 @@ def test_jobs_forgotten_after_their_retention_still_export_and_audit_sound(
     jobs = [mandelbrot(), montecarlo()]
     for job in jobs:
         keep(store, blobs, log, job, with_blob=False)
-        store.add_job(job_id=job.job_id.raw, role="executor", manifest=b"m", state="done", submitter="s",
-                      created=1.0, deadline=2.0)
+        store.add_job(
+            job_id=job.job_id.raw,
+            role="executor",
+            manifest=b"m",
+            state="done",
+            submitter="s",
+            created=1.0,
+            deadline=2.0,
+        )
     report = collect(store, blobs, now=10 * 86_400.0, retention_s=86_400.0)
     assert report.jobs_pruned == 2 and store.jobs() == []
     export = export_bundle(store, blobs, None, False, receipt_log=log, now_ms=T0)
@@ -284,8 +303,15 @@ def test_jobs_offered_together_and_forgotten_are_still_found_by_their_offer(
     jobs = offered_together()
     for job in jobs:
         keep(store, blobs, log, job, with_blob=False)
-        store.add_job(job_id=job.job_id.raw, role="submitter", manifest=b"m", state="done", submitter="s",
-                      created=1.0, deadline=2.0)
+        store.add_job(
+            job_id=job.job_id.raw,
+            role="submitter",
+            manifest=b"m",
+            state="done",
+            submitter="s",
+            created=1.0,
+            deadline=2.0,
+        )
     assert collect(store, blobs, now=10 * 86_400.0, retention_s=86_400.0).jobs_pruned == 2
     assert store.jobs() == [] and all_job_ids(store) == sorted(j.job_id.raw for j in jobs)
     bundle = decode_bundle(export_bundle(store, blobs, None, False, receipt_log=log, now_ms=T0).data)

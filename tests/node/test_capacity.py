@@ -166,11 +166,20 @@ def test_target_cores_and_memory() -> None:
     assert target(policy, 0.0, Sample(cpus=4, cpu=None))[1] == 4 * GiB
 
 
-@pytest.mark.parametrize("kw", [
-    {"cores": -1}, {"cores": True}, {"memory": -5}, {"memory": 1.5}, {"idle_threshold": 0.0},
-    {"idle_threshold": 1.5}, {"idle_seconds": -1.0}, {"raise_after": float("inf")},
-    {"idle_seconds": float("nan")},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"cores": -1},
+        {"cores": True},
+        {"memory": -5},
+        {"memory": 1.5},
+        {"idle_threshold": 0.0},
+        {"idle_threshold": 1.5},
+        {"idle_seconds": -1.0},
+        {"raise_after": float("inf")},
+        {"idle_seconds": float("nan")},
+    ],
+)
 def test_policy_rejects_bad_values(kw: dict[str, object]) -> None:
     args: dict[str, object] = {"cores": 2, "memory": GiB, **kw}
     with pytest.raises(CapacityError):
@@ -182,8 +191,13 @@ def test_policy_from_config(tmp_path: Path) -> None:
 
     config = NodeConfig(data_dir=tmp_path, cores=3, memory=5 * GiB, only_when_idle=True, idle_seconds=60.0)
     policy = CapacityPolicy.from_config(config)
-    assert policy == CapacityPolicy(cores=3, memory=5 * GiB, only_when_idle=True,
-                                    idle_threshold=getattr(config, "idle_load", 0.2), idle_seconds=60.0)
+    assert policy == CapacityPolicy(
+        cores=3,
+        memory=5 * GiB,
+        only_when_idle=True,
+        idle_threshold=getattr(config, "idle_load", 0.2),
+        idle_seconds=60.0,
+    )
 
 
 def test_idle_gate_hysteresis() -> None:
@@ -232,8 +246,9 @@ def test_estimator_memory_follows_the_owner() -> None:
 
 def test_estimator_only_when_idle() -> None:
     m = Machine(cpus=4)
-    policy = CapacityPolicy(cores=2, memory=GiB, only_when_idle=True, idle_threshold=0.2, idle_seconds=20,
-                            raise_after=0)
+    policy = CapacityPolicy(
+        cores=2, memory=GiB, only_when_idle=True, idle_threshold=0.2, idle_seconds=20, raise_after=0
+    )
     est = CapacityEstimator(policy)
     est.observe(0, m.sample())
     states = []
@@ -244,7 +259,10 @@ def test_estimator_only_when_idle() -> None:
         assert cap is not None
         states.append((cap.state, cap.cores))
     assert states == [
-        (State.WAITING, 0), (State.WAITING, 0), (State.WAITING, 0), (State.WAITING, 0),
+        (State.WAITING, 0),
+        (State.WAITING, 0),
+        (State.WAITING, 0),
+        (State.WAITING, 0),
         (State.AVAILABLE, 2),  # quiet from t=5 to t=25
         (State.OWNER_BUSY, 0),  # 3 of 4 cores is above 20 %
         (State.WAITING, 0),
@@ -255,8 +273,9 @@ def test_estimator_only_when_idle() -> None:
 @pytest.mark.parametrize("only_when_idle", [False, True])
 def test_a_bursty_owner_does_not_make_the_offer_flap(only_when_idle: bool) -> None:
     m = Machine(cpus=4)
-    est = CapacityEstimator(CapacityPolicy(cores=4, memory=GiB, only_when_idle=only_when_idle,
-                                           idle_seconds=20, raise_after=30))
+    est = CapacityEstimator(
+        CapacityPolicy(cores=4, memory=GiB, only_when_idle=only_when_idle, idle_seconds=20, raise_after=30)
+    )
     est.observe(0, m.sample())
     offers = set()
     for step in range(1, 60):
@@ -331,8 +350,9 @@ def test_read_sample_with_garbled_proc(tmp_path: Path) -> None:
 # --- the monitor service ----------------------------------------------------------------------------
 
 
-async def _monitor(policy: CapacityPolicy, machine: Machine, reports: list[Capacity],
-                   nursery: trio.Nursery) -> None:
+async def _monitor(
+    policy: CapacityPolicy, machine: Machine, reports: list[Capacity], nursery: trio.Nursery
+) -> None:
     last = [trio.current_time()]
 
     def sampler(pids: Sequence[int]) -> Sample:
@@ -341,9 +361,16 @@ async def _monitor(policy: CapacityPolicy, machine: Machine, reports: list[Capac
         last[0] = now
         return machine.sample(pids)
 
-    await nursery.start(lambda task_status: run_capacity_monitor(
-        policy=policy, on_change=reports.append, interval=5.0, worker_pids=lambda: list(machine.workers),
-        sampler=sampler, task_status=task_status))
+    await nursery.start(
+        lambda task_status: run_capacity_monitor(
+            policy=policy,
+            on_change=reports.append,
+            interval=5.0,
+            worker_pids=lambda: list(machine.workers),
+            sampler=sampler,
+            task_status=task_status,
+        )
+    )
 
 
 async def test_capacity_follows_a_synthetic_load(autojump_clock: trio.testing.MockClock) -> None:
@@ -367,11 +394,13 @@ async def test_capacity_follows_a_synthetic_load(autojump_clock: trio.testing.Mo
 
 
 async def test_only_when_idle_offers_nothing_while_the_owner_works(
-        autojump_clock: trio.testing.MockClock) -> None:
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     machine = Machine(cpus=4)
     reports: list[Capacity] = []
-    policy = CapacityPolicy(cores=2, memory=2 * GiB, only_when_idle=True, idle_threshold=0.25,
-                            idle_seconds=120, raise_after=0)
+    policy = CapacityPolicy(
+        cores=2, memory=2 * GiB, only_when_idle=True, idle_threshold=0.25, idle_seconds=120, raise_after=0
+    )
     async with trio.open_nursery() as nursery:
         await _monitor(policy, machine, reports, nursery)
         await trio.sleep(100)
@@ -390,8 +419,13 @@ async def test_only_when_idle_offers_nothing_while_the_owner_works(
         await trio.sleep(70)
         assert reports[-1].reported == (2, 2 * GiB, State.AVAILABLE)
         nursery.cancel_scope.cancel()
-    assert [r.state for r in reports] == [State.WAITING, State.AVAILABLE, State.OWNER_BUSY, State.WAITING,
-                                          State.AVAILABLE]
+    assert [r.state for r in reports] == [
+        State.WAITING,
+        State.AVAILABLE,
+        State.OWNER_BUSY,
+        State.WAITING,
+        State.AVAILABLE,
+    ]
 
 
 async def test_monitor_rejects_a_bad_interval() -> None:

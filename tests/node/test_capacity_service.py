@@ -42,12 +42,19 @@ class Executor:
 def service(tmp_path: Path, *, only_when_idle: bool, published: list[bytes]) -> tuple[CapacityService, Path]:
     load = tmp_path / "load"
     load.write_text("0")
-    policy = CapacityPolicy(cores=2, memory=1 << 30, only_when_idle=only_when_idle, idle_seconds=0.0,
-                            raise_after=0.0)
+    policy = CapacityPolicy(
+        cores=2, memory=1 << 30, only_when_idle=only_when_idle, idle_seconds=0.0, raise_after=0.0
+    )
     svc = CapacityService(
-        identity=nacl.signing.SigningKey(bytes(32)), network=NET, policy=policy,
-        scheduler=Scheduler(2, Pool), profile=PROFILE, interval=1.0, worker_pids=list,
-        sampler=SyntheticOwnerLoad(load, cpus=2), clock=lambda: T0 + int(trio.current_time() * 1000),
+        identity=nacl.signing.SigningKey(bytes(32)),
+        network=NET,
+        policy=policy,
+        scheduler=Scheduler(2, Pool),
+        profile=PROFILE,
+        interval=1.0,
+        worker_pids=list,
+        sampler=SyntheticOwnerLoad(load, cpus=2),
+        clock=lambda: T0 + int(trio.current_time() * 1000),
         publish=published.append,
     )
     return svc, load
@@ -119,8 +126,15 @@ async def test_the_peer_table_keeps_the_latest_unexpired_advertisement(
     for env in (ad(4, now + 10_000), ad(1, now + 5_000), ad(9, now + 20_000, "other-net")):
         await send.send(env)
     await trio.sleep(0.1)
-    assert svc.peer_table() == {str(peer_id): {"cores": 4, "memory_bytes": 1 << 30, "queue_length": 3,
-                                                "fuel_rate": 10**9, "expires": now + 10_000}}
+    assert svc.peer_table() == {
+        str(peer_id): {
+            "cores": 4,
+            "memory_bytes": 1 << 30,
+            "queue_length": 3,
+            "fuel_rate": 10**9,
+            "expires": now + 10_000,
+        }
+    }
     await trio.sleep(11)
     assert svc.peer_table() == {}
 

@@ -65,8 +65,9 @@ def test_problems_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 @pytest.mark.parametrize("content", [b"", b"garbage", None])
-def test_unreadable_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                  content: bytes | None) -> None:
+def test_unreadable_input_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None
+) -> None:
     path = tmp_path / "x.e31"
     if content is None:
         good = encode_bundle(Bundle(tuple(mandelbrot().envelopes)))
@@ -81,13 +82,21 @@ def test_unreadable_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_a_real_process_never_shows_a_traceback(tmp_path: Path) -> None:
     good = encode_bundle(Bundle(tuple(montecarlo().envelopes)))
     (tmp_path / "cut.e31").write_bytes(good[:-7])
-    proc = subprocess.run([sys.executable, "-m", "e31.node", "audit", str(tmp_path / "cut.e31")],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "e31.node", "audit", str(tmp_path / "cut.e31")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "cannot audit" in proc.stderr
     (tmp_path / "ok.e31").write_bytes(good)
-    proc = subprocess.run([sys.executable, "-m", "e31.node", "audit", "--json", str(tmp_path / "ok.e31")],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "e31.node", "audit", "--json", str(tmp_path / "ok.e31")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["sound"] is True
 
@@ -125,13 +134,30 @@ async def test_export_through_the_running_nodes_api(tmp_path: Path, monkeypatch:
     monkeypatch.chdir(tmp_path)
     async with trio.open_nursery() as nursery:
         await nursery.start(functools.partial(serve_control, router, config))
-        argv = ["receipts", "export", "--data-dir", str(config.data_dir), "--job", jobs[1].job_id.hex(),
-                "--out", "one.e31", "--with-blobs"]
+        argv = [
+            "receipts",
+            "export",
+            "--data-dir",
+            str(config.data_dir),
+            "--job",
+            jobs[1].job_id.hex(),
+            "--out",
+            "one.e31",
+            "--with-blobs",
+        ]
         assert await trio.to_thread.run_sync(main, argv) == 0
         argv = ["receipts", "export", "--data-dir", str(config.data_dir), "--out", "all.e31"]
         assert await trio.to_thread.run_sync(main, argv) == 0
-        argv = ["receipts", "export", "--data-dir", str(config.data_dir), "--job", "ab" * 32,
-                "--out", "no.e31"]
+        argv = [
+            "receipts",
+            "export",
+            "--data-dir",
+            str(config.data_dir),
+            "--job",
+            "ab" * 32,
+            "--out",
+            "no.e31",
+        ]
         assert await trio.to_thread.run_sync(main, argv) == 1
         nursery.cancel_scope.cancel()
     one = read_bundle(tmp_path / "one.e31")

@@ -28,8 +28,9 @@ def _write(tmp_path: Path, data: bytes) -> str:
 
 
 @pytest.mark.parametrize("vector", VALID, ids=[v["name"] for v in VALID])
-def test_every_valid_vector_is_printed_as_json(vector: dict[str, Any], tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_valid_vector_is_printed_as_json(
+    vector: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _write(tmp_path, bytes.fromhex(vector["envelope"]))
     assert main(["inspect", "--now", "0", path]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -41,8 +42,9 @@ def test_every_valid_vector_is_printed_as_json(vector: dict[str, Any], tmp_path:
 
 
 @pytest.mark.parametrize("vector", INVALID, ids=[v["name"] for v in INVALID])
-def test_every_invalid_vector_is_one_line_and_exit_1(vector: dict[str, Any], tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_invalid_vector_is_one_line_and_exit_1(
+    vector: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _write(tmp_path, bytes.fromhex(vector["envelope"]))
     assert main(["inspect", path]) == 1
     captured = capsys.readouterr()
@@ -51,8 +53,9 @@ def test_every_invalid_vector_is_one_line_and_exit_1(vector: dict[str, Any], tmp
     assert vector["error"] in captured.err
 
 
-def test_expired_messages_are_reported_not_refused(tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_expired_messages_are_reported_not_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ping = next(v for v in VALID if v["kind"] == "ping")
     receipt = next(v for v in VALID if v["kind"] == "receipt")
     assert main(["inspect", "--now", str(2**62), _write(tmp_path, bytes.fromhex(ping["envelope"]))]) == 0
@@ -102,30 +105,61 @@ def test_stdin_in_a_real_process_and_no_traceback() -> None:
 
 
 def test_inspect_imports_neither_trio_nor_wasmtime() -> None:
-    code = ("import sys; from e31.node.cli import main; rc = main(['inspect', '-']); "
-            "print(sorted(m for m in ('trio', 'wasmtime', 'zeroconf', 'sqlite3') if m in sys.modules), "
-            "file=sys.stderr); sys.exit(rc)")
-    proc = subprocess.run([sys.executable, "-c", code], input=bytes.fromhex(VALID[0]["envelope"]),
-                          capture_output=True, timeout=60)
+    code = (
+        "import sys; from e31.node.cli import main; rc = main(['inspect', '-']); "
+        "print(sorted(m for m in ('trio', 'wasmtime', 'zeroconf', 'sqlite3') if m in sys.modules), "
+        "file=sys.stderr); sys.exit(rc)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        input=bytes.fromhex(VALID[0]["envelope"]),
+        capture_output=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == b"[]"
 
 
-def test_messages_of_a_set_of_jobs_name_every_job(tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_messages_of_a_set_of_jobs_name_every_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     submitter, executor = nacl.signing.SigningKey(b"s" * 32), nacl.signing.SigningKey(b"e" * 32)
     limits = Limits(fuel=10**6, memory_bytes=1 << 20, wall_ms=1_000, max_output_bytes=1 << 10)
-    manifests = sorted((JobManifest(module=blob_ref(b"module"), inputs=(), args=(str(n),), env=(), stdin=None,
-                                    limits=limits, deadline=2_000_000, retention_ms=1_000, replicas=1,
-                                    profile=Digest(bytes(32)), submitter=node_id_of(submitter),
-                                    nonce=bytes(16), created_at=1_000) for n in range(3)), key=BY_JOB)
+    manifests = sorted(
+        (
+            JobManifest(
+                module=blob_ref(b"module"),
+                inputs=(),
+                args=(str(n),),
+                env=(),
+                stdin=None,
+                limits=limits,
+                deadline=2_000_000,
+                retention_ms=1_000,
+                replicas=1,
+                profile=Digest(bytes(32)),
+                submitter=node_id_of(submitter),
+                nonce=bytes(16),
+                created_at=1_000,
+            )
+            for n in range(3)
+        ),
+        key=BY_JOB,
+    )
     job_ids = [m.job_id for m in manifests]
     offer = sign_message(Offer("net", 1_500_000, node_id_of(submitter), tuple(manifests)), submitter)
     offer_id = verify(offer).message_id
-    bid = sign_message(Bid("net", offer_id, node_id_of(executor), 1_200_000,
-                           tuple(BidItem(j, 1_100_000, 1_200_000) for j in job_ids[:2])), executor)
-    decline = sign_message(Decline("net", (job_ids[2],), offer_id, node_id_of(executor), 1_200_000,
-                                   "busy", ""), executor)
+    bid = sign_message(
+        Bid(
+            "net",
+            offer_id,
+            node_id_of(executor),
+            1_200_000,
+            tuple(BidItem(j, 1_100_000, 1_200_000) for j in job_ids[:2]),
+        ),
+        executor,
+    )
+    decline = sign_message(
+        Decline("net", (job_ids[2],), offer_id, node_id_of(executor), 1_200_000, "busy", ""), executor
+    )
     for raw, named in ((offer, job_ids), (bid, job_ids[:2]), (decline, job_ids[2:])):
         assert main(["inspect", "--now", "0", _write(tmp_path, raw)]) == 0
         out = json.loads(capsys.readouterr().out)

@@ -59,26 +59,51 @@ def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, obje
     return doc
 
 
-def test_json_reports_every_documented_field(echo: Path, tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_reports_every_documented_field(
+    echo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     stdin = tmp_path / "in.txt"
     stdin.write_text("from stdin")
     out = tmp_path / "out"
-    doc = _json(capsys, ["sandbox", "run", str(echo), "--arg", "hello", "--env", "GREETING=hi there",
-                         "--stdin", str(stdin), "--output", str(out), "--json"])
+    doc = _json(
+        capsys,
+        [
+            "sandbox",
+            "run",
+            str(echo),
+            "--arg",
+            "hello",
+            "--env",
+            "GREETING=hi there",
+            "--stdin",
+            str(stdin),
+            "--output",
+            str(out),
+            "--json",
+        ],
+    )
     assert doc["status"] == "exited"
     assert doc["exit_code"] == 3
     assert doc["stdout"] == "helloGREETING=hi there"
-    for key in ("fuel_used", "fuel_limit", "wall_seconds", "peak_memory_bytes", "stdout_sha256",
-                "stderr_sha256", "output_files", "profile"):
+    for key in (
+        "fuel_used",
+        "fuel_limit",
+        "wall_seconds",
+        "peak_memory_bytes",
+        "stdout_sha256",
+        "stderr_sha256",
+        "output_files",
+        "profile",
+    ):
         assert key in doc
     assert (out / "echo.txt").read_text() == "from stdin"
     assert set(doc["output_files"]) == {"echo.txt"}  # type: ignore[arg-type]
     assert doc["profile"]["digest"] == doc["profile_digest"]  # type: ignore[index]
 
 
-def test_guest_arguments_after_double_dash_may_follow_options(echo: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_guest_arguments_after_double_dash_may_follow_options(
+    echo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     doc = _json(capsys, ["sandbox", "run", str(echo), "--json", "--", "-dashed"])
     assert str(doc["stdout"]).startswith("-dashed")
 
@@ -90,8 +115,9 @@ def test_double_dash_is_refused_where_nothing_takes_it(capsys: pytest.CaptureFix
     assert "after '--'" in capsys.readouterr().err
 
 
-def test_summary_mode_prints_the_guest_stdout_and_a_summary(echo: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_summary_mode_prints_the_guest_stdout_and_a_summary(
+    echo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["sandbox", "run", str(echo), "--arg", "x"]) == 0
     captured = capsys.readouterr()
     assert "exited (exit code 3)" in captured.err
@@ -103,14 +129,16 @@ def test_limits_apply(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     loop.write_text(LOOP_WAT)
     doc = _json(capsys, ["sandbox", "run", str(loop), "--fuel", "12345", "--json"])
     assert (doc["status"], doc["fuel_used"]) == ("out_of_fuel", 12345)
-    doc = _json(capsys, ["sandbox", "run", str(loop), "--fuel", "1000000000000", "--timeout", "0.3",
-                         "--json"])
+    doc = _json(
+        capsys, ["sandbox", "run", str(loop), "--fuel", "1000000000000", "--timeout", "0.3", "--json"]
+    )
     assert doc["status"] == "timeout"
 
 
 @pytest.mark.parametrize("content", [b"\x00asm\x01\x00", b"garbage", b""])
-def test_invalid_binaries_are_an_outcome(tmp_path: Path, content: bytes,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_invalid_binaries_are_an_outcome(
+    tmp_path: Path, content: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "bad.wasm"
     path.write_bytes(content)
     doc = _json(capsys, ["sandbox", "run", str(path), "--json"])
@@ -167,8 +195,13 @@ def test_sizes_take_binary_suffixes(echo: Path, capsys: pytest.CaptureFixture[st
 def test_a_real_process_never_prints_a_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.wasm"
     bad.write_bytes(b"\x00asm\x01\x00\x00\x00\x01")
-    proc = subprocess.run([sys.executable, "-m", "e31.node.cli", "sandbox", "run", str(bad)],
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "e31.node.cli", "sandbox", "run", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0
     assert "invalid_module" in proc.stderr
     assert "Traceback" not in proc.stderr

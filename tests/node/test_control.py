@@ -86,11 +86,20 @@ async def raw(port: int, data: bytes) -> bytes:
     return out
 
 
-def request_bytes(ep: ControlEndpoint, method: str = "GET", path: str = "/v1/status", *,
-                  token: str | None = None, extra: str = "", body: bytes = b"") -> bytes:
-    head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{ep.port}\r\n"
-            f"Authorization: Bearer {ep.token if token is None else token}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n{extra}\r\n")
+def request_bytes(
+    ep: ControlEndpoint,
+    method: str = "GET",
+    path: str = "/v1/status",
+    *,
+    token: str | None = None,
+    extra: str = "",
+    body: bytes = b"",
+) -> bytes:
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{ep.port}\r\n"
+        f"Authorization: Bearer {ep.token if token is None else token}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n{extra}\r\n"
+    )
     return head.encode() + body
 
 
@@ -164,8 +173,9 @@ async def test_a_kept_connection_the_node_closed_is_retried_for_a_get_only(
         ("GET", "/v1/not-json", 500, "internal_error"),
     ],
 )
-async def test_error_answers(tmp_path: Path, server: ControlEndpoint, method: str, path: str, status: int,
-                             code: str) -> None:
+async def test_error_answers(
+    tmp_path: Path, server: ControlEndpoint, method: str, path: str, status: int, code: str
+) -> None:
     with pytest.raises(ApiError) as err:
         await call(tmp_path, method, path, {} if method == "POST" else None)
     assert (err.value.status, err.value.code) == (status, code)
@@ -189,15 +199,19 @@ async def test_oversize_body_is_413(tmp_path: Path, server: ControlEndpoint) -> 
     assert err.value.status == 413
     # Chunked and too large as it arrives.
     chunk = b"400\r\n" + b"x" * 1024 + b"\r\n"
-    chunked = (f"POST /v1/echo HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
-               f"Authorization: Bearer {server.token}\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+    chunked = (
+        f"POST /v1/echo HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+        f"Authorization: Bearer {server.token}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
     answer = await raw(server.port, chunked + chunk * 2 + b"0\r\n\r\n")
     assert status_of(answer) == 413
 
 
 async def test_announced_oversize_is_413_before_the_body(server: ControlEndpoint) -> None:
-    head = (f"POST /v1/echo HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
-            f"Authorization: Bearer {server.token}\r\nContent-Length: 99999999\r\n\r\n").encode()
+    head = (
+        f"POST /v1/echo HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+        f"Authorization: Bearer {server.token}\r\nContent-Length: 99999999\r\n\r\n"
+    ).encode()
     answer = await raw(server.port, head)
     assert status_of(answer) == 413
     assert json_body(answer)["error"]["code"] == "payload_too_large"
@@ -205,8 +219,12 @@ async def test_announced_oversize_is_413_before_the_body(server: ControlEndpoint
 
 @pytest.mark.parametrize(
     "garbage",
-    [b"\x00\x01\x02garbage\r\n\r\n", b"GET /v1/status HTTP/9.9\r\n\r\n", b"NOT HTTP AT ALL\r\n\r\n",
-     b"GET /v1/status HTTP/1.1\r\nBad Header Line\r\n\r\n"],
+    [
+        b"\x00\x01\x02garbage\r\n\r\n",
+        b"GET /v1/status HTTP/9.9\r\n\r\n",
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"GET /v1/status HTTP/1.1\r\nBad Header Line\r\n\r\n",
+    ],
 )
 async def test_garbage_is_400(server: ControlEndpoint, garbage: bytes) -> None:
     answer = await raw(server.port, garbage)
@@ -215,17 +233,25 @@ async def test_garbage_is_400(server: ControlEndpoint, garbage: bytes) -> None:
 
 
 async def test_bad_json_and_media_type(server: ControlEndpoint) -> None:
-    bad_json = await raw(server.port, request_bytes(server, "POST", "/v1/echo", body=b"{not json",
-                                                     extra="Content-Type: application/json\r\n"))
+    bad_json = await raw(
+        server.port,
+        request_bytes(
+            server, "POST", "/v1/echo", body=b"{not json", extra="Content-Type: application/json\r\n"
+        ),
+    )
     assert status_of(bad_json) == 400
-    wrong_type = await raw(server.port, request_bytes(server, "POST", "/v1/echo", body=b"a=1",
-                                                      extra="Content-Type: text/plain\r\n"))
+    wrong_type = await raw(
+        server.port,
+        request_bytes(server, "POST", "/v1/echo", body=b"a=1", extra="Content-Type: text/plain\r\n"),
+    )
     assert status_of(wrong_type) == 415
 
 
 async def test_foreign_host_header_is_refused(server: ControlEndpoint) -> None:
-    head = (f"GET /v1/status HTTP/1.1\r\nHost: evil.example:{server.port}\r\n"
-            f"Authorization: Bearer {server.token}\r\n\r\n").encode()
+    head = (
+        f"GET /v1/status HTTP/1.1\r\nHost: evil.example:{server.port}\r\n"
+        f"Authorization: Bearer {server.token}\r\n\r\n"
+    ).encode()
     assert status_of(await raw(server.port, head)) == 400
 
 

@@ -29,9 +29,14 @@ DEADLINE = 20.0
 
 
 def e31(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "e31.node.cli", *args], capture_output=True, text=True,
-                          timeout=30.0, stdin=subprocess.DEVNULL,
-                          env=None if env is None else os.environ | env)
+    return subprocess.run(
+        [sys.executable, "-m", "e31.node.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=30.0,
+        stdin=subprocess.DEVNULL,
+        env=None if env is None else os.environ | env,
+    )
 
 
 def wait_for(what: str, check: Callable[[], Any], deadline: float = DEADLINE) -> Any:
@@ -53,13 +58,29 @@ class NodeProcess:
         mdns = () if any(a.startswith("--mdns") for a in args) else ("--no-mdns",)
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "e31.node.cli", "node", "run", "--data-dir", str(data_dir),
-                 "--listen", "127.0.0.1:0", "--heartbeat", HEARTBEAT, *mdns, *args],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out,
+                [
+                    sys.executable,
+                    "-m",
+                    "e31.node.cli",
+                    "node",
+                    "run",
+                    "--data-dir",
+                    str(data_dir),
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--heartbeat",
+                    HEARTBEAT,
+                    *mdns,
+                    *args,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=out,
             )
         start = self.log.stat().st_size if self.log.exists() else 0
-        self.node_id, self.network, self.address = wait_for(f"{data_dir.name} to start",
-                                                            lambda: self._ready(start))
+        self.node_id, self.network, self.address = wait_for(
+            f"{data_dir.name} to start", lambda: self._ready(start)
+        )
 
     def _ready(self, start: int) -> tuple[str, str, str] | None:
         if self.proc.poll() is not None:
@@ -110,8 +131,9 @@ def test_a_bootstrap_chain_converges_and_every_node_stops_cleanly(spawn: Callabl
     nodes = (a, b, c)
     for node in nodes:
         others = {n.node_id for n in nodes if n is not node}
-        wait_for(f"{node.data_dir.name} to link to the other two",
-                 lambda n=node, o=others: n.connected() == o)
+        wait_for(
+            f"{node.data_dir.name} to link to the other two", lambda n=node, o=others: n.connected() == o
+        )
 
     listed = e31("peers", "--data-dir", str(c.data_dir), "--json")
     assert listed.returncode == 0, listed.stderr
@@ -186,12 +208,14 @@ def test_kill_9_leaves_a_store_that_restarts_cleanly(spawn: Callable[..., NodePr
 
 
 def test_two_nodes_find_each_other_on_the_local_network_without_bootstrap(
-        spawn: Callable[..., NodeProcess]) -> None:
+    spawn: Callable[..., NodeProcess],
+) -> None:
     network = f"t{os.getpid()}-{time.monotonic_ns() % 10**6}"  # no other test's nodes on it
     a = spawn("a", "--network", network, "--mdns-interfaces", "127.0.0.1")
     b = spawn("b", "--network", network, "--mdns-interfaces", "127.0.0.1")
-    wait_for("a and b to find each other",
-             lambda: a.connected() == {b.node_id} and b.connected() == {a.node_id})
+    wait_for(
+        "a and b to find each other", lambda: a.connected() == {b.node_id} and b.connected() == {a.node_id}
+    )
     assert "mdns" in {p["source"] for p in a.peers() + b.peers()}
 
 
@@ -236,8 +260,9 @@ def test_a_port_in_use_is_one_line_and_a_non_zero_exit(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = e31("node", "run", "--data-dir", str(tmp_path / "n"), "--listen", f"127.0.0.1:{port}",
-                   "--no-mdns")
+        proc = e31(
+            "node", "run", "--data-dir", str(tmp_path / "n"), "--listen", f"127.0.0.1:{port}", "--no-mdns"
+        )
     _one_line_failure(proc, "cannot listen", str(port))
     assert not (tmp_path / "n" / "api.json").exists()
 
@@ -255,15 +280,18 @@ def test_a_second_node_on_the_same_data_dir_is_refused(spawn: Callable[..., Node
     [
         (lambda d: (d / "config.toml").write_text("listen = 7\n"), "config.toml"),
         (lambda d: (d / "config.toml").write_text("lissen = '127.0.0.1:0'\n"), "unknown key"),
-        (lambda d: (d / "identity.key").write_text("not a key\n") and os.chmod(d / "identity.key", 0o600),
-         "identity.key"),
+        (
+            lambda d: (d / "identity.key").write_text("not a key\n") and os.chmod(d / "identity.key", 0o600),
+            "identity.key",
+        ),
         (lambda d: (d / "identity.key").write_text("x") and os.chmod(d / "identity.key", 0o644), "chmod 600"),
         (lambda d: (d / "node.sqlite").write_bytes(b"this is not a database" * 100), "node.sqlite"),
     ],
     ids=["bad-value", "unknown-key", "malformed-key", "key-readable-by-others", "not-a-database"],
 )
-def test_bad_local_state_is_one_line_and_a_non_zero_exit(tmp_path: Path, setup: Callable[[Path], object],
-                                                         needle: str) -> None:
+def test_bad_local_state_is_one_line_and_a_non_zero_exit(
+    tmp_path: Path, setup: Callable[[Path], object], needle: str
+) -> None:
     data = tmp_path / "n"
     data.mkdir()
     setup(data)
@@ -302,7 +330,12 @@ def test_status_and_peers_without_a_node_say_so(tmp_path: Path) -> None:
 
 def test_durations_sizes_and_ages_read_naturally() -> None:
     assert [format_duration(s) for s in (0, 59.9, 61, 3600 * 5 + 62, 86400 * 3 + 3700)] == [
-        "0s", "59s", "1m 1s", "5h 1m 2s", "3d 1h 1m"]
+        "0s",
+        "59s",
+        "1m 1s",
+        "5h 1m 2s",
+        "3d 1h 1m",
+    ]
     assert [format_bytes(n) for n in (512, 64 << 20, 3 << 30)] == ["512 B", "64.0 MiB", "3.0 GiB"]
     assert format_ago(None) == "never"
     assert format_ago(100.0, now=100.5) == "just now"
@@ -310,10 +343,20 @@ def test_durations_sizes_and_ages_read_naturally() -> None:
 
 
 def test_the_status_table_shows_every_field_it_is_given() -> None:
-    text = format_status({"node_id": "e31nabc", "network": "main", "listen": "127.0.0.1:1",
-                          "addresses": ["127.0.0.1:1"], "uptime_seconds": 75, "version": "0.1.0",
-                          "peer_count": 2, "peers": {"connected": 2, "suspect": 0, "known": 3},
-                          "capacity": {"cores": 4, "memory_bytes": 1 << 30}, "data_dir": "/d"})
+    text = format_status(
+        {
+            "node_id": "e31nabc",
+            "network": "main",
+            "listen": "127.0.0.1:1",
+            "addresses": ["127.0.0.1:1"],
+            "uptime_seconds": 75,
+            "version": "0.1.0",
+            "peer_count": 2,
+            "peers": {"connected": 2, "suspect": 0, "known": 3},
+            "capacity": {"cores": 4, "memory_bytes": 1 << 30},
+            "data_dir": "/d",
+        }
+    )
     lines = dict(line.split(":", 1) for line in text.splitlines())
     assert lines["node id"].strip() == "e31nabc"
     assert lines["uptime"].strip() == "1m 15s"
@@ -323,12 +366,27 @@ def test_the_status_table_shows_every_field_it_is_given() -> None:
 
 def test_the_peers_table_has_a_row_per_peer_in_aligned_columns() -> None:
     assert format_peers([]) == "no known peers"
-    text = format_peers([
-        {"node_id": "e31naaaa", "state": "connected", "address": "10.0.0.1:7531", "source": "bootstrap",
-         "last_seen": 1000.0, "rtt_ms": 1.25},
-        {"node_id": "e31nb", "state": "backoff", "address": None, "source": "exchange", "last_seen": None,
-         "rtt_ms": None},
-    ], now=1010.0)
+    text = format_peers(
+        [
+            {
+                "node_id": "e31naaaa",
+                "state": "connected",
+                "address": "10.0.0.1:7531",
+                "source": "bootstrap",
+                "last_seen": 1000.0,
+                "rtt_ms": 1.25,
+            },
+            {
+                "node_id": "e31nb",
+                "state": "backoff",
+                "address": None,
+                "source": "exchange",
+                "last_seen": None,
+                "rtt_ms": None,
+            },
+        ],
+        now=1010.0,
+    )
     header, first, second = text.splitlines()
     assert header.split() == ["NODE", "ID", "STATE", "ADDRESS", "SOURCE", "LAST", "SEEN", "RTT"]
     assert first.split() == ["e31naaaa", "connected", "10.0.0.1:7531", "bootstrap", "10s", "ago", "1.2", "ms"]

@@ -36,8 +36,14 @@ WORKLOADS = Path(__file__).resolve().parents[2] / "sandbox" / "workloads"
 
 
 def demo(*args: str, cwd: Path, timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "e31.node", "demo", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "e31.node", "demo", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 # --- the real demo ---------------------------------------------------------------------------------
@@ -85,8 +91,9 @@ def test_the_table_form_names_every_node(tmp_path: Path) -> None:
 
 def test_a_failed_job_is_named_and_the_demo_fails(tmp_path: Path) -> None:
     keep = tmp_path / "kept"
-    done = demo("--nodes", "2", "--jobs", "2", "--job-fuel", "1000", "--json", "--keep", str(keep),
-                cwd=tmp_path)
+    done = demo(
+        "--nodes", "2", "--jobs", "2", "--job-fuel", "1000", "--json", "--keep", str(keep), cwd=tmp_path
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     report = json.loads(done.stdout)
@@ -100,8 +107,9 @@ def test_a_failed_job_is_named_and_the_demo_fails(tmp_path: Path) -> None:
     assert (width, height) == (WIDTH, HEIGHT) and set(pixels) == {0}  # no tile to paste: all black
 
 
-@pytest.mark.parametrize("args", [("--nodes", "0"), ("--jobs", "0"), ("--jobs", "257"), ("--nodes", "x"),
-                                  ("--nodes", "17")])
+@pytest.mark.parametrize(
+    "args", [("--nodes", "0"), ("--jobs", "0"), ("--jobs", "257"), ("--nodes", "x"), ("--nodes", "17")]
+)
 def test_bad_counts_are_usage_errors(tmp_path: Path, args: tuple[str, ...]) -> None:
     done = demo(*args, cwd=tmp_path, timeout=30.0)
     assert done.returncode == 2
@@ -117,7 +125,8 @@ def test_keep_refuses_a_directory_in_use(tmp_path: Path) -> None:
     done = demo("--keep", str(keep), "--jobs", "1", cwd=tmp_path, timeout=30.0)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"e31: error: --keep {keep}: must be a new or empty directory (the demo never reuses data dirs)"]
+        f"e31: error: --keep {keep}: must be a new or empty directory (the demo never reuses data dirs)"
+    ]
     assert [p.name for p in keep.iterdir()] == ["precious"]
 
 
@@ -134,13 +143,19 @@ def test_a_node_that_cannot_start_is_named_with_its_log(tmp_path: Path) -> None:
     assert all(n.process.poll() is not None for n in net.nodes)  # stop() leaves nothing running
 
 
-@pytest.mark.parametrize(("signum", "code", "said"), [(signal.SIGINT, 130, "interrupted"),
-                                                      (signal.SIGTERM, 143, "terminated")])
+@pytest.mark.parametrize(
+    ("signum", "code", "said"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
 def test_a_signal_stops_every_node(tmp_path: Path, signum: int, code: int, said: str) -> None:
     keep = tmp_path / "kept"
-    proc = subprocess.Popen([sys.executable, "-m", "e31.node", "demo", "--nodes", "2", "--jobs", "2",
-                             "--keep", str(keep)], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "e31.node", "demo", "--nodes", "2", "--jobs", "2", "--keep", str(keep)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -169,8 +184,9 @@ def test_the_tiles_cover_the_image_exactly_once(count: int) -> None:
     covered = bytearray(WIDTH * HEIGHT)
     for t in tiles:
         for y in range(t.y, t.y + t.height):
-            covered[y * WIDTH + t.x:y * WIDTH + t.x + t.width] = bytes(
-                b + 1 for b in covered[y * WIDTH + t.x:y * WIDTH + t.x + t.width])
+            covered[y * WIDTH + t.x : y * WIDTH + t.x + t.width] = bytes(
+                b + 1 for b in covered[y * WIDTH + t.x : y * WIDTH + t.x + t.width]
+            )
     assert set(covered) == {1}
 
 
@@ -196,17 +212,27 @@ def test_parse_pgm() -> None:
     assert parse_pgm(b"P5\n2 1\n255\n\x01\x02") == (2, 1, b"\x01\x02")
     assert parse_pgm(b"P5 # made by hand\n2 # w\n 1 255 \x01\x02") == (2, 1, b"\x01\x02")
     assert parse_pgm(b"P5\n1 1\n255\n\n") == (1, 1, b"\n")  # pixel bytes may look like whitespace
-    for bad, match in [(b"P6\n1 1\n255\n\x00", "P5"), (b"P5\n1 1\n65535\n\x00\x00", "8-bit"),
-                       (b"P5\n2 2\n255\n\x00", "expected 2x2"), (b"P5\n1", "ends early"),
-                       (b"P5\n-1 1\n255\n", "decimal"), (b"", "ends early"), (b"P5\n0 1\n255\n", "positive")]:
+    for bad, match in [
+        (b"P6\n1 1\n255\n\x00", "P5"),
+        (b"P5\n1 1\n65535\n\x00\x00", "8-bit"),
+        (b"P5\n2 2\n255\n\x00", "expected 2x2"),
+        (b"P5\n1", "ends early"),
+        (b"P5\n-1 1\n255\n", "decimal"),
+        (b"", "ends early"),
+        (b"P5\n0 1\n255\n", "positive"),
+    ]:
         with pytest.raises(ImageError, match=match):
             parse_pgm(bad)
 
 
 def test_the_mosaic_places_tiles_and_refuses_what_does_not_fit() -> None:
     tiles = plan_tiles(4, 4, 2)
-    assert [(t.x, t.y, t.width, t.height) for t in tiles] == [(0, 0, 2, 1), (2, 0, 2, 1), (0, 1, 2, 1),
-                                                              (2, 1, 2, 1)]
+    assert [(t.x, t.y, t.width, t.height) for t in tiles] == [
+        (0, 0, 2, 1),
+        (2, 0, 2, 1),
+        (0, 1, 2, 1),
+        (2, 1, 2, 1),
+    ]
     mosaic = Mosaic(tiles, 4, 2)
     for t in tiles:
         mosaic.paste(t.index, b"P5\n2 1\n255\n" + bytes([t.index + 1, t.index + 11]))
@@ -258,10 +284,16 @@ NAMES = {"e31nx": "node1", "e31ny": "node2", "e31nz": "node10"}
 
 
 def audit_report(problems: Sequence[dict[str, str]] = (), reexecuted: int = 3) -> dict[str, object]:
-    return {"sound": not problems, "reexecuted": reexecuted, "problems": list(problems),
-            "notes": [{"job": A, "node": "e31nx", "check": "inclusion", "what": "no proof"}],
-            "nodes": [{"node": "e31ny", "jobs": 2, "fuel": 500, "compute_ms": 1500, "queue_wait_ms": 250},
-                      {"node": "e31nz", "jobs": 1, "fuel": 7, "compute_ms": 2, "queue_wait_ms": 0}]}
+    return {
+        "sound": not problems,
+        "reexecuted": reexecuted,
+        "problems": list(problems),
+        "notes": [{"job": A, "node": "e31nx", "check": "inclusion", "what": "no proof"}],
+        "nodes": [
+            {"node": "e31ny", "jobs": 2, "fuel": 500, "compute_ms": 1500, "queue_wait_ms": 250},
+            {"node": "e31nz", "jobs": 1, "fuel": 7, "compute_ms": 2, "queue_wait_ms": 0},
+        ],
+    }
 
 
 def test_the_verdict_counts_a_job_only_when_everything_about_it_holds() -> None:
@@ -270,30 +302,45 @@ def test_the_verdict_counts_a_job_only_when_everything_about_it_holds() -> None:
     assert (sound.verified, sound.reexecuted, sound.problems) == (3, 3, [])
     assert sound.notes == [f"tile 0 (job {A}): inclusion: no proof"]
     assert [(r.name, r.jobs, r.fuel, r.compute_seconds, r.queue_wait_seconds) for r in sound.rows] == [
-        ("node1", 0, 0, 0.0, 0.0), ("node2", 2, 500, 1.5, 0.25), ("node10", 1, 7, 0.002, 0.0)]
+        ("node1", 0, 0, 0.0, 0.0),
+        ("node2", 2, 500, 1.5, 0.25),
+        ("node10", 1, 7, 0.002, 0.0),
+    ]
 
-    bad = judge(audit_report([{"job": B, "node": "e31ny", "check": "reexecute", "what": "fuel differs"}]),
-                LABELS, everything, everything - {C}, everything, NAMES)
+    bad = judge(
+        audit_report([{"job": B, "node": "e31ny", "check": "reexecute", "what": "fuel differs"}]),
+        LABELS,
+        everything,
+        everything - {C},
+        everything,
+        NAMES,
+    )
     assert bad.verified == 1  # A only: B has a problem, C no receipt
-    assert bad.problems == [f"audit: tile 1 (job {B}): reexecute: fuel differs",
-                            f"tile 2 (job {C}): no receipt in the bundle"]
+    assert bad.problems == [
+        f"audit: tile 1 (job {B}): reexecute: fuel differs",
+        f"tile 2 (job {C}): no receipt in the bundle",
+    ]
 
     unacked = judge(audit_report(), LABELS, everything, everything, {A}, NAMES)
     assert unacked.verified == 1
-    assert unacked.problems == [f"tile 1 (job {B}): the receipt was never acknowledged",
-                                f"tile 2 (job {C}): the receipt was never acknowledged"]
+    assert unacked.problems == [
+        f"tile 1 (job {B}): the receipt was never acknowledged",
+        f"tile 2 (job {C}): the receipt was never acknowledged",
+    ]
 
     skipped = judge(audit_report(reexecuted=2), LABELS, everything, everything, everything, NAMES)
     assert skipped.verified == 0
-    assert skipped.problems == [f"the audit re-executed only 2 of 3 jobs; its first note: tile 0 (job {A}): "
-                                "inclusion: no proof"]
+    assert skipped.problems == [
+        f"the audit re-executed only 2 of 3 jobs; its first note: tile 0 (job {A}): inclusion: no proof"
+    ]
 
 
 def test_progress_and_table_text() -> None:
     assert format_progress(0, 0, 24, 0.0) == "[------------------------] 0/24 jobs  0.0 jobs/s  ETA ?"
     assert format_progress(6, 0, 24, 2.0) == "[######------------------] 6/24 jobs  3.0 jobs/s  ETA 6s"
     assert format_progress(23, 1, 24, 8.0) == (
-        "[########################] 24/24 jobs, 1 failed  3.0 jobs/s  done")
+        "[########################] 24/24 jobs, 1 failed  3.0 jobs/s  done"
+    )
     rows = [NodeRow("node1", "e31n" + "a" * 52, 5, 123456789, 0.5, 0.25), NodeRow("node2", "e31nb", 0)]
     assert format_nodes(rows).splitlines() == [
         "NODE   NODE ID           JOBS         FUEL  COMPUTE  QUEUE WAIT",

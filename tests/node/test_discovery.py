@@ -58,22 +58,26 @@ def test_parse_record_filters_addresses() -> None:
         parse_record(props(node), ["0.0.0.0", "nonsense"], 9)
 
 
-@pytest.mark.parametrize(("properties", "port", "why"), [
-    (props(new_id(), version="2"), 1, "protocol version '2'"),
-    ({b"net": b"main", b"id": new_id().encode()}, 1, "protocol version None"),
-    ({b"v": b"1", b"id": new_id().encode()}, 1, "network name None"),
-    ({b"v": b"1", b"net": b"main"}, 1, "node id"),
-    ({b"v": b"1", b"net": b"main", b"id": None}, 1, "node id"),
-    ({b"v": b"1", b"net": b"main", b"id": b"e31nnot-an-id"}, 1, "node id"),
-    ({b"v": b"1", b"net": b"main", b"id": new_id().upper().encode()}, 1, "node id"),
-    ({b"v": b"1", b"net": b"\xff\xfe", b"id": new_id().encode()}, 1, "not UTF-8"),
-    ({b"v": b"1", b"net": b"x" * 65, b"id": new_id().encode()}, 1, "network name"),
-    (props(new_id()), 0, "port 0"),
-    (props(new_id()), None, "port None"),
-    (props(new_id()), 70000, "port 70000"),
-])
-def test_parse_record_rejects_bad_records(properties: dict[bytes, bytes | None], port: int | None,
-                                          why: str) -> None:
+@pytest.mark.parametrize(
+    ("properties", "port", "why"),
+    [
+        (props(new_id(), version="2"), 1, "protocol version '2'"),
+        ({b"net": b"main", b"id": new_id().encode()}, 1, "protocol version None"),
+        ({b"v": b"1", b"id": new_id().encode()}, 1, "network name None"),
+        ({b"v": b"1", b"net": b"main"}, 1, "node id"),
+        ({b"v": b"1", b"net": b"main", b"id": None}, 1, "node id"),
+        ({b"v": b"1", b"net": b"main", b"id": b"e31nnot-an-id"}, 1, "node id"),
+        ({b"v": b"1", b"net": b"main", b"id": new_id().upper().encode()}, 1, "node id"),
+        ({b"v": b"1", b"net": b"\xff\xfe", b"id": new_id().encode()}, 1, "not UTF-8"),
+        ({b"v": b"1", b"net": b"x" * 65, b"id": new_id().encode()}, 1, "network name"),
+        (props(new_id()), 0, "port 0"),
+        (props(new_id()), None, "port None"),
+        (props(new_id()), 70000, "port 70000"),
+    ],
+)
+def test_parse_record_rejects_bad_records(
+    properties: dict[bytes, bytes | None], port: int | None, why: str
+) -> None:
     with pytest.raises(BadRecord, match=why.replace("(", r"\(")):
         parse_record(properties, ["127.0.0.1"], port)
 
@@ -84,7 +88,9 @@ def test_advertised_addresses() -> None:
     assert advertised_addresses([("0.0.0.0", 7531)], host) == [("192.0.2.2", 7531), ("198.51.100.7", 7531)]
     assert advertised_addresses([("::", 1)], host) == [("fd00::2", 1)]
     assert advertised_addresses([("0.0.0.0", 5), ("192.0.2.2", 5)], host) == [
-        ("192.0.2.2", 5), ("198.51.100.7", 5)]
+        ("192.0.2.2", 5),
+        ("198.51.100.7", 5),
+    ]
     assert advertised_addresses([("0.0.0.0", 5)], ["127.0.0.1"]) == [("127.0.0.1", 5)]
     assert advertised_addresses([("0.0.0.0", 5)], []) == []
 
@@ -107,17 +113,25 @@ def test_host_addresses_by_interface_name() -> None:
     assert _host_addresses(["lo"]) == (["127.0.0.1"], ["127.0.0.1"])
 
 
-@pytest.mark.parametrize(("kw", "why"), [
-    ({"node_id": "e31nbogus"}, "not a node id"),
-    ({"network": ""}, "not a network name"),
-    ({"interfaces": "127.0.0.1"}, "not one string"),
-    ({"interfaces": ["203.0.113.99"]}, "203.0.113.99 is not an address of any network interface"),
-    ({"interfaces": ["nosuch0"]}, "no network interface or address"),
-    ({"addresses": [("127.0.0.1", 0)]}, "cannot advertise port 0"),
-])
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        ({"node_id": "e31nbogus"}, "not a node id"),
+        ({"network": ""}, "not a network name"),
+        ({"interfaces": "127.0.0.1"}, "not one string"),
+        ({"interfaces": ["203.0.113.99"]}, "203.0.113.99 is not an address of any network interface"),
+        ({"interfaces": ["nosuch0"]}, "no network interface or address"),
+        ({"addresses": [("127.0.0.1", 0)]}, "cannot advertise port 0"),
+    ],
+)
 async def test_start_failures_are_typed(kw: dict[str, object], why: str) -> None:
-    args: dict[str, object] = {"node_id": new_id(), "network": "main", "addresses": [("127.0.0.1", 7531)],
-                               "interfaces": LOOPBACK, "on_found": print} | kw
+    args: dict[str, object] = {
+        "node_id": new_id(),
+        "network": "main",
+        "addresses": [("127.0.0.1", 7531)],
+        "interfaces": LOOPBACK,
+        "on_found": print,
+    } | kw
     with pytest.raises(DiscoveryError, match=why):
         await run_discovery(**args)  # type: ignore[arg-type]
 
@@ -130,8 +144,13 @@ async def test_a_socket_error_at_start_is_typed(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(zeroconf, "Zeroconf", refuse)
     with pytest.raises(DiscoveryError, match=r"cannot open mDNS sockets on 127.0.0.1: \[Errno 19\]"):
-        await run_discovery(node_id=new_id(), network="main", addresses=[("127.0.0.1", 1)],
-                            interfaces=LOOPBACK, on_found=print)
+        await run_discovery(
+            node_id=new_id(),
+            network="main",
+            addresses=[("127.0.0.1", 1)],
+            interfaces=LOOPBACK,
+            on_found=print,
+        )
 
 
 # --- real zeroconf on loopback ----------------------------------------------------------------------
@@ -157,9 +176,15 @@ class Node:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with self.scope:
-            await run_discovery(node_id=self.node_id, network=self.network,
-                                addresses=[("127.0.0.1", self.port)], interfaces=LOOPBACK,
-                                on_found=self.on_found, on_lost=self.lost.append, task_status=task_status)
+            await run_discovery(
+                node_id=self.node_id,
+                network=self.network,
+                addresses=[("127.0.0.1", self.port)],
+                interfaces=LOOPBACK,
+                on_found=self.on_found,
+                on_lost=self.lost.append,
+                task_status=task_status,
+            )
         self.stopped.set()
 
 
@@ -173,12 +198,15 @@ async def wait_for(condition: Callable[[], bool], what: str) -> None:
 
 
 def ignored(caplog: pytest.LogCaptureFixture, text: str) -> bool:
-    return any(r.name == "e31.discovery" and "ignoring" in r.getMessage() and text in r.getMessage()
-               for r in caplog.records)
+    return any(
+        r.name == "e31.discovery" and "ignoring" in r.getMessage() and text in r.getMessage()
+        for r in caplog.records
+    )
 
 
 async def test_two_nodes_find_each_other_ignore_other_networks_and_see_withdrawal(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.DEBUG, logger="e31.discovery")
     a, b, c = Node(NET, 40001), Node(NET, 40002), Node(OTHER, 40003)
     async with trio.open_nursery() as nursery:
@@ -204,8 +232,14 @@ async def _with_publisher(body: Callable[[Callable[..., Awaitable[object]]], Awa
     infos: dict[str, ServiceInfo] = {}
 
     def publish(name: str, properties: dict[bytes, bytes | None], port: int, address: str) -> None:
-        info = ServiceInfo(SERVICE_TYPE, f"{name}.{SERVICE_TYPE}", port=port, properties=properties,
-                           server=f"{name}.local.", parsed_addresses=[address])
+        info = ServiceInfo(
+            SERVICE_TYPE,
+            f"{name}.{SERVICE_TYPE}",
+            port=port,
+            properties=properties,
+            server=f"{name}.local.",
+            parsed_addresses=[address],
+        )
         if name in infos:
             zc.update_service(info)
         else:
@@ -220,7 +254,8 @@ async def _with_publisher(body: Callable[[Callable[..., Awaitable[object]]], Awa
 
 
 async def test_malformed_records_are_ignored_and_changes_are_reported(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.DEBUG, logger="e31.discovery")
     watcher = Node(NET, 40010)
     good = new_id()
@@ -239,12 +274,13 @@ async def test_malformed_records_are_ignored_and_changes_are_reported(
                 for name, properties in [("good", props(good, NET)), *bad.items()]:
                     publishers.start_soon(publish, f"{name}-{tag}", properties, 40011, "127.0.0.1")
             await wait_for(lambda: good in watcher.found_ids(), "the good record is found")
-            await wait_for(lambda: all(ignored(caplog, f"'{n}-{tag}.{SERVICE_TYPE}'") for n in bad),
-                           "every bad record is heard and ignored")
+            await wait_for(
+                lambda: all(ignored(caplog, f"'{n}-{tag}.{SERVICE_TYPE}'") for n in bad),
+                "every bad record is heard and ignored",
+            )
             await publish(f"good-{tag}", props(good, NET), 40012, "127.0.0.1")
             await wait_for(lambda: len(watcher.found) == 2, "the new port is reported")
-            assert watcher.found == [(good, NET, [("127.0.0.1", 40011)]),
-                                     (good, NET, [("127.0.0.1", 40012)])]
+            assert watcher.found == [(good, NET, [("127.0.0.1", 40011)]), (good, NET, [("127.0.0.1", 40012)])]
             nursery.cancel_scope.cancel()
 
     await _with_publisher(body)
@@ -256,9 +292,16 @@ async def test_listening_on_a_wildcard_publishes_the_interface_addresses() -> No
 
     async with trio.open_nursery() as nursery:
         await nursery.start(b.run)
-        await nursery.start(lambda task_status: run_discovery(
-            node_id=a.node_id, network=NET, addresses=[("0.0.0.0", 40020)], interfaces=LOOPBACK,
-            on_found=lambda *f: found.append(f), task_status=task_status))
+        await nursery.start(
+            lambda task_status: run_discovery(
+                node_id=a.node_id,
+                network=NET,
+                addresses=[("0.0.0.0", 40020)],
+                interfaces=LOOPBACK,
+                on_found=lambda *f: found.append(f),
+                task_status=task_status,
+            )
+        )
         await wait_for(lambda: a.node_id in b.found_ids(), "B finds A")
         assert b.found == [(a.node_id, NET, [("127.0.0.1", 40020)])]
         await wait_for(lambda: bool(found), "A finds B")
@@ -293,8 +336,9 @@ async def test_a_browser_failure_at_start_is_typed(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(zeroconf, "ServiceBrowser", refuse)
     with pytest.raises(DiscoveryError, match=r"cannot browse for _e31\._tcp\.local\.: refused"):
-        await run_discovery(node_id=new_id(), network=NET, addresses=[("127.0.0.1", 1)],
-                            interfaces=LOOPBACK, on_found=print)
+        await run_discovery(
+            node_id=new_id(), network=NET, addresses=[("127.0.0.1", 1)], interfaces=LOOPBACK, on_found=print
+        )
 
 
 CHILD = """
@@ -320,7 +364,9 @@ async def test_a_node_in_another_process_is_found_and_withdraws_on_stop() -> Non
         await nursery.start(me.run)
         proc = await trio.lowlevel.open_process(
             [sys.executable, "-c", CHILD, child_id, NET, "40041"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         try:
             assert proc.stdin is not None and proc.stdout is not None
             with trio.fail_after(DEADLINE):

@@ -17,12 +17,20 @@ from e31.sandbox.limits import RunResult, Status
 TEXT = b"pi is about 3.14\n"
 
 
-def _result(stdout: bytes, *, held: bytes | None = None, size: int | None = None,
-            sha: str | None = None) -> RunResult:
+def _result(
+    stdout: bytes, *, held: bytes | None = None, size: int | None = None, sha: str | None = None
+) -> RunResult:
     """A run that wrote `stdout`, holding `held` of it (all of it by default)."""
     return RunResult(
-        status=Status.EXITED, exit_code=0, trap=None, message="", fuel_used=1, fuel_limit=10,
-        wall_seconds=0.0, peak_memory_bytes=0, stdout=stdout if held is None else held,
+        status=Status.EXITED,
+        exit_code=0,
+        trap=None,
+        message="",
+        fuel_used=1,
+        fuel_limit=10,
+        wall_seconds=0.0,
+        peak_memory_bytes=0,
+        stdout=stdout if held is None else held,
         stdout_sha256=sha or hashlib.sha256(stdout).hexdigest(),
         stderr_sha256=hashlib.sha256(b"").hexdigest(),
         stdout_bytes=len(stdout) if size is None else size,
@@ -68,8 +76,9 @@ def test_a_stream_that_differs_from_what_the_run_reported_fails_the_job(tmp_path
         _put_checked(blobs, tmp_path / "gone", "stdout", _result(TEXT, held=TEXT[:4]), [])
 
 
-def test_a_small_stream_already_held_is_not_written_again(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_small_stream_already_held_is_not_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     blobs = BlobStore(tmp_path / "blobs")
     first = _put_checked(blobs, tmp_path, "stderr", _result(TEXT), [])
 

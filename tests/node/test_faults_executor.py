@@ -318,11 +318,15 @@ def test_owner_activity_suspends_and_resumes_a_job_with_identical_fuel(
         assert doc["receipt"]["fuel_used"] == expected_fuel(job, args, fuel)
 
         # A job that cannot make its deadline once the owner is back is handed back, not kept.
-        late = node.api.post("/v1/jobs", {
-            "module": str(MONTECARLO), "args": ["6", "400000000"],
-            "limits": {"fuel": 60_000_000_000, "timeout": 10},
-            "deadline": int(time.time() * 1000) + 15_000,
-        })["job_id"]
+        late = node.api.post(
+            "/v1/jobs",
+            {
+                "module": str(MONTECARLO),
+                "args": ["6", "400000000"],
+                "limits": {"fuel": 60_000_000_000, "timeout": 10},
+                "deadline": int(time.time() * 1000) + 15_000,
+            },
+        )["job_id"]
         wait_for("the late job to run", lambda: (executor_row(node, late) or {}).get("state") == "running")
         load.write_text(BUSY)
 

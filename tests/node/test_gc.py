@@ -156,10 +156,18 @@ def _evidence(store: Store, job_id: bytes, tag: bytes, at: float) -> dict[str, b
     for kind, mid in ids.items():
         if kind != "ack":  # an ack is shared by the jobs of the receipts it names (put_acks)
             store.put_envelope(mid, kind, b"raw " + kind.encode(), at, job_id=job_id)
-    store.put_result(job_id=job_id, attempt=1, executor="x", message_id=ids["result"], status="ok",
-                     outputs={"stdout": "00" * 32}, now=at)
-    store.put_receipt(digest=ids["receipt"], job_id=job_id, attempt=1, executor="x",
-                      message_id=ids["receipt"], now=at)
+    store.put_result(
+        job_id=job_id,
+        attempt=1,
+        executor="x",
+        message_id=ids["result"],
+        status="ok",
+        outputs={"stdout": "00" * 32},
+        now=at,
+    )
+    store.put_receipt(
+        digest=ids["receipt"], job_id=job_id, attempt=1, executor="x", message_id=ids["receipt"], now=at
+    )
     store.put_acks(ids["ack"], b"raw ack", at, [(ids["receipt"], job_id)])
     store.ref_blob("ab" * 32, f"job:{job_id.hex()}")
     stdout = hashlib.sha256(b"stdout of " + tag).hexdigest()  # an output its result carried
@@ -180,8 +188,15 @@ def test_jobs_past_their_retention_are_forgotten_but_their_receipts_and_acks_sta
     both = add_job(store, b"m", b"i", role="submitter", state="done", updated=NOW - 2 * DAY, n=4)
     row = store.job(both, "submitter")
     assert row is not None  # ...and it ran its own job, which ended later there
-    store.add_job(job_id=both, role="executor", manifest=row.manifest, state="done", submitter="s",
-                  created=NOW - DAY / 2, deadline=NOW + DAY)
+    store.add_job(
+        job_id=both,
+        role="executor",
+        manifest=row.manifest,
+        state="done",
+        submitter="s",
+        created=NOW - DAY / 2,
+        deadline=NOW + DAY,
+    )
     old_ids = _evidence(store, old, b"old", NOW - 2 * DAY)
     recent_ids = _evidence(store, recent, b"recent", NOW - DAY / 2)
     both_ids = _evidence(store, both, b"both", NOW - 2 * DAY)
@@ -210,22 +225,29 @@ def test_jobs_past_their_retention_are_forgotten_but_their_receipts_and_acks_sta
     assert collect(store, blobs, now=NOW, retention_s=DAY).jobs_pruned == 0
 
 
-def test_pruning_goes_in_chunks_and_forgets_batch_entries(store: Store, blobs: BlobStore,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pruning_goes_in_chunks_and_forgets_batch_entries(
+    store: Store, blobs: BlobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import e31.node.gc as gc
     from e31.node import batch as batch_module
     from e31.node.batch import get_batch
 
     monkeypatch.setattr(gc, "PRUNE_CHUNK", 3)
-    ids = [add_job(store, b"m", b"i", role="submitter", state="done", updated=NOW - 2 * DAY, n=i)
-           for i in range(7)]
+    ids = [
+        add_job(store, b"m", b"i", role="submitter", state="done", updated=NOW - 2 * DAY, n=i)
+        for i in range(7)
+    ]
     keep = add_job(store, b"m", b"i", role="submitter", state="done", updated=NOW, n=99)
     with store.transaction() as c:  # a batch over some old jobs and the recent one
         c.execute(batch_module._SCHEMA)
-        c.executemany("INSERT INTO batch_jobs (batch_id, seq, job_id, created) VALUES (?, ?, ?, ?)",
-                      [("batch-00000000000000aa", i, j, NOW) for i, j in enumerate([*ids[:2], keep])])
-        c.executemany("INSERT INTO batch_jobs (batch_id, seq, job_id, created) VALUES (?, ?, ?, ?)",
-                      [("batch-00000000000000bb", i, j, NOW) for i, j in enumerate(ids[2:])])
+        c.executemany(
+            "INSERT INTO batch_jobs (batch_id, seq, job_id, created) VALUES (?, ?, ?, ?)",
+            [("batch-00000000000000aa", i, j, NOW) for i, j in enumerate([*ids[:2], keep])],
+        )
+        c.executemany(
+            "INSERT INTO batch_jobs (batch_id, seq, job_id, created) VALUES (?, ?, ?, ?)",
+            [("batch-00000000000000bb", i, j, NOW) for i, j in enumerate(ids[2:])],
+        )
     assert collect(store, blobs, now=NOW, retention_s=DAY).jobs_pruned == 7
     assert [r.job_id for r in store.jobs()] == [keep]
     left = get_batch(store, "batch-00000000000000aa")
@@ -241,8 +263,15 @@ def _refs(store: Store) -> list[tuple[str, str]]:
 def test_a_forgotten_job_is_not_offered_to_its_submitter_again(store: Store, blobs: BlobStore) -> None:
     job = add_job(store, b"m", b"i", role="executor", state="done", updated=NOW - 2 * DAY)
     store.put_envelope(b"r" * 32, "receipt", b"raw receipt", NOW - 2 * DAY, job_id=job)
-    store.put_receipt(digest=b"r" * 32, job_id=job, attempt=1, executor="x", message_id=b"r" * 32,
-                      now=NOW - 2 * DAY, next_delivery=NOW - DAY)  # never acknowledged
+    store.put_receipt(
+        digest=b"r" * 32,
+        job_id=job,
+        attempt=1,
+        executor="x",
+        message_id=b"r" * 32,
+        now=NOW - 2 * DAY,
+        next_delivery=NOW - DAY,
+    )  # never acknowledged
     assert [r.digest for r in store.receipts_due(NOW)] == [b"r" * 32]
     collect(store, blobs, now=NOW, retention_s=DAY)
     assert store.receipts_due(NOW) == []
@@ -252,8 +281,9 @@ def test_a_forgotten_job_is_not_offered_to_its_submitter_again(store: Store, blo
 def test_an_offer_of_a_set_stays_while_one_of_its_jobs_remains_or_has_a_receipt(
     store: Store, blobs: BlobStore
 ) -> None:
-    a, b, c, d = (add_job(store, b"m", b"i", role="submitter", state="queued", updated=NOW, n=n)
-                  for n in range(4))
+    a, b, c, d = (
+        add_job(store, b"m", b"i", role="submitter", state="queued", updated=NOW, n=n) for n in range(4)
+    )
     offer, bids, lone = (name.ljust(32, b".") for name in (b"set offer", b"set bid", b"lone offer"))
     store.put_shared_envelope(offer, "offer", b"raw offer", NOW, [a, b, c])
     store.put_shared_envelope(bids, "bid", b"raw bid", NOW, [a, b])
@@ -290,8 +320,10 @@ def test_an_offer_of_a_set_stays_while_one_of_its_jobs_remains_or_has_a_receipt(
 def test_an_offer_stored_for_one_job_and_shared_later_stays_for_the_others(
     store: Store, blobs: BlobStore
 ) -> None:
-    a, b = (add_job(store, b"m", b"i", role="executor", state="done", updated=NOW - 2 * DAY, n=n)
-            for n in range(2))
+    a, b = (
+        add_job(store, b"m", b"i", role="executor", state="done", updated=NOW - 2 * DAY, n=n)
+        for n in range(2)
+    )
     offer = b"o" * 32
     store.put_envelope(offer, "offer", b"raw offer", NOW, job_id=a)
     store.put_shared_envelope(offer, "offer", b"raw offer", NOW, [b])

@@ -38,11 +38,24 @@ def capacity(signer: str, *, n: int = 0, expires_in: int = 60_000) -> bytes:
 def offer(submitter: str, jobs: int = MAX_SET) -> bytes:
     """An offer of `jobs` tiny jobs (a whole set by default)."""
     k = key(submitter)
-    manifests = [JobManifest(
-        module=chunk_list(b"\x00asm\x01\x00\x00\x00").ref, inputs=(), args=(), env=(), stdin=None,
-        limits=Limits(fuel=10**6, memory_bytes=1 << 20, wall_ms=1000, max_output_bytes=1 << 10),
-        deadline=now() + 3_600_000, retention_ms=60_000, replicas=1, profile=PROFILE,
-        submitter=node_id_of(k), nonce=i.to_bytes(16, "big"), created_at=now()) for i in range(jobs)]
+    manifests = [
+        JobManifest(
+            module=chunk_list(b"\x00asm\x01\x00\x00\x00").ref,
+            inputs=(),
+            args=(),
+            env=(),
+            stdin=None,
+            limits=Limits(fuel=10**6, memory_bytes=1 << 20, wall_ms=1000, max_output_bytes=1 << 10),
+            deadline=now() + 3_600_000,
+            retention_ms=60_000,
+            replicas=1,
+            profile=PROFILE,
+            submitter=node_id_of(k),
+            nonce=i.to_bytes(16, "big"),
+            created_at=now(),
+        )
+        for i in range(jobs)
+    ]
     return sign_message(Offer(NET, now() + 60_000, node_id_of(k), tuple(sorted(manifests, key=BY_JOB))), k)
 
 
@@ -69,8 +82,13 @@ async def start_node(nursery: trio.Nursery, name: str, **changes: Any) -> Node:
     engine = GossipEngine[str](GossipConfig(NET, **changes))
     inbox, incoming = trio.open_memory_channel[tuple[str, bytes]](10_000)
     disconnects: list[tuple[str, str]] = []
-    service = GossipService(engine, clock=now, rng=random.Random(name),
-                            on_disconnect=lambda peer, why: disconnects.append((peer, why)), **service_args)
+    service = GossipService(
+        engine,
+        clock=now,
+        rng=random.Random(name),
+        on_disconnect=lambda peer, why: disconnects.append((peer, why)),
+        **service_args,
+    )
     await nursery.start(service.run, incoming)
     return Node(name, service, inbox, disconnects)
 
@@ -98,8 +116,9 @@ async def receive_one(channel: trio.MemoryReceiveChannel[Any]) -> Any:
 
 
 @pytest.mark.parametrize(("shape", "kind"), [("line", "capacity"), ("ring", "capacity"), ("ring", "offer")])
-async def test_a_message_reaches_every_node(shape: str, kind: str,
-                                            autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_message_reaches_every_node(
+    shape: str, kind: str, autojump_clock: trio.testing.MockClock
+) -> None:
     async with network(shape) as nodes:
         subs = [node.service.subscribe(kind) for node in nodes]
         raw = capacity("n0") if kind == "capacity" else offer("n0")
@@ -127,13 +146,17 @@ def _forged() -> bytes:
     return bytes(raw)
 
 
-@pytest.mark.parametrize(("bad", "count", "reason"), [
-    (lambda: [_forged()], 1, "bad_signature"),
-    (lambda: [capacity("x", n=i, expires_in=-60_000) for i in range(10)], 10, "expired"),
-    (lambda: [b"\x95\x01\xa8capacity\xc4\x00"], 1, "malformed"),
-])
+@pytest.mark.parametrize(
+    ("bad", "count", "reason"),
+    [
+        (lambda: [_forged()], 1, "bad_signature"),
+        (lambda: [capacity("x", n=i, expires_in=-60_000) for i in range(10)], 10, "expired"),
+        (lambda: [b"\x95\x01\xa8capacity\xc4\x00"], 1, "malformed"),
+    ],
+)
 async def test_a_peer_sending_invalid_messages_is_disconnected_and_the_rest_keep_working(
-        bad: Any, count: int, reason: str, autojump_clock: trio.testing.MockClock) -> None:
+    bad: Any, count: int, reason: str, autojump_clock: trio.testing.MockClock
+) -> None:
     async with network("line") as nodes:
         subs = [node.service.subscribe("capacity") for node in nodes]
         heard = await _attacker(nodes[2])
@@ -154,7 +177,8 @@ async def test_a_peer_sending_invalid_messages_is_disconnected_and_the_rest_keep
 
 
 async def test_a_flooding_peer_is_cut_off_and_its_signer_limited(
-        autojump_clock: trio.testing.MockClock) -> None:
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with network("line") as nodes:
         subs = [node.service.subscribe("capacity", buffer=1000) for node in nodes]
         heard = await _attacker(nodes[2])
@@ -186,7 +210,8 @@ async def test_a_flooding_peer_is_cut_off_and_its_signer_limited(
 
 
 async def test_a_slow_peer_loses_messages_and_is_dropped_without_stalling_others(
-        autojump_clock: trio.testing.MockClock) -> None:
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with trio.open_nursery() as nursery:
         a = await start_node(nursery, "a", send_buffer=2, send_timeout=10)
         b = await start_node(nursery, "b")
@@ -280,8 +305,11 @@ async def test_as_a_link_listener(autojump_clock: trio.testing.MockClock) -> Non
         sent.append(raw)
 
     a_key, b_key = node_id_of(key("a")).raw, node_id_of(key("b")).raw
-    service = GossipService[bytes](GossipEngine[bytes](GossipConfig(NET)), clock=now,
-                                   on_disconnect=lambda peer, why: asked.append((peer, why)))
+    service = GossipService[bytes](
+        GossipEngine[bytes](GossipConfig(NET)),
+        clock=now,
+        on_disconnect=lambda peer, why: asked.append((peer, why)),
+    )
     service.link_up(a_key, send)
     service.link_up(b_key, send)
     async with trio.open_nursery() as nursery:

@@ -55,18 +55,21 @@ def test_stricter_modes_are_accepted(tmp_path: Path) -> None:
     assert bytes(load_identity(path)) == b"\x01" * 32
 
 
-@pytest.mark.parametrize("content", [
-    b"",
-    b"\x01" * 32,                                        # a raw seed is not our format
-    f"{HEADER}\n".encode(),
-    f"{HEADER}\n{'ab' * 31}\n".encode(),
-    f"{HEADER}\n{'AB' * 32}\n".encode(),
-    f"{HEADER}\n{'zz' * 32}\n".encode(),
-    f"{HEADER}\n{'ab' * 32}".encode(),                   # missing final newline
-    f"{HEADER}\n{'ab' * 32}\nextra\n".encode(),
-    f"other-header\n{'ab' * 32}\n".encode(),
-    b"\xff" * 90,
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"\x01" * 32,  # a raw seed is not our format
+        f"{HEADER}\n".encode(),
+        f"{HEADER}\n{'ab' * 31}\n".encode(),
+        f"{HEADER}\n{'AB' * 32}\n".encode(),
+        f"{HEADER}\n{'zz' * 32}\n".encode(),
+        f"{HEADER}\n{'ab' * 32}".encode(),  # missing final newline
+        f"{HEADER}\n{'ab' * 32}\nextra\n".encode(),
+        f"other-header\n{'ab' * 32}\n".encode(),
+        b"\xff" * 90,
+    ],
+)
 def test_malformed_key_file_is_refused(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "node.key"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)

@@ -211,8 +211,10 @@ def test_a_sweep_over_three_nodes_is_done_verified_and_acknowledged(
     import sqlite3
 
     with sqlite3.connect(a.data_dir / "node.sqlite") as db:
-        changed = db.execute("UPDATE small_blobs SET data = ? WHERE blob_hash = ?",
-                             (b"forged", receipt.message.stdout.root.hex())).rowcount
+        changed = db.execute(
+            "UPDATE small_blobs SET data = ? WHERE blob_hash = ?",
+            (b"forged", receipt.message.stdout.root.hex()),
+        ).rowcount
     assert changed == 1
     refused = e31("results", remote[:10], "--out", str(tmp_path / "again"), data_dir=a.data_dir)
     assert refused.returncode != 0 and "does not match its hash" in refused.stderr
@@ -235,7 +237,8 @@ def test_the_submitter_keeps_inclusion_proofs_from_remote_executors(network: lis
         with sqlite3.connect(f"file:{store_path}?mode=ro", uri=True) as db:
             rows = db.execute(  # a proof may place the receipts of several jobs: it is linked to each
                 "SELECT e.raw FROM envelopes e JOIN envelope_jobs l ON l.message_id = e.message_id "
-                "WHERE e.kind = 'proof' AND l.job_id = ?", (bytes.fromhex(job),)
+                "WHERE e.kind = 'proof' AND l.job_id = ?",
+                (bytes.fromhex(job),),
             ).fetchall()
         return [verify(bytes(r[0]), InclusionProof) for r in rows]
 

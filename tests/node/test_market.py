@@ -131,8 +131,9 @@ class RealNode:
         net.handlers[self.id] = self.market.message
         net.offer_sinks[self.id] = self.executor.on_offer
 
-    def manifest(self, args: tuple[str, ...], deadline_s: float = 60.0,
-                 workload: str = "montecarlo") -> JobManifest:
+    def manifest(
+        self, args: tuple[str, ...], deadline_s: float = 60.0, workload: str = "montecarlo"
+    ) -> JobManifest:
         module = (WORKLOADS / f"{workload}.wasm").read_bytes()
         self.blobs.put(module)
         now = wall_ms()
@@ -377,8 +378,13 @@ async def test_receipts_acknowledged_but_not_logged_at_a_stop_are_logged_at_the_
         relogged.extend(r.message_id.raw for r in receipts)
 
     restarted = Executor(
-        b.ctx, transfer=b.transfer, scheduler=Scheduler(1, lambda: WorkerPool(1, tmp_path / "cache2")),
-        runs_dir=tmp_path / "b-runs", profile=PROFILE.digest, memory_bytes=1 << 30, on_acked=acked,
+        b.ctx,
+        transfer=b.transfer,
+        scheduler=Scheduler(1, lambda: WorkerPool(1, tmp_path / "cache2")),
+        runs_dir=tmp_path / "b-runs",
+        profile=PROFILE.digest,
+        memory_bytes=1 << 30,
+        on_acked=acked,
     )
     async with trio.open_nursery() as inner:
         await inner.start(restarted.run)
@@ -419,8 +425,10 @@ async def test_an_executor_takes_from_an_ack_only_the_receipts_it_signed_for_tha
     stranger = nacl.signing.SigningKey(b"\x64" * 32)
     now = wall_ms()
     # an ack signed by another node than the job's submitter is ignored
-    forged = sign_message(Ack(NETWORK, NodeId(bytes(stranger.verify_key)), NodeId(b.id), now,
-                              (Digest(receipt.digest),)), stranger)
+    forged = sign_message(
+        Ack(NETWORK, NodeId(bytes(stranger.verify_key)), NodeId(b.id), now, (Digest(receipt.digest),)),
+        stranger,
+    )
     await b.market.message(bytes(stranger.verify_key), forged)
     # A's ack naming the receipt among ids B signed nothing for: the receipt is acknowledged
     ids = tuple(Digest(d) for d in sorted((receipt.digest, b"\x00" * 32, b"\xff" * 32)))
@@ -539,6 +547,7 @@ async def test_an_acceptance_hands_the_job_off_and_a_returning_link_pulls_the_ou
     await start(nursery, a)
     job_id = await a.submitter.submit(a.manifest(("10", "1000")))
     row = await wait_state(a, job_id, "assigned")
+
     async def handed_off() -> set[bytes]:
         return await a.submitter.handed_off([await a.job(job_id)])
 
@@ -800,7 +809,10 @@ async def test_accepted_waits_for_the_sync_and_never_follows_the_result(
 
     on_outcome, on_accepted = a.submitter.on_outcome, a.submitter.on_accepted
     b.store.flush, a.submitter.on_outcome, a.submitter.on_accepted = (  # type: ignore[method-assign]
-        slow_flush, outcome, accepted)
+        slow_flush,
+        outcome,
+        accepted,
+    )
     job_id = await a.submitter.submit(a.manifest(("19", "40000000")))  # held past ACCEPT_DELAY
     await wait_state(a, job_id, "done")
     await trio.sleep(0.5)
@@ -896,9 +908,26 @@ async def test_a_strangers_outcomes_neither_crash_the_submitter_nor_take_the_job
     # A well-formed receipt of the job in a result, signed by a node it was never assigned to.
     empty = blob_ref(b"")
     forged = UsageReceipt(
-        NETWORK, Digest(job_id), Digest(b"\x09" * 32), manifest.submitter, eid, manifest.module, (), None,
-        empty, empty, (), Digest(PROFILE.digest), manifest.limits, Outcome("exited", 0, None), 1, 0, 1,
-        now, now, now,
+        NETWORK,
+        Digest(job_id),
+        Digest(b"\x09" * 32),
+        manifest.submitter,
+        eid,
+        manifest.module,
+        (),
+        None,
+        empty,
+        empty,
+        (),
+        Digest(PROFILE.digest),
+        manifest.limits,
+        Outcome("exited", 0, None),
+        1,
+        0,
+        1,
+        now,
+        now,
+        now,
     )
     forged_raw = sign_message(forged, evil)
     forged_id = verify(forged_raw).message_id
@@ -1210,11 +1239,25 @@ async def test_missing_proofs_are_asked_for_a_page_per_link_up_so_none_starves(
     executor = str(NodeId(c.id))
     for i in range(3):
         job, digest = bytes([0x70 + i]) * 32, bytes([0x80 + i]) * 32
-        await a.store.run(Store.add_job, job_id=job, role="submitter", manifest=b"m", state="done",
-                          submitter=str(NodeId(a.id)), created=1.0, deadline=2.0)
+        await a.store.run(
+            Store.add_job,
+            job_id=job,
+            role="submitter",
+            manifest=b"m",
+            state="done",
+            submitter=str(NodeId(a.id)),
+            created=1.0,
+            deadline=2.0,
+        )
         await a.store.run(Store.put_envelope, digest, "receipt", b"r", 1.0, job)
-        await a.store.run(Store.record_verified_receipt, receipt_digest=digest, job_id=job, attempt=1,
-                          executor=executor, now=10.0 + i)
+        await a.store.run(
+            Store.record_verified_receipt,
+            receipt_digest=digest,
+            job_id=job,
+            attempt=1,
+            executor=executor,
+            now=10.0 + i,
+        )
     total = 0
     for size in (2, 1, 2):  # three link-ups: the two newest, the oldest, then the newest again
         await a.submitter._ask_proofs(c.id)
@@ -1302,6 +1345,7 @@ async def test_messages_reaching_a_stopped_market_are_dropped_not_spawned(
     b.executor.on_offer(offer)  # none of these may raise
     b.market.dispatch(c.id, offer)
     b.submitter._drive_job(b"\x01" * 32, foreign_manifest(b, b.id, ("2", "100")))
-    await b.market.message(c.id, sign_message(Accepted(NETWORK, Digest(b"\x01" * 32), Digest(b"\x02" * 32),
-                                                       NodeId(c.id)), c.key))
+    await b.market.message(
+        c.id, sign_message(Accepted(NETWORK, Digest(b"\x01" * 32), Digest(b"\x02" * 32), NodeId(c.id)), c.key)
+    )
     assert b.submitter.jobs == {}

@@ -30,15 +30,28 @@ NOW = 1_800_000_000_000
 
 
 def offer(**kw: int | bytes) -> OfferView:
-    base: dict[str, int | bytes] = {"profile": PROFILE, "fuel": 2_000_000_000, "memory_bytes": 1 << 20,
-                                    "wall_ms": 60_000, "deadline": NOW + 3_600_000, "expires": NOW + 60_000}
+    base: dict[str, int | bytes] = {
+        "profile": PROFILE,
+        "fuel": 2_000_000_000,
+        "memory_bytes": 1 << 20,
+        "wall_ms": 60_000,
+        "deadline": NOW + 3_600_000,
+        "expires": NOW + 60_000,
+    }
     base.update(kw)
     return OfferView(**base)  # type: ignore[arg-type]
 
 
 def executor(**kw: int | bytes) -> ExecutorView:
-    base: dict[str, int | bytes] = {"profile": PROFILE, "cores": 2, "memory_bytes": 1 << 30, "backlog_ms": 0,
-                                    "queue_length": 0, "max_queue": 10, "fuel_rate": 1_000_000_000}
+    base: dict[str, int | bytes] = {
+        "profile": PROFILE,
+        "cores": 2,
+        "memory_bytes": 1 << 30,
+        "backlog_ms": 0,
+        "queue_length": 0,
+        "max_queue": 10,
+        "fuel_rate": 1_000_000_000,
+    }
     base.update(kw)
     return ExecutorView(**base)  # type: ignore[arg-type]
 
@@ -83,16 +96,20 @@ def test_the_backlog_is_spread_over_the_cores() -> None:
     assert plan.expected_finish == NOW + 4000
 
 
-@pytest.mark.parametrize(("o", "e", "reason"), [
-    (offer(profile=b"q" * 32), executor(), "no_profile"),
-    (offer(memory_bytes=1 << 31), executor(), "limits"),
-    (offer(), executor(queue_length=10), "busy"),
-    (offer(), executor(cores=0), "busy"),
-    (offer(deadline=NOW + 1000), executor(), "deadline"),
-    (offer(expires=NOW), executor(), "expired"),
-])
-def test_an_executor_that_cannot_serve_declines_with_the_reason(o: OfferView, e: ExecutorView,
-                                                                  reason: str) -> None:
+@pytest.mark.parametrize(
+    ("o", "e", "reason"),
+    [
+        (offer(profile=b"q" * 32), executor(), "no_profile"),
+        (offer(memory_bytes=1 << 31), executor(), "limits"),
+        (offer(), executor(queue_length=10), "busy"),
+        (offer(), executor(cores=0), "busy"),
+        (offer(deadline=NOW + 1000), executor(), "deadline"),
+        (offer(expires=NOW), executor(), "expired"),
+    ],
+)
+def test_an_executor_that_cannot_serve_declines_with_the_reason(
+    o: OfferView, e: ExecutorView, reason: str
+) -> None:
     plan = plan_bid(o, e, NOW, bid_ttl_ms=30_000)
     assert isinstance(plan, DeclinePlan)
     assert plan.reason == reason
@@ -126,8 +143,10 @@ def test_expired_late_and_excluded_bids_are_never_chosen() -> None:
     stale = bid(b"a", NOW, NOW + 1000, expires=NOW)
     late = bid(b"b", NOW, NOW + 20_000)
     failed = bid(b"c", NOW, NOW + 1000)
-    assert choose_bid([stale, late, failed], {}, now=NOW, deadline=NOW + 10_000,
-                      exclude=frozenset({b"c"})) is None
+    assert (
+        choose_bid([stale, late, failed], {}, now=NOW, deadline=NOW + 10_000, exclude=frozenset({b"c"}))
+        is None
+    )
     assert choose_bid([stale, late, failed], {}, now=NOW, deadline=NOW + 10_000) == failed
 
 
@@ -140,8 +159,14 @@ SETTINGS = WindowSettings(window=1.0, max_wait=10.0)
 
 
 def state(waited: float, expected: set[bytes], answered: set[bytes], bids: int) -> Window:
-    return window_state(now=100.0 + waited, opened=100.0, expected=frozenset(expected),
-                        answered=frozenset(answered), bids=bids, settings=SETTINGS)
+    return window_state(
+        now=100.0 + waited,
+        opened=100.0,
+        expected=frozenset(expected),
+        answered=frozenset(answered),
+        bids=bids,
+        settings=SETTINGS,
+    )
 
 
 def test_the_window_closes_as_soon_as_everyone_answered() -> None:

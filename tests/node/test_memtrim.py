@@ -30,14 +30,16 @@ def test_trim_returns_free_heap_pages_that_malloc_keeps() -> None:
         before = anon()
         print(memtrim.trim(), before - anon())
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.split()
     assert out[0] == "True"
     assert int(out[1]) > 40 * 1024 * 1024, f"only {int(out[1])} bytes were given back"
 
 
-async def test_the_trimmer_trims_every_interval(monkeypatch: pytest.MonkeyPatch,
-                                                mock_clock: trio.testing.MockClock) -> None:
+async def test_the_trimmer_trims_every_interval(
+    monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock
+) -> None:
     mock_clock.autojump_threshold = 1.0  # real seconds: never while a trim runs in its thread
     calls: list[int] = []
     monkeypatch.setattr(memtrim, "available", lambda: True)

@@ -76,8 +76,14 @@ def test_token_bucket_allows_a_burst_then_the_rate() -> None:
 def test_liveness_suspects_then_declares_dead() -> None:
     live = Liveness(suspect_after=2, dead_after=4)
     healths = [live.tick(bytes([i]) * 16, float(i)) for i in range(6)]
-    assert healths == [LinkHealth.ALIVE, LinkHealth.ALIVE, LinkHealth.SUSPECT, LinkHealth.SUSPECT,
-                       LinkHealth.DEAD, LinkHealth.DEAD]
+    assert healths == [
+        LinkHealth.ALIVE,
+        LinkHealth.ALIVE,
+        LinkHealth.SUSPECT,
+        LinkHealth.SUSPECT,
+        LinkHealth.DEAD,
+        LinkHealth.DEAD,
+    ]
 
 
 def test_a_pong_answering_the_outstanding_ping_restores_health() -> None:
@@ -328,8 +334,9 @@ def _config(data_dir: Path, network: str = "main") -> NodeConfig:
 @asynccontextmanager
 async def running(tmp_path: Path, name: str, settings: PeerSettings = FAST) -> AsyncIterator[PeerService]:
     store = AsyncStore(Store(tmp_path / f"{name}.sqlite"))
-    service = PeerService(identity=SigningKey.generate(), config=_config(tmp_path / name), store=store,
-                          settings=settings)
+    service = PeerService(
+        identity=SigningKey.generate(), config=_config(tmp_path / name), store=store, settings=settings
+    )
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(service.run)
@@ -349,8 +356,9 @@ async def until(condition: Callable[[], object], what: str) -> None:
 
 
 @asynccontextmanager
-async def raw_link(service: PeerService, key: SigningKey | None = None,
-                   network: str = "main") -> AsyncIterator[Connection]:
+async def raw_link(
+    service: PeerService, key: SigningKey | None = None, network: str = "main"
+) -> AsyncIterator[Connection]:
     """A hand-driven peer: a transport connection to `service` that does only what the test says."""
     assert service.listen is not None
     host, port = split_address(service.listen)
@@ -394,8 +402,9 @@ async def test_crossing_dials_leave_one_link_that_both_ends_agree_on(tmp_path: P
 
             def settled(a: PeerService = a, b: PeerService = b) -> bool:
                 la, lb = a.links.get(b.local), b.links.get(a.local)
-                return (la is not None and lb is not None
-                        and la.conn.transcript_hash == lb.conn.transcript_hash)
+                return (
+                    la is not None and lb is not None and la.conn.transcript_hash == lb.conn.transcript_hash
+                )
 
             await until(settled, "one shared link")
             kept = a.links[b.local]
@@ -441,9 +450,13 @@ async def test_peer_exchange_keeps_only_valid_fresh_contacts_of_its_network(tmp_
         sender, good, foreign, stale = (SigningKey.generate() for _ in range(4))
         forged = bytearray(contact(SigningKey.generate(), "127.0.0.1:9"))
         forged[-1] ^= 1
-        records = (contact(sender, "127.0.0.1:1"), contact(good, "127.0.0.1:2"),
-                   contact(foreign, "127.0.0.1:3", network="other"),
-                   contact(stale, "127.0.0.1:4", expires_in=-5), bytes(forged))
+        records = (
+            contact(sender, "127.0.0.1:1"),
+            contact(good, "127.0.0.1:2"),
+            contact(foreign, "127.0.0.1:3", network="other"),
+            contact(stale, "127.0.0.1:4", expires_in=-5),
+            bytes(forged),
+        )
         message = Peers("main", node_id_of(sender), records, int((time.time() + 60) * 1000))
         async with raw_link(a, sender) as conn:
             await conn.send(sign_message(message, sender))
@@ -515,8 +528,13 @@ async def test_a_discovered_peer_is_dialed_and_a_disconnected_one_backs_off(tmp_
 
 
 class MemoryConnection:
-    def __init__(self, peer_key: bytes, initiator: bool, inbox: trio.MemoryReceiveChannel[bytes],
-                 outbox: trio.MemorySendChannel[bytes]) -> None:
+    def __init__(
+        self,
+        peer_key: bytes,
+        initiator: bool,
+        inbox: trio.MemoryReceiveChannel[bytes],
+        outbox: trio.MemorySendChannel[bytes],
+    ) -> None:
         self.peer_key = peer_key
         self.initiator = initiator
         self.remote_address = ("127.0.0.1", 1)
@@ -571,12 +589,17 @@ def memory_pair(a: bytes, b: bytes) -> tuple[MemoryConnection, MemoryConnection]
 
 def service(tmp_path: Path, name: str, settings: PeerSettings | None = None) -> PeerService:
     store = AsyncStore(Store(tmp_path / f"{name}.sqlite"))
-    return PeerService(identity=SigningKey.generate(), config=_config(tmp_path / name), store=store,
-                       settings=settings or PeerSettings())
+    return PeerService(
+        identity=SigningKey.generate(),
+        config=_config(tmp_path / name),
+        store=store,
+        settings=settings or PeerSettings(),
+    )
 
 
 async def test_a_silent_peer_is_suspect_after_two_missed_heartbeats_and_dropped_after_four(
-        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
     a = service(tmp_path, "a")  # the production settings: a heartbeat every 15 s (+-10%)
     silent = SigningKey.generate()
     mine, theirs = memory_pair(a.local, bytes(silent.verify_key))
@@ -605,14 +628,20 @@ async def test_a_silent_peer_is_suspect_after_two_missed_heartbeats_and_dropped_
 
 
 async def test_two_linked_services_stay_linked_for_an_hour_and_share_what_they_know(
-        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
     a, b = service(tmp_path, "a"), service(tmp_path, "b")
     a.listen = b.listen = "127.0.0.1:7531"  # gives each a contact record to advertise
     a._listen_port = b._listen_port = 7531
     third = SigningKey.generate()
     record = contact(third, "192.0.2.7:7531", expires_in=7200)
-    a.table.learn(bytes(third.verify_key), ["192.0.2.7:7531"], "exchange", contact=record,
-                  contact_expires=int((time.time() + 7200) * 1000))
+    a.table.learn(
+        bytes(third.verify_key),
+        ["192.0.2.7:7531"],
+        "exchange",
+        contact=record,
+        contact_expires=int((time.time() + 7200) * 1000),
+    )
     a._refresh_contact()
     b._refresh_contact()
     mine, theirs = memory_pair(a.local, b.local)

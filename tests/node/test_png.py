@@ -31,12 +31,12 @@ def decode(png: bytes) -> tuple[int, int, int, bytes]:
     while pos < len(png):
         if pos + 8 > len(png):
             raise Invalid("truncated chunk header")
-        (length,) = struct.unpack(">I", png[pos:pos + 4])
-        kind = png[pos + 4:pos + 8]
-        data = png[pos + 8:pos + 8 + length]
+        (length,) = struct.unpack(">I", png[pos : pos + 4])
+        kind = png[pos + 4 : pos + 8]
+        data = png[pos + 8 : pos + 8 + length]
         if len(data) != length or pos + 12 + length > len(png):
             raise Invalid(f"truncated {kind!r} chunk")
-        (crc,) = struct.unpack(">I", png[pos + 8 + length:pos + 12 + length])
+        (crc,) = struct.unpack(">I", png[pos + 8 + length : pos + 12 + length])
         if crc != zlib.crc32(kind + data):
             raise Invalid(f"bad CRC in {kind!r}")
         chunks.append((kind, data))
@@ -69,7 +69,7 @@ def decode(png: bytes) -> tuple[int, int, int, bytes]:
     prior = bytearray(stride)
     for y in range(height):
         ftype = raw[y * (stride + 1)]
-        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         if ftype > 4:
             raise Invalid(f"row {y}: filter type {ftype}")
         for i in range(stride):
@@ -115,14 +115,17 @@ def test_the_decoder_is_strict() -> None:
         decode(b"\x89PNG\r\n\x1a\x00" + bytes(png[8:]))
 
 
-@pytest.mark.parametrize(("width", "height", "pixels", "colour", "match"), [
-    (0, 1, b"", GREY, "width"),
-    (1, -1, b"", GREY, "height"),
-    (2, 2, b"\x00" * 3, GREY, "expected 4 bytes"),
-    (2, 2, b"\x00" * 4, RGB, "expected 12 bytes"),
-    (1, 1, b"\x00", 6, "colour type"),
-    (True, 1, b"\x00", GREY, "width"),
-])
+@pytest.mark.parametrize(
+    ("width", "height", "pixels", "colour", "match"),
+    [
+        (0, 1, b"", GREY, "width"),
+        (1, -1, b"", GREY, "height"),
+        (2, 2, b"\x00" * 3, GREY, "expected 4 bytes"),
+        (2, 2, b"\x00" * 4, RGB, "expected 12 bytes"),
+        (1, 1, b"\x00", 6, "colour type"),
+        (True, 1, b"\x00", GREY, "width"),
+    ],
+)
 def test_bad_input_is_a_png_error(width: int, height: int, pixels: bytes, colour: int, match: str) -> None:
     with pytest.raises(PngError, match=match):
         encode_png(width, height, pixels, colour_type=colour)

@@ -78,8 +78,9 @@ def test_a_batch_is_placed_by_one_proof_under_one_new_head(store: Store) -> None
     ids = [verify(r).message_id.raw for r in entries]
     (raw,) = log.inclusions([ids[0], ids[4], ids[2], ids[0]], T0 + 50)
     proof = verify(raw, InclusionProof)
-    assert [e.receipt_id.raw for e in proof.message.entries] == sorted((ids[0], ids[2])), \
+    assert [e.receipt_id.raw for e in proof.message.entries] == sorted((ids[0], ids[2])), (
         "a receipt not in the log is left out; each is placed once, in order"
+    )
     assert [verify(h, TreeHead).message.size for h in log.heads()] == [3]
     for r in (entries[0], entries[2]):
         assert check_inclusion(proof, verify(r, UsageReceipt)).size == 3
@@ -125,7 +126,8 @@ def test_refuses_receipts_it_did_not_sign_and_garbage(store: Store) -> None:
         log.append(mandelbrot().ack)
     other_net = sign_message(
         dataclasses.replace(verify(mandelbrot().receipt, UsageReceipt).message, network="elsewhere"),
-        key("executor"))
+        key("executor"),
+    )
     with pytest.raises(ReceiptLogError, match="network"):
         log.append(other_net)
     with pytest.raises(ReceiptLogError, match="not by this node"):  # as an envelope verified here too
@@ -190,8 +192,9 @@ def test_a_proof_with_a_wrong_path_does_not_match_the_head(store: Store) -> None
     proof = verify(log.inclusion(verify(entries[1]).message_id.raw, T0), InclusionProof).message
     forged = dataclasses.replace(proof, entries=(dataclasses.replace(proof.entries[0], leaf_index=2),))
     with pytest.raises(BadProof, match="does not match the signed tree head"):
-        check_inclusion(verify(sign_message(forged, key("executor")), InclusionProof),
-                        verify(entries[1], UsageReceipt))
+        check_inclusion(
+            verify(sign_message(forged, key("executor")), InclusionProof), verify(entries[1], UsageReceipt)
+        )
 
 
 def test_consistency_proofs_link_heads(store: Store) -> None:
@@ -212,8 +215,14 @@ def test_append_marks_the_receipt_row_with_its_log_index(store: Store) -> None:
     job = mandelbrot_file()
     env = verify(job.receipt)
     store.put_envelope(env.message_id.raw, "receipt", job.receipt, 1.0, job.job_id.raw)
-    store.put_receipt(digest=env.message_id.raw, job_id=job.job_id.raw, attempt=1, executor=job.executor,
-                      message_id=env.message_id.raw, now=1.0)
+    store.put_receipt(
+        digest=env.message_id.raw,
+        job_id=job.job_id.raw,
+        attempt=1,
+        executor=job.executor,
+        message_id=env.message_id.raw,
+        now=1.0,
+    )
     log = ReceiptLog(store, key("executor"), NET)
     log.append(receipts(1)[0])
     assert log.append(job.receipt) == 1

@@ -28,8 +28,9 @@ async def scheduler(tmp_path: Path, nursery: trio.Nursery) -> Scheduler:
     return s
 
 
-async def test_jobs_run_in_arrival_order_and_the_wait_is_visible_not_billed(scheduler: Scheduler,
-                                                                           tmp_path: Path) -> None:
+async def test_jobs_run_in_arrival_order_and_the_wait_is_visible_not_billed(
+    scheduler: Scheduler, tmp_path: Path
+) -> None:
     records = {}
 
     async def one(i: int) -> None:
@@ -59,15 +60,17 @@ async def test_jobs_run_in_arrival_order_and_the_wait_is_visible_not_billed(sche
     assert all(records[i].result.fuel_used > 0 for i in range(3))
 
 
-async def test_a_suspended_scheduler_holds_new_jobs_until_resumed(scheduler: Scheduler,
-                                                                  tmp_path: Path) -> None:
+async def test_a_suspended_scheduler_holds_new_jobs_until_resumed(
+    scheduler: Scheduler, tmp_path: Path
+) -> None:
     scheduler.suspend()
     started: list[int] = []
     done = trio.Event()
 
     async def one() -> None:
-        await scheduler.execute(montecarlo(1, 1000), tmp_path / "out", estimate_ms=10,
-                                on_start=started.append)
+        await scheduler.execute(
+            montecarlo(1, 1000), tmp_path / "out", estimate_ms=10, on_start=started.append
+        )
         done.set()
 
     async with trio.open_nursery() as n:
@@ -94,31 +97,39 @@ async def test_cancelling_a_run_stops_the_guest(scheduler: Scheduler, tmp_path: 
 async def test_whole_streams_and_worker_pids_come_from_the_pool(scheduler: Scheduler, tmp_path: Path) -> None:
     assert len(scheduler.worker_pids()) == 1
     # short streams: whole in the result, and no file or directory is created for them
-    record = await scheduler.execute(montecarlo(3, 1000), tmp_path / "a" / "out", estimate_ms=1,
-                                     streams_dir=tmp_path / "a" / "streams")
+    record = await scheduler.execute(
+        montecarlo(3, 1000), tmp_path / "a" / "out", estimate_ms=1, streams_dir=tmp_path / "a" / "streams"
+    )
     assert whole_stream(record.result, tmp_path / "a" / "streams", "stdout") == record.result.stdout
     assert record.result.stdout_bytes > 0 and record.result.stderr_bytes == 0
     assert not (tmp_path / "a").exists()
     # a stdout longer than the result holds goes whole to streams_dir (a 1,200 x 1,000 PGM image)
-    tile = JobSpec(module=(WORKLOADS / "mandelbrot.wasm").read_bytes(),
-                   args=("1200", "1000", "0", "0", "1200", "1000", "1"))
-    record = await scheduler.execute(tile, tmp_path / "b" / "out", estimate_ms=1,
-                                     streams_dir=tmp_path / "b" / "streams")
+    tile = JobSpec(
+        module=(WORKLOADS / "mandelbrot.wasm").read_bytes(),
+        args=("1200", "1000", "0", "0", "1200", "1000", "1"),
+    )
+    record = await scheduler.execute(
+        tile, tmp_path / "b" / "out", estimate_ms=1, streams_dir=tmp_path / "b" / "streams"
+    )
     stdout = (tmp_path / "b" / "streams" / "stdout").read_bytes()
     assert len(stdout) == record.result.stdout_bytes > len(record.result.stdout)
     assert stdout.startswith(record.result.stdout)
     assert hashlib.sha256(stdout).hexdigest() == record.result.stdout_sha256
 
 
-async def test_suspending_a_running_job_changes_nothing_in_its_result(scheduler: Scheduler,
-                                                                      tmp_path: Path) -> None:
+async def test_suspending_a_running_job_changes_nothing_in_its_result(
+    scheduler: Scheduler, tmp_path: Path
+) -> None:
     baseline = await scheduler.execute(montecarlo(4, 20_000_000), tmp_path / "a", estimate_ms=1)
     result: list[RunRecord] = []
     started = trio.Event()
 
     async def one() -> None:
-        result.append(await scheduler.execute(montecarlo(4, 20_000_000), tmp_path / "b", estimate_ms=1,
-                                              on_start=lambda at: started.set()))
+        result.append(
+            await scheduler.execute(
+                montecarlo(4, 20_000_000), tmp_path / "b", estimate_ms=1, on_start=lambda at: started.set()
+            )
+        )
 
     async with trio.open_nursery() as n:
         n.start_soon(one)
@@ -130,4 +141,7 @@ async def test_suspending_a_running_job_changes_nothing_in_its_result(scheduler:
         scheduler.resume()
     (record,) = result
     assert (record.result.status, record.result.fuel_used, record.result.stdout) == (
-        baseline.result.status, baseline.result.fuel_used, baseline.result.stdout)
+        baseline.result.status,
+        baseline.result.fuel_used,
+        baseline.result.stdout,
+    )

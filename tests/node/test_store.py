@@ -102,16 +102,33 @@ def test_seen_messages(store: Store) -> None:
     assert store.is_seen(b"m2", now=150.0)
 
 
-def _job(store: Store, job_id: bytes, role: str = "submitter", state: str = "queued",
-         created: float = 1.0) -> bool:
-    return store.add_job(job_id=job_id, role=role, manifest=b"manifest:" + job_id, state=state,
-                         submitter=ALICE, created=created, deadline=1000.0, fuel_limit=10**9)
+def _job(
+    store: Store, job_id: bytes, role: str = "submitter", state: str = "queued", created: float = 1.0
+) -> bool:
+    return store.add_job(
+        job_id=job_id,
+        role=role,
+        manifest=b"manifest:" + job_id,
+        state=state,
+        submitter=ALICE,
+        created=created,
+        deadline=1000.0,
+        fuel_limit=10**9,
+    )
 
 
 def _job_fields(job_id: bytes, role: str = "submitter", state: str = "queued") -> dict[str, Any]:
     """Store.add_job's arguments for a small job (for calls through AsyncStore)."""
-    return {"job_id": job_id, "role": role, "manifest": b"m", "state": state, "submitter": ALICE,
-            "created": 1.0, "deadline": 2.0, "fuel_limit": 10}
+    return {
+        "job_id": job_id,
+        "role": role,
+        "manifest": b"m",
+        "state": state,
+        "submitter": ALICE,
+        "created": 1.0,
+        "deadline": 2.0,
+        "fuel_limit": 10,
+    }
 
 
 def test_jobs(store: Store) -> None:
@@ -126,8 +143,10 @@ def test_jobs(store: Store) -> None:
     assert [j.role for j in store.jobs(states=["fetching"])] == ["executor"]
     assert store.update_job(b"j1", "submitter", 5.0, state="assigned", executor=BOB, attempt=1) is True
     assert store.update_job(b"j1", "submitter", 6.0, expect_state="queued", state="offered") is False
-    assert store.update_job(b"j1", "submitter", 7.0, expect_state="assigned", state="running",
-                            started=7.0) is True
+    assert (
+        store.update_job(b"j1", "submitter", 7.0, expect_state="assigned", state="running", started=7.0)
+        is True
+    )
     job = store.job(b"j1", "submitter")
     assert job is not None
     assert (job.state, job.executor, job.attempt, job.started, job.updated) == ("running", BOB, 1, 7.0, 7.0)
@@ -245,11 +264,16 @@ def test_pruning_finds_ended_jobs_and_the_referrers_of_envelopes_without_a_scan(
     spelled = f"state IN ({', '.join(repr(s) for s in sorted(PRUNABLE_STATES))})"
     assert spelled == _ENDED, "the states pruning selects are PRUNABLE_STATES"
     with store.reading() as c:
-        plans = [[r[3] for r in c.execute("EXPLAIN QUERY PLAN " + sql, args)] for sql, args in [
-            (f"SELECT job_id, role FROM jobs WHERE {_ENDED} AND updated < ? ORDER BY updated LIMIT ?",
-             (1.0, 10)),
-            ("DELETE FROM envelopes WHERE message_id = ?", (b"m",)),  # with its foreign key checks
-        ]]
+        plans = [
+            [r[3] for r in c.execute("EXPLAIN QUERY PLAN " + sql, args)]
+            for sql, args in [
+                (
+                    f"SELECT job_id, role FROM jobs WHERE {_ENDED} AND updated < ? ORDER BY updated LIMIT ?",
+                    (1.0, 10),
+                ),
+                ("DELETE FROM envelopes WHERE message_id = ?", (b"m",)),  # with its foreign key checks
+            ]
+        ]
     assert plans[0] == ["SEARCH jobs USING INDEX jobs_ended (updated<?)"]
     assert not [step for plan in plans for step in plan if step.startswith("SCAN")], plans
 
@@ -258,13 +282,34 @@ def test_results_receipts_and_acks(store: Store) -> None:
     _job(store, b"j1", role="executor", state="done")
     store.put_envelope(b"res", "result", b"r", now=1.0, job_id=b"j1")
     store.put_envelope(b"rct", "receipt", b"R", now=1.0, job_id=b"j1")
-    assert store.put_result(job_id=b"j1", attempt=1, executor=BOB, message_id=b"res", status="ok",
-                            outputs={"stdout": "ab" * 32}, now=2.0, fuel_used=77) is True
+    assert (
+        store.put_result(
+            job_id=b"j1",
+            attempt=1,
+            executor=BOB,
+            message_id=b"res",
+            status="ok",
+            outputs={"stdout": "ab" * 32},
+            now=2.0,
+            fuel_used=77,
+        )
+        is True
+    )
     [result] = store.results_for_job(b"j1")
     assert (result.status, result.fuel_used, result.outputs) == ("ok", 77, {"stdout": "ab" * 32})
     digest = hashlib.sha256(b"R").digest()
-    assert store.put_receipt(digest=digest, job_id=b"j1", attempt=1, executor=BOB, message_id=b"rct",
-                             now=2.0, next_delivery=3.0) is True
+    assert (
+        store.put_receipt(
+            digest=digest,
+            job_id=b"j1",
+            attempt=1,
+            executor=BOB,
+            message_id=b"rct",
+            now=2.0,
+            next_delivery=3.0,
+        )
+        is True
+    )
     assert [r.digest for r in store.receipts_due(now=2.5)] == []
     assert [r.digest for r in store.receipts_due(now=3.0)] == [digest]
     store.receipt_delivery_failed(digest, next_delivery=10.0)
@@ -288,8 +333,9 @@ def test_a_submitter_records_a_verified_receipt_and_its_outputs_in_one_commit(st
     outputs = ["ab" * 32, "cd" * 32]
     now = time.time()
     for at in (now, now + 1):  # a second delivery of the same outcome changes nothing
-        store.record_verified_receipt(receipt_digest=rct, job_id=b"j1", attempt=1, executor=BOB, now=at,
-                                      blobs=outputs)
+        store.record_verified_receipt(
+            receipt_digest=rct, job_id=b"j1", attempt=1, executor=BOB, now=at, blobs=outputs
+        )
     [receipt] = store.receipts_for_job(b"j1")
     assert (receipt.digest, receipt.message_id, receipt.attempt, receipt.executor) == (rct, rct, 1, BOB)
     assert (receipt.delivered, receipt.next_delivery) == (now, None)
@@ -297,8 +343,9 @@ def test_a_submitter_records_a_verified_receipt_and_its_outputs_in_one_commit(st
     assert [r.digest for r in store.verified_unacked()] == [rct]
     assert set(outputs) <= store.live_blobs(now=1e12)
     with pytest.raises(sqlite3.IntegrityError):  # the receipt's envelope must be stored first
-        store.record_verified_receipt(receipt_digest=b"x" * 32, job_id=b"j1", attempt=1, executor=BOB,
-                                      now=5.0, blobs=["ef" * 32])
+        store.record_verified_receipt(
+            receipt_digest=b"x" * 32, job_id=b"j1", attempt=1, executor=BOB, now=5.0, blobs=["ef" * 32]
+        )
     assert store.receipt(b"x" * 32) is None and "ef" * 32 not in store.live_blobs(now=1e12)  # all or nothing
 
 
@@ -308,8 +355,9 @@ def test_one_ack_acknowledges_a_batch_of_receipts_once(store: Store) -> None:
         job = b"j%d" % i
         _job(store, job, role="submitter", state="done")
         store.put_envelope(digest, "receipt", b"R%d" % i, now=1.0, job_id=job)
-        store.record_verified_receipt(receipt_digest=digest, job_id=job, attempt=1, executor=BOB,
-                                      now=time.time())
+        store.record_verified_receipt(
+            receipt_digest=digest, job_id=job, attempt=1, executor=BOB, now=time.time()
+        )
     _job(store, b"other", role="executor", state="done")  # executed here: not ours to acknowledge
     other = hashlib.sha256(b"O").digest()
     store.put_envelope(other, "receipt", b"O", now=1.0, job_id=b"other")
@@ -325,8 +373,15 @@ def test_one_ack_acknowledges_a_batch_of_receipts_once(store: Store) -> None:
 
 def test_foreign_keys_are_enforced(store: Store) -> None:
     with pytest.raises(sqlite3.IntegrityError):
-        store.put_result(job_id=b"j", attempt=0, executor=BOB, message_id=b"no-such-envelope", status="ok",
-                         outputs={}, now=1.0)
+        store.put_result(
+            job_id=b"j",
+            attempt=0,
+            executor=BOB,
+            message_id=b"no-such-envelope",
+            status="ok",
+            outputs={},
+            now=1.0,
+        )
     assert store.results_for_job(b"j") == []
 
 
@@ -368,8 +423,11 @@ def _store_at_version(path: Path, version: int) -> sqlite3.Connection:
 def test_migration_from_version_1(tmp_path: Path) -> None:
     path = tmp_path / STORE_FILE
     conn = _store_at_version(path, 1)
-    conn.execute("INSERT INTO peers (node_id, network, addresses, source, first_seen, last_seen) "
-                 "VALUES (?, 'main', '[\"10.0.0.1:1\"]', 'bootstrap', 1.0, 2.0)", (ALICE,))
+    conn.execute(
+        "INSERT INTO peers (node_id, network, addresses, source, first_seen, last_seen) "
+        "VALUES (?, 'main', '[\"10.0.0.1:1\"]', 'bootstrap', 1.0, 2.0)",
+        (ALICE,),
+    )
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
     conn.close()
     with Store(path) as s:
@@ -382,13 +440,24 @@ def test_migration_from_version_1(tmp_path: Path) -> None:
 def test_migration_from_version_3_keeps_every_envelope_and_adds_links(tmp_path: Path) -> None:
     path = tmp_path / STORE_FILE
     conn = _store_at_version(path, 3)
-    conn.execute("INSERT INTO jobs (job_id, role, manifest, state, submitter, created, deadline, updated) "
-                 "VALUES (x'01', 'submitter', x'00', 'done', ?, 1.0, 2.0, 1.0)", (ALICE,))
-    conn.executemany("INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, ?, ?)",
-                     [(b"offer", "offer", b"o", b"\x01", 1.0), (b"rct", "receipt", b"r", b"\x01", 2.0),
-                      (b"contact", "contact", b"c", None, 3.0)])
-    conn.execute("INSERT INTO receipts (digest, job_id, attempt, executor, message_id, created) "
-                 "VALUES (x'aa', x'01', 1, ?, ?, 2.0)", (BOB, b"rct"))
+    conn.execute(
+        "INSERT INTO jobs (job_id, role, manifest, state, submitter, created, deadline, updated) "
+        "VALUES (x'01', 'submitter', x'00', 'done', ?, 1.0, 2.0, 1.0)",
+        (ALICE,),
+    )
+    conn.executemany(
+        "INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, ?, ?)",
+        [
+            (b"offer", "offer", b"o", b"\x01", 1.0),
+            (b"rct", "receipt", b"r", b"\x01", 2.0),
+            (b"contact", "contact", b"c", None, 3.0),
+        ],
+    )
+    conn.execute(
+        "INSERT INTO receipts (digest, job_id, attempt, executor, message_id, created) "
+        "VALUES (x'aa', x'01', 1, ?, ?, 2.0)",
+        (BOB, b"rct"),
+    )
     conn.close()
     with Store(path) as s:
         assert s.schema_version == SCHEMA_VERSION
@@ -405,15 +474,24 @@ def test_migration_from_version_3_keeps_every_envelope_and_adds_links(tmp_path: 
 def test_migration_to_version_5_drops_proofs_of_the_old_form(tmp_path: Path) -> None:
     path = tmp_path / STORE_FILE
     conn = _store_at_version(path, 4)
-    conn.executemany("INSERT INTO jobs (job_id, role, manifest, state, submitter, created, deadline, "
-                     "updated) VALUES (?, 'submitter', x'00', 'done', ?, 1.0, 2.0, 1.0)",
-                     [(b"\x01", ALICE), (b"\x02", ALICE)])
-    conn.executemany("INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, ?, ?)",
-                     [(b"r1", "receipt", b"r", b"\x01", 1.0), (b"r2", "receipt", b"r", b"\x02", 1.0),
-                      (b"p1", "proof", b"old form", b"\x01", 2.0)])
-    conn.executemany("INSERT INTO receipts (digest, job_id, attempt, executor, message_id, created, "
-                     "log_index) VALUES (?, ?, 1, ?, ?, 1.0, ?)",
-                     [(b"r1", b"\x01", BOB, b"r1", 7), (b"r2", b"\x02", BOB, b"r2", 3)])
+    conn.executemany(
+        "INSERT INTO jobs (job_id, role, manifest, state, submitter, created, deadline, "
+        "updated) VALUES (?, 'submitter', x'00', 'done', ?, 1.0, 2.0, 1.0)",
+        [(b"\x01", ALICE), (b"\x02", ALICE)],
+    )
+    conn.executemany(
+        "INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, ?, ?)",
+        [
+            (b"r1", "receipt", b"r", b"\x01", 1.0),
+            (b"r2", "receipt", b"r", b"\x02", 1.0),
+            (b"p1", "proof", b"old form", b"\x01", 2.0),
+        ],
+    )
+    conn.executemany(
+        "INSERT INTO receipts (digest, job_id, attempt, executor, message_id, created, "
+        "log_index) VALUES (?, ?, 1, ?, ?, 1.0, ?)",
+        [(b"r1", b"\x01", BOB, b"r1", 7), (b"r2", b"\x02", BOB, b"r2", 3)],
+    )
     conn.close()
     with Store(path) as s:
         assert s.schema_version == SCHEMA_VERSION
@@ -426,12 +504,20 @@ def test_migration_to_version_5_drops_proofs_of_the_old_form(tmp_path: Path) -> 
 def test_migration_to_version_6_drops_acks_of_the_old_form(tmp_path: Path) -> None:
     path = tmp_path / STORE_FILE
     conn = _store_at_version(path, 5)
-    conn.execute("INSERT INTO jobs (job_id, role, manifest, state, submitter, created, deadline, "
-                 "updated) VALUES (x'01', 'submitter', x'00', 'done', ?, 1.0, 2.0, 1.0)", (ALICE,))
-    conn.executemany("INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, ?, ?)",
-                     [(b"r1", "receipt", b"r", b"\x01", 1.0), (b"a1", "ack", b"old form", b"\x01", 2.0)])
-    conn.execute("INSERT INTO receipts (digest, job_id, attempt, executor, message_id, created, delivered) "
-                 "VALUES (?, x'01', 1, ?, ?, 1.0, 2.0)", (b"r1", BOB, b"r1"))
+    conn.execute(
+        "INSERT INTO jobs (job_id, role, manifest, state, submitter, created, deadline, "
+        "updated) VALUES (x'01', 'submitter', x'00', 'done', ?, 1.0, 2.0, 1.0)",
+        (ALICE,),
+    )
+    conn.executemany(
+        "INSERT INTO envelopes (message_id, kind, raw, job_id, received) VALUES (?, ?, ?, ?, ?)",
+        [(b"r1", "receipt", b"r", b"\x01", 1.0), (b"a1", "ack", b"old form", b"\x01", 2.0)],
+    )
+    conn.execute(
+        "INSERT INTO receipts (digest, job_id, attempt, executor, message_id, created, delivered) "
+        "VALUES (?, x'01', 1, ?, ?, 1.0, 2.0)",
+        (b"r1", BOB, b"r1"),
+    )
     conn.execute("INSERT INTO acks (receipt_digest, message_id, created) VALUES (?, ?, 2.0)", (b"r1", b"a1"))
     conn.close()
     with Store(path) as s:
@@ -442,8 +528,9 @@ def test_migration_to_version_6_drops_acks_of_the_old_form(tmp_path: Path) -> No
         assert [r.delivered for r in s.receipts_for_job(b"\x01")] == [2.0]
         assert s.verified_unacked() == []
         s.put_envelope(b"r2", "receipt", b"r", 1.0, b"\x01")  # one verified after the upgrade is
-        s.record_verified_receipt(receipt_digest=b"r2", job_id=b"\x01", attempt=2, executor=BOB,
-                                  now=time.time())
+        s.record_verified_receipt(
+            receipt_digest=b"r2", job_id=b"\x01", attempt=2, executor=BOB, now=time.time()
+        )
         assert [r.digest for r in s.verified_unacked()] == [b"r2"]
 
 
@@ -507,7 +594,7 @@ def test_corrupt_pages_are_refused_and_kept(tmp_path: Path) -> None:
     page = 4096
     data = bytearray(path.read_bytes())
     assert len(data) > 6 * page
-    data[3 * page:5 * page] = b"\xa5" * (2 * page)
+    data[3 * page : 5 * page] = b"\xa5" * (2 * page)
     path.write_bytes(bytes(data))
     with pytest.raises(StoreError, match="corrupt"):
         Store(path)
@@ -614,8 +701,13 @@ async def test_short_calls_run_on_the_event_loop_durable_ones_included(
         await db.run(Store.put_shared_envelope, b"o" * 32, "offer", b"raw", 1.0, [job_id])
         assert (await db.run(Store.job, job_id, "submitter")).state == "assigned"  # type: ignore[union-attr]
         # all on the loop: a durable state too (its fsync is the group commit's, in a thread)
-        assert seen == [("offered", True), ("assigned", True), ("put_envelope", True),
-                        ("put_shared_envelope", True), ("job", True)]
+        assert seen == [
+            ("offered", True),
+            ("assigned", True),
+            ("put_envelope", True),
+            ("put_shared_envelope", True),
+            ("job", True),
+        ]
         # a function that is not the Store's own method never runs inline, whatever its name
         seen.clear()
         impostor = recording(lambda self, *a, **k: None)
@@ -871,18 +963,30 @@ def test_many_calls_commit_together_or_not_at_all(store: Store) -> None:
     from e31.node.store import call
 
     _job(store, b"j1", role="executor", state="running")
-    done = store.many([
-        call(Store.put_envelope, b"res", "result", b"r", 1.0, job_id=b"j1"),
-        call(Store.update_job, b"j1", "executor", 2.0, expect_state="running", state="done"),
-    ])
+    done = store.many(
+        [
+            call(Store.put_envelope, b"res", "result", b"r", 1.0, job_id=b"j1"),
+            call(Store.update_job, b"j1", "executor", 2.0, expect_state="running", state="done"),
+        ]
+    )
     assert done == [True, True]
     assert store.envelope(b"res") is not None and store.job(b"j1", "executor").state == "done"  # type: ignore[union-attr]
     with pytest.raises(sqlite3.IntegrityError):  # the last call fails: the first is undone with it
-        store.many([
-            call(Store.put_envelope, b"res2", "result", b"r2", 3.0, job_id=b"j1"),
-            call(Store.put_result, job_id=b"j1", attempt=1, executor=BOB, message_id=b"missing",
-                 status="ok", outputs={}, now=3.0),
-        ])
+        store.many(
+            [
+                call(Store.put_envelope, b"res2", "result", b"r2", 3.0, job_id=b"j1"),
+                call(
+                    Store.put_result,
+                    job_id=b"j1",
+                    attempt=1,
+                    executor=BOB,
+                    message_id=b"missing",
+                    status="ok",
+                    outputs={},
+                    now=3.0,
+                ),
+            ]
+        )
     assert store.envelope(b"res2") is None
     store.put_envelope(b"res3", "result", b"r3", 4.0, job_id=b"j1")  # the store is usable after it
     assert store.envelope(b"res3") is not None
@@ -1062,7 +1166,8 @@ def test_receipts_are_read_with_their_envelopes_by_the_batch(store: Store) -> No
         store.put_receipt(digest=digest, job_id=job, attempt=1, executor="exec-a", message_id=digest, now=1.0)
     found = store.receipts_with_envelopes([*digests, b"\x02" * 32])  # one this store does not hold
     assert sorted((row.digest, raw) for row, raw in found) == sorted(
-        (d, b"receipt %d" % i) for i, d in enumerate(digests))
+        (d, b"receipt %d" % i) for i, d in enumerate(digests)
+    )
     assert all(row.executor == "exec-a" and row.job_id == job for row, _ in found)
     assert store.receipts_with_envelopes([]) == []
 
@@ -1076,7 +1181,10 @@ def test_small_blobs_live_in_the_database_while_a_live_reference_names_them(stor
         store.ref_blob(kept, "job:01")
         store.ref_blob(expiring, "result:02", retain_until=100.0)
     assert store.small_blobs([kept, expiring, orphan, "dd" * 32]) == {
-        kept: kept.encode(), expiring: expiring.encode(), orphan: orphan.encode()}
+        kept: kept.encode(),
+        expiring: expiring.encode(),
+        orphan: orphan.encode(),
+    }
     assert store.drop_small_blobs(now=50.0) == 1  # the one no reference names
     assert set(store.small_blobs([kept, expiring, orphan])) == {kept, expiring}
     assert store.drop_small_blobs(now=100.0) == 1  # its reference's retention is over
@@ -1092,21 +1200,28 @@ def test_acknowledged_receipts_without_a_proof_are_found_per_receipt_newest_firs
     for i, executor in enumerate(("exec-a", "exec-b")):  # one job, two replicas
         digest = bytes([0x40 + i]) * 32
         store.put_envelope(digest, "receipt", b"r", 1.0, job)
-        store.record_verified_receipt(receipt_digest=digest, job_id=job, attempt=1 + i, executor=executor,
-                                      now=2.0 + i)
+        store.record_verified_receipt(
+            receipt_digest=digest, job_id=job, attempt=1 + i, executor=executor, now=2.0 + i
+        )
     gone = b"\x32" * 32  # a receipt of a job the store no longer holds (pruned) is not asked for
     store.put_envelope(b"\x60" * 32, "receipt", b"r", 1.0, gone)
-    store.record_verified_receipt(receipt_digest=b"\x60" * 32, job_id=gone, attempt=1, executor="exec-a",
-                                  now=9.0)
+    store.record_verified_receipt(
+        receipt_digest=b"\x60" * 32, job_id=gone, attempt=1, executor="exec-a", now=9.0
+    )
     assert [r.digest for r in store.acked_without_proof("exec-a")] == [b"\x40" * 32]
     assert [r.digest for r in store.acked_without_proof("exec-b")] == [b"\x41" * 32]
     store.set_receipt_log_index(b"\x40" * 32, 7)  # a proof of the first replica's receipt is kept
     assert store.acked_without_proof("exec-a") == []
     assert [r.digest for r in store.acked_without_proof("exec-b")] == [b"\x41" * 32], "per receipt"
     with store.reading() as c:
-        plan = " ".join(str(tuple(r)) for r in c.execute(
-            "EXPLAIN QUERY PLAN SELECT digest FROM receipts r WHERE r.executor = ? "
-            "AND r.delivered IS NOT NULL AND r.log_index IS NULL ORDER BY r.delivered DESC", ("exec-b",)))
+        plan = " ".join(
+            str(tuple(r))
+            for r in c.execute(
+                "EXPLAIN QUERY PLAN SELECT digest FROM receipts r WHERE r.executor = ? "
+                "AND r.delivered IS NOT NULL AND r.log_index IS NULL ORDER BY r.delivered DESC",
+                ("exec-b",),
+            )
+        )
     assert "receipts_unproved" in plan
 
 
@@ -1117,8 +1232,9 @@ def test_acknowledged_receipts_without_a_proof_come_a_page_at_a_time(store: Stor
         store.add_job(**_job_fields(job))
         digest = bytes([0x80 + i]) * 32
         store.put_envelope(digest, "receipt", b"r", 1.0, job)
-        store.record_verified_receipt(receipt_digest=digest, job_id=job, attempt=1, executor="exec-a",
-                                      now=10.0 + (i // 2))  # ties too
+        store.record_verified_receipt(
+            receipt_digest=digest, job_id=job, attempt=1, executor="exec-a", now=10.0 + (i // 2)
+        )  # ties too
         digests.append(digest)
     newest_first = sorted(digests, key=lambda d: (10.0 + (digests.index(d) // 2), d), reverse=True)
     pages, before = [], None
@@ -1144,8 +1260,15 @@ async def test_a_burst_of_short_writes_commits_once_and_a_failing_one_is_undone_
         with pytest.raises(sqlite3.IntegrityError):
             await db.atomically(
                 call(Store.put_envelope, b"x" * 32, "ping", b"raw", 1.0),
-                call(Store.put_receipt, digest=b"d" * 32, job_id=b"j" * 32, attempt=1, executor="e",
-                     message_id=b"n" * 32, now=1.0),
+                call(
+                    Store.put_receipt,
+                    digest=b"d" * 32,
+                    job_id=b"j" * 32,
+                    attempt=1,
+                    executor="e",
+                    message_id=b"n" * 32,
+                    now=1.0,
+                ),
             )
 
     try:

@@ -33,8 +33,17 @@ class Pair:
         self.ids = {n: bytes(k.verify_key) for n, k in self.keys.items()}
         self.stores = {n: BlobStore(tmp / n) for n in "ab"}
         self.drop: Callable[[str, bytes], bool] = lambda sender, raw: False
-        self.nodes = {n: BlobTransfer(identity=self.keys[n], network=NETWORK, blobs=self.stores[n],
-                                      send=self._sender(n), wall_ms=wall_ms, settings=FAST) for n in "ab"}
+        self.nodes = {
+            n: BlobTransfer(
+                identity=self.keys[n],
+                network=NETWORK,
+                blobs=self.stores[n],
+                send=self._sender(n),
+                wall_ms=wall_ms,
+                settings=FAST,
+            )
+            for n in "ab"
+        }
 
     def _sender(self, me: str) -> Callable[[bytes, bytes], object]:
         async def send(peer: bytes, raw: bytes) -> bool:

@@ -73,8 +73,12 @@ async def echo(server: Server, conn: Connection) -> None:
 
 
 @asynccontextmanager
-async def running(handler: Callable[[Server, Connection], Awaitable[object]] = echo, *,
-                  limits: Limits | None = None, network: str = NET) -> AsyncIterator[Server]:
+async def running(
+    handler: Callable[[Server, Connection], Awaitable[object]] = echo,
+    *,
+    limits: Limits | None = None,
+    network: str = NET,
+) -> AsyncIterator[Server]:
     identity = SigningKey.generate()
     server: Server | None = None
 
@@ -84,17 +88,26 @@ async def running(handler: Callable[[Server, Connection], Awaitable[object]] = e
         await handler(server, conn)
 
     async with trio.open_nursery() as nursery:
-        address = await nursery.start(partial(
-            serve, on_connection, host="127.0.0.1", port=0, identity=identity, network=network,
-            limits=limits or Limits(timeouts=FAST)))
+        address = await nursery.start(
+            partial(
+                serve,
+                on_connection,
+                host="127.0.0.1",
+                port=0,
+                identity=identity,
+                network=network,
+                limits=limits or Limits(timeouts=FAST),
+            )
+        )
         server = Server(identity, address)
         yield server
         nursery.cancel_scope.cancel()
 
 
 @asynccontextmanager
-async def linked(address: Address, identity: SigningKey | None = None, **kw: object
-                 ) -> AsyncIterator[Connection]:
+async def linked(
+    address: Address, identity: SigningKey | None = None, **kw: object
+) -> AsyncIterator[Connection]:
     kw.setdefault("timeouts", FAST)
     conn = await dial(*address, identity=identity or SigningKey.generate(), network=NET, **kw)  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
@@ -154,6 +167,7 @@ def transport_debug_log(caplog: pytest.LogCaptureFixture) -> None:
 
 # --- good links ---
 
+
 async def test_pair_exchanges_messages_both_ways() -> None:
     async def greet_then_echo(server: Server, conn: Connection) -> None:
         await conn.send(b"welcome")
@@ -177,8 +191,9 @@ async def test_pair_exchanges_messages_both_ways() -> None:
         assert (stats.frames_out, stats.frames_in) == (4, 5)
         overhead = 4 + 16  # length prefix and tag
         assert stats.bytes_out == sum(len(m) + overhead for m in messages)
-        assert stats.bytes_in == len(b"welcome") + sum(len(b"echo:" + m) + overhead for m in messages) \
-            + overhead
+        assert (
+            stats.bytes_in == len(b"welcome") + sum(len(b"echo:" + m) + overhead for m in messages) + overhead
+        )
         assert stats.opened_at <= stats.last_received_at <= trio.current_time()
         assert not conn.closed and conn.close_reason is None
 
@@ -188,9 +203,11 @@ async def test_many_messages_in_order_both_directions_at_once() -> None:
 
     async def blast(server: Server, conn: Connection) -> None:
         async with trio.open_nursery() as nursery:
+
             async def send_all() -> None:
                 for i in range(count):
                     await conn.send(b"s%d" % i)
+
             nursery.start_soon(send_all)
             got = [await conn.receive() for _ in range(count)]
             assert got == [b"c%d" % i for i in range(count)]
@@ -199,9 +216,11 @@ async def test_many_messages_in_order_both_directions_at_once() -> None:
     async with running(blast) as server, linked(server.address) as conn:
         with trio.fail_after(SAFETY):
             async with trio.open_nursery() as nursery:
+
                 async def send_all() -> None:
                     for i in range(count):
                         await conn.send(b"c%d" % i)
+
                 nursery.start_soon(send_all)
                 got = [await conn.receive() for _ in range(count + 1)]
         assert got == [b"s%d" % i for i in range(count)] + [b"done"]
@@ -229,8 +248,13 @@ async def test_pinning_accepts_the_right_key_and_rejects_another() -> None:
         async with linked(server.address, expect=server.key) as conn:
             assert await roundtrip(conn, b"pinned") == b"echo:pinned"
         with pytest.raises(PeerRejected, match="not the pinned"):
-            await dial(*server.address, identity=SigningKey.generate(), network=NET, timeouts=FAST,
-                       expect=bytes(SigningKey.generate().verify_key))
+            await dial(
+                *server.address,
+                identity=SigningKey.generate(),
+                network=NET,
+                timeouts=FAST,
+                expect=bytes(SigningKey.generate().verify_key),
+            )
     assert len(server.accepted) == 1
 
 
@@ -286,6 +310,7 @@ async def test_local_close_and_misuse() -> None:
 
 # --- bad peers ---
 
+
 async def test_wrong_network_is_dropped() -> None:
     async with running() as server:
         with pytest.raises(HandshakeAborted):
@@ -296,7 +321,8 @@ async def test_wrong_network_is_dropped() -> None:
 
 
 async def test_wrong_network_is_dropped_without_an_answer(
-        caplog: pytest.LogCaptureFixture, raw: RawOpener) -> None:
+    caplog: pytest.LogCaptureFixture, raw: RawOpener
+) -> None:
     async with running() as server:
         stream = await raw(server.address)
         ini = Initiator(SigningKey.generate(), "another", os.urandom(32))
@@ -313,13 +339,17 @@ async def test_a_node_dialling_itself_is_rejected() -> None:
     assert server.accepted == []
 
 
-@pytest.mark.parametrize("garbage", [
-    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",           # a length prefix of about 1.2 GB
-    b"\xff\xff\xff\xff",                             # the largest length prefix
-    b"\x00\x00\x00\x05hello",                        # a frame that is not msgpack
-    b"\x00\x00\x00\x03\x93\x01\xc4",                 # truncated msgpack
-    b"\x00\x00\x00\x00" * 3,                         # empty frames
-], ids=["http", "max-length", "not-msgpack", "truncated", "empty"])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # a length prefix of about 1.2 GB
+        b"\xff\xff\xff\xff",  # the largest length prefix
+        b"\x00\x00\x00\x05hello",  # a frame that is not msgpack
+        b"\x00\x00\x00\x03\x93\x01\xc4",  # truncated msgpack
+        b"\x00\x00\x00\x00" * 3,  # empty frames
+    ],
+    ids=["http", "max-length", "not-msgpack", "truncated", "empty"],
+)
 async def test_garbage_is_dropped_while_a_good_link_keeps_working(garbage: bytes, raw: RawOpener) -> None:
     async with running() as server, linked(server.address) as good:
         assert await roundtrip(good, b"before") == b"echo:before"
@@ -376,8 +406,7 @@ async def test_a_raw_initiator_interoperates(raw: RawOpener) -> None:
         await stream.aclose()
 
 
-async def test_a_replayed_handshake_fails(
-        caplog: pytest.LogCaptureFixture, raw: RawOpener) -> None:
+async def test_a_replayed_handshake_fails(caplog: pytest.LogCaptureFixture, raw: RawOpener) -> None:
     async with running() as server:
         stream = await raw(server.address)
         _, (hello, finish) = await handshake_raw(stream, SigningKey.generate())
@@ -404,7 +433,8 @@ async def test_a_replayed_handshake_fails(
 
 
 async def test_a_silent_peer_is_dropped_at_the_handshake_timeout(
-        caplog: pytest.LogCaptureFixture, raw: RawOpener) -> None:
+    caplog: pytest.LogCaptureFixture, raw: RawOpener
+) -> None:
     async with running() as server:
         stream = await raw(server.address)
         await stream.send_all(b"\x00\x00")  # half a length prefix, then nothing
@@ -456,6 +486,7 @@ async def test_a_trickle_of_partial_frames_does_not_keep_a_connection_open(raw: 
 
 # --- dialling errors ---
 
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -466,18 +497,29 @@ def closed_port() -> int:
 @pytest.mark.parametrize("port", [None, 0, 70000], ids=["closed", "zero", "too-large"])
 async def test_dialling_nothing_gives_dial_failed(port: int | None) -> None:
     with pytest.raises(DialFailed):
-        await dial("127.0.0.1", closed_port() if port is None else port, identity=SigningKey.generate(),
-                   network=NET, timeouts=FAST)
+        await dial(
+            "127.0.0.1",
+            closed_port() if port is None else port,
+            identity=SigningKey.generate(),
+            network=NET,
+            timeouts=FAST,
+        )
 
 
 async def test_a_busy_port_gives_listen_failed() -> None:
     async with running() as server:
         with pytest.raises(ListenFailed, match="cannot listen"):
-            await serve(Connection.aclose, host="127.0.0.1", port=server.address[1],
-                        identity=SigningKey.generate(), network=NET)
+            await serve(
+                Connection.aclose,
+                host="127.0.0.1",
+                port=server.address[1],
+                identity=SigningKey.generate(),
+                network=NET,
+            )
 
 
 # --- caps ---
+
 
 async def dial_until_admitted(address: Address) -> Connection:
     with trio.fail_after(SAFETY):
@@ -517,8 +559,13 @@ async def test_per_address_cap_counts_each_loopback_address() -> None:
     limits = Limits(max_connections=10, max_per_loopback=1, timeouts=FAST)
     async with running(limits=limits) as server, linked(server.address, local_address="127.0.0.1") as a:
         with pytest.raises(HandshakeAborted):
-            await dial(*server.address, identity=SigningKey.generate(), network=NET, timeouts=FAST,
-                       local_address="127.0.0.1")
+            await dial(
+                *server.address,
+                identity=SigningKey.generate(),
+                network=NET,
+                timeouts=FAST,
+                local_address="127.0.0.1",
+            )
         async with linked(server.address, local_address="127.0.0.2") as b:
             assert await roundtrip(a, b"a") == b"echo:a"
             assert await roundtrip(b, b"b") == b"echo:b"
@@ -527,8 +574,10 @@ async def test_per_address_cap_counts_each_loopback_address() -> None:
 async def test_loopback_is_not_held_to_the_per_address_cap_by_default() -> None:
     limits = Limits(max_connections=6, max_per_address=1, timeouts=FAST)
     async with running(limits=limits) as server, trio.open_nursery() as nursery:
-        conns = [await dial(*server.address, identity=SigningKey.generate(), network=NET, timeouts=FAST)
-                 for _ in range(6)]
+        conns = [
+            await dial(*server.address, identity=SigningKey.generate(), network=NET, timeouts=FAST)
+            for _ in range(6)
+        ]
         for conn in conns:
             nursery.start_soon(conn.run)
         for i, conn in enumerate(conns):
@@ -572,6 +621,7 @@ def test_address_keys_and_settings_validation() -> None:
 
 # --- failures stay inside one connection ---
 
+
 async def test_a_failing_handler_does_not_affect_other_connections(caplog: pytest.LogCaptureFixture) -> None:
     async def fragile(server: Server, conn: Connection) -> None:
         async for message in conn:
@@ -592,6 +642,7 @@ async def test_a_failing_handler_does_not_affect_other_connections(caplog: pytes
 
 # --- backpressure ---
 
+
 async def test_a_send_that_stalls_times_out_and_closes_the_connection() -> None:
     async def never_read(server: Server, conn: Connection) -> None:
         await trio.sleep_forever()
@@ -606,12 +657,16 @@ async def test_a_send_that_stalls_times_out_and_closes_the_connection() -> None:
             await conn.send(b"after the timeout")
 
 
-@pytest.mark.parametrize("limits", [
-    Limits(inbox=4, timeouts=FAST),                                 # bounded by count: 4 messages
-    Limits(inbox=1000, inbox_bytes=4 << 16, timeouts=FAST),         # bounded by bytes: 4 x 64 KiB
-], ids=["count", "bytes"])
+@pytest.mark.parametrize(
+    "limits",
+    [
+        Limits(inbox=4, timeouts=FAST),  # bounded by count: 4 messages
+        Limits(inbox=1000, inbox_bytes=4 << 16, timeouts=FAST),  # bounded by bytes: 4 x 64 KiB
+    ],
+    ids=["count", "bytes"],
+)
 async def test_a_consumer_that_does_not_read_stalls_the_sender(limits: Limits) -> None:
-    size, count, held = 1 << 16, 1000, 4   # 64 MB: more than loopback's socket buffers hold
+    size, count, held = 1 << 16, 1000, 4  # 64 MB: more than loopback's socket buffers hold
     consume, consumed = trio.Event(), trio.Event()
     received: list[bytes] = []
 
@@ -623,6 +678,7 @@ async def test_a_consumer_that_does_not_read_stalls_the_sender(limits: Limits) -
     sent = 0
     async with running(slow, limits=limits) as server:
         async with linked(server.address, timeouts=Timeouts(send=SAFETY)) as conn:
+
             async def send_everything() -> None:
                 nonlocal sent
                 for i in range(count):

@@ -96,7 +96,11 @@ def test_reopen_stored_is_verify_without_the_signature_check() -> None:
     data = sign_message(Ping("net", ME, b"n" * 16, 1), KEY)
     env, again = verify(data, Ping), reopen_stored(data, Ping)
     assert (again.raw, again.kind, again.signer, again.message_id, again.message) == (
-        env.raw, env.kind, env.signer, env.message_id, env.message
+        env.raw,
+        env.kind,
+        env.signer,
+        env.message_id,
+        env.message,
     )
     forged = data[:-40] + bytes([data[-40] ^ 1]) + data[-39:]  # a flipped signature byte
     with pytest.raises(errors.BadSignature):
@@ -186,9 +190,16 @@ def _wire_mutations(draw: st.DrawFn, wire: Any) -> Any:
     """Replace one random leaf of a decoded body with another msgpack value."""
     if isinstance(wire, tuple) and wire and draw(st.booleans()):
         i = draw(st.integers(0, len(wire) - 1))
-        return (*wire[:i], _wire_mutations(draw, wire[i]), *wire[i + 1:])
-    return draw(st.none() | st.booleans() | st.integers(-2, 2**64 - 1) | st.binary(max_size=40)
-                | st.text(max_size=8) | st.tuples() | st.floats(allow_nan=False))
+        return (*wire[:i], _wire_mutations(draw, wire[i]), *wire[i + 1 :])
+    return draw(
+        st.none()
+        | st.booleans()
+        | st.integers(-2, 2**64 - 1)
+        | st.binary(max_size=40)
+        | st.text(max_size=8)
+        | st.tuples()
+        | st.floats(allow_nan=False)
+    )
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])

@@ -35,8 +35,28 @@ BLOB = (b"\x11" * 32, 5)
 
 # characters that decide the quick tests: separators, dots, backslash, controls, '=', non-ASCII
 # (C1 controls, an accent, a lone surrogate), letters
-_EDGY = st.sampled_from(["/", ".", "\\", "\x00", "\x01", "\x1f", "\x7f", "\x85", "=", "-", "_", "é", "\ud800",
-                         "a", "b", "Z", "0", " "])
+_EDGY = st.sampled_from(
+    [
+        "/",
+        ".",
+        "\\",
+        "\x00",
+        "\x01",
+        "\x1f",
+        "\x7f",
+        "\x85",
+        "=",
+        "-",
+        "_",
+        "é",
+        "\ud800",
+        "a",
+        "b",
+        "Z",
+        "0",
+        " ",
+    ]
+)
 _EDGY_TEXT = st.lists(_EDGY, max_size=8).map("".join)
 
 
@@ -140,10 +160,16 @@ def _public_verdict(sealed: bytes, length: int, key: bytes) -> bool:
 
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
-@given(st.binary(max_size=300), st.integers(0, 200), st.integers(0, 7),
-       st.sampled_from(["sig", "msg", "key", "none"]), st.binary(max_size=8))
-def test_signature_ok_agrees_with_pynacl(message: bytes, where: int, bit: int, flip: str,
-                                         tail: bytes) -> None:
+@given(
+    st.binary(max_size=300),
+    st.integers(0, 200),
+    st.integers(0, 7),
+    st.sampled_from(["sig", "msg", "key", "none"]),
+    st.binary(max_size=8),
+)
+def test_signature_ok_agrees_with_pynacl(
+    message: bytes, where: int, bit: int, flip: str, tail: bytes
+) -> None:
     sealed = bytearray(KEY.sign(message))
     key = bytearray(KEY.verify_key.encode())
     if flip == "sig":
@@ -161,8 +187,13 @@ def test_signature_ok_agrees_with_pynacl(message: bytes, where: int, bit: int, f
 def test_signature_ok_refuses_bad_arguments() -> None:
     sealed = bytes(KEY.sign(b"x"))
     key = KEY.verify_key.encode()
-    for args in ((sealed, len(sealed) + 1, key), (sealed, 63, key), (sealed, len(sealed), key[:31]),
-                 (bytearray(sealed), len(sealed), key), (sealed, len(sealed), "k" * 32)):
+    for args in (
+        (sealed, len(sealed) + 1, key),
+        (sealed, 63, key),
+        (sealed, len(sealed), key[:31]),
+        (bytearray(sealed), len(sealed), key),
+        (sealed, len(sealed), "k" * 32),
+    ):
         with pytest.raises(TypeError):
             sodium.signature_ok(*args)  # type: ignore[arg-type]
     assert sodium.signature_ok(sealed, len(sealed), key)
@@ -198,7 +229,11 @@ def test_sign_verified_is_what_verify_makes_of_the_signed_bytes() -> None:
         made = sign_verified(msg, gen.key(key_name))
         checked = verify(made.raw)
         assert (made.kind, made.signer, made.message_id, made.message) == (
-            checked.kind, checked.signer, checked.message_id, checked.message)
+            checked.kind,
+            checked.signer,
+            checked.message_id,
+            checked.message,
+        )
         assert made.raw == checked.raw
     _name, key_name, msg = gen.samples()[0]
     other = "executor" if key_name != "executor" else "submitter"
@@ -207,10 +242,17 @@ def test_sign_verified_is_what_verify_makes_of_the_signed_bytes() -> None:
 
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
-@given(st.binary(max_size=2000), st.binary(min_size=12, max_size=12), st.binary(min_size=32, max_size=32),
-       st.integers(0, 4000), st.integers(0, 7), st.sampled_from(["none", "sealed", "nonce", "key", "cut"]))
-def test_aead_seal_and_open_agree_with_pynacl(message: bytes, nonce: bytes, key: bytes, where: int,
-                                              bit: int, change: str) -> None:
+@given(
+    st.binary(max_size=2000),
+    st.binary(min_size=12, max_size=12),
+    st.binary(min_size=32, max_size=32),
+    st.integers(0, 4000),
+    st.integers(0, 7),
+    st.sampled_from(["none", "sealed", "nonce", "key", "cut"]),
+)
+def test_aead_seal_and_open_agree_with_pynacl(
+    message: bytes, nonce: bytes, key: bytes, where: int, bit: int, change: str
+) -> None:
     sealed = sodium.aead_seal(message, nonce, key)
     assert sealed == sodium._public_seal(message, nonce, key)
     assert len(sealed) == len(message) + sodium.TAG
@@ -222,7 +264,7 @@ def test_aead_seal_and_open_agree_with_pynacl(message: bytes, nonce: bytes, key:
     elif change == "key":
         k[where % 32] ^= 1 << bit
     elif change == "cut":
-        del bad[where % len(bad):]
+        del bad[where % len(bad) :]
     args = (bytes(bad), bytes(n), bytes(k))
     opened = sodium.aead_open(*args)
     assert opened == sodium._public_open(*args)

@@ -41,8 +41,9 @@ def key(n: int) -> nacl.signing.SigningKey:
     return nacl.signing.SigningKey(sha256(b"gossip test key %d" % n).raw)
 
 
-def capacity(k: nacl.signing.SigningKey, *, n: int = 0, expires: int = T0 + 60_000,
-             network: str = NET) -> bytes:
+def capacity(
+    k: nacl.signing.SigningKey, *, n: int = 0, expires: int = T0 + 60_000, network: str = NET
+) -> bytes:
     return sign_message(Capacity(network, node_id_of(k), expires, 4, 1 << 30, (PROFILE,), n, 1000), k)
 
 
@@ -71,20 +72,23 @@ RNG = random.Random(7)
 # -- configuration --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("changes", [
-    {"kinds": {"nosuchkind": 100}},
-    {"kinds": {"treehead": 1000}},  # no expiry: cannot be gossiped
-    {"kinds": {"capacity": 0}},
-    {"kinds": {}},
-    {"fanout": 0},
-    {"publish_fanout": 0},
-    {"peer_rate": 0},
-    {"peer_burst": 0.5},
-    {"clock_skew_ms": -1},
-    {"token_bytes": 0},
-    {"disconnect_below": 0},
-    {"penalties": {Reason.MALFORMED: -5}},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"kinds": {"nosuchkind": 100}},
+        {"kinds": {"treehead": 1000}},  # no expiry: cannot be gossiped
+        {"kinds": {"capacity": 0}},
+        {"kinds": {}},
+        {"fanout": 0},
+        {"publish_fanout": 0},
+        {"peer_rate": 0},
+        {"peer_burst": 0.5},
+        {"clock_skew_ms": -1},
+        {"token_bytes": 0},
+        {"disconnect_below": 0},
+        {"penalties": {Reason.MALFORMED: -5}},
+    ],
+)
 def test_bad_config_is_a_local_error(changes: dict[str, Any]) -> None:
     with pytest.raises(LocalProtocolError):
         GossipConfig(NET, **changes)
@@ -215,18 +219,24 @@ def test_a_message_signed_by_someone_other_than_its_issuer_is_a_bad_signature() 
     assert reasons(engine().receive("p0", stolen, T0, RNG)) == [Reason.BAD_SIGNATURE]
 
 
-@pytest.mark.parametrize(("make", "reason", "points"), [
-    (lambda: capacity(key(1), network="othernet"), Reason.WRONG_NETWORK, 50),
-    (lambda: capacity(key(1), expires=T0 - 30_001), Reason.EXPIRED, 10),
-    (lambda: capacity(key(1), expires=T0 + 24 * 3_600_000 + 30_001), Reason.TOO_FAR_AHEAD, 10),
-    (lambda: sign_message(Ping(NET, node_id_of(key(1)), bytes(16), T0 + 1000), key(1)),
-     Reason.NOT_GOSSIP, 1),
-    (lambda: b"\x93\x01\x02\x03", Reason.MALFORMED, 100),
-    (lambda: b"\xc1", Reason.MALFORMED, 100),
-    (lambda: pack((2, "capacity", b"", bytes(32), bytes(64))), Reason.MALFORMED, 100),
-    (lambda: sign("capacity", pack((NET, b"short")), key(1)), Reason.INVALID, 100),
-    (lambda: bytes(max(gossip.DEFAULT_KINDS.values()) + 1), Reason.OVERSIZE, 100),
-])
+@pytest.mark.parametrize(
+    ("make", "reason", "points"),
+    [
+        (lambda: capacity(key(1), network="othernet"), Reason.WRONG_NETWORK, 50),
+        (lambda: capacity(key(1), expires=T0 - 30_001), Reason.EXPIRED, 10),
+        (lambda: capacity(key(1), expires=T0 + 24 * 3_600_000 + 30_001), Reason.TOO_FAR_AHEAD, 10),
+        (
+            lambda: sign_message(Ping(NET, node_id_of(key(1)), bytes(16), T0 + 1000), key(1)),
+            Reason.NOT_GOSSIP,
+            1,
+        ),
+        (lambda: b"\x93\x01\x02\x03", Reason.MALFORMED, 100),
+        (lambda: b"\xc1", Reason.MALFORMED, 100),
+        (lambda: pack((2, "capacity", b"", bytes(32), bytes(64))), Reason.MALFORMED, 100),
+        (lambda: sign("capacity", pack((NET, b"short")), key(1)), Reason.INVALID, 100),
+        (lambda: bytes(max(gossip.DEFAULT_KINDS.values()) + 1), Reason.OVERSIZE, 100),
+    ],
+)
 def test_each_invalid_message_costs_the_sender_its_penalty(make: Any, reason: Reason, points: int) -> None:
     e = engine()
     actions = e.receive("p0", make(), T0, RNG)
@@ -399,9 +409,24 @@ def full_offer(k: nacl.signing.SigningKey, inputs: int) -> bytes:
     blob = BlobRef(sha256(b"blob"), 1000)
     files = tuple(FileRef(f"data/part-{i:04}.csv", blob) for i in range(inputs))
     limits = Limits(10**9, 1 << 28, 60_000, 1 << 20)
-    manifests = [JobManifest(blob, files, ("run", f"--job={j}"), (), None, limits, T0 + 3_600_000,
-                             86_400_000, 1, PROFILE, node_id_of(k), j.to_bytes(16, "big"), T0)
-                 for j in range(MAX_SET)]
+    manifests = [
+        JobManifest(
+            blob,
+            files,
+            ("run", f"--job={j}"),
+            (),
+            None,
+            limits,
+            T0 + 3_600_000,
+            86_400_000,
+            1,
+            PROFILE,
+            node_id_of(k),
+            j.to_bytes(16, "big"),
+            T0,
+        )
+        for j in range(MAX_SET)
+    ]
     return sign_message(Offer(NET, T0 + 60_000, node_id_of(k), tuple(sorted(manifests, key=BY_JOB))), k)
 
 

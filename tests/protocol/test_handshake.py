@@ -55,8 +55,7 @@ class Run:
     m3: bytes
 
 
-def run(tag: str = "", network: str = "main", resp_network: str = "main",
-        expect: bytes | None = None) -> Run:
+def run(tag: str = "", network: str = "main", resp_network: str = "main", expect: bytes | None = None) -> Run:
     ini = Initiator(ALICE, network, secret("i" + tag), expect=expect)
     resp = Responder(BOB, resp_network, secret("r" + tag))
     m1 = ini.initiate()
@@ -190,8 +189,9 @@ def test_a_signature_from_the_other_role_does_not_pass(monkeypatch: pytest.Monke
     resp = Responder(BOB, "main", secret("r"))
     m2 = resp.receive_data(ini.initiate())
     real = handshake._identity_proof
-    monkeypatch.setattr(handshake, "_identity_proof",
-                        lambda ident, label, t: real(ident, handshake._SIG_RESPONDER, t))
+    monkeypatch.setattr(
+        handshake, "_identity_proof", lambda ident, label, t: real(ident, handshake._SIG_RESPONDER, t)
+    )
     m3 = ini.receive_data(m2)
     monkeypatch.undo()
     with pytest.raises(HandshakeFailed):
@@ -233,7 +233,7 @@ def test_every_single_byte_change_breaks_the_handshake(which: str) -> None:
     clean = run()
     frame = getattr(clean, which)
     for pos in range(4, len(frame)):
-        mutated = frame[:pos] + bytes([frame[pos] ^ 0x40]) + frame[pos + 1:]
+        mutated = frame[:pos] + bytes([frame[pos] ^ 0x40]) + frame[pos + 1 :]
         ini = Initiator(ALICE, "main", secret("i"))
         resp = Responder(BOB, "main", secret("r"))
         with pytest.raises(ProtocolError):
@@ -262,11 +262,11 @@ def test_a_half_frame_just_waits() -> None:
     ini = Initiator(ALICE, "main", secret("i"))
     resp = Responder(BOB, "main", secret("r"))
     m1 = ini.initiate()
-    out = b"".join(resp.receive_data(m1[i:i + 1]) for i in range(len(m1)))
-    m3 = b"".join(ini.receive_data(out[i:i + 3]) for i in range(0, len(out), 3))
+    out = b"".join(resp.receive_data(m1[i : i + 1]) for i in range(len(m1)))
+    m3 = b"".join(ini.receive_data(out[i : i + 3]) for i in range(0, len(out), 3))
     assert ini.done and not resp.done
     for i in range(len(m3)):
-        resp.receive_data(m3[i:i + 1])
+        resp.receive_data(m3[i : i + 1])
     assert resp.done and resp.result.peer_key == pub(ALICE)
 
 
@@ -346,8 +346,12 @@ def test_arbitrary_bytes_in_every_state_raise_only_protocol_errors(data: bytes, 
 
 
 @settings(max_examples=100, deadline=None)
-@given(fields=st.lists(st.one_of(st.binary(max_size=70), st.integers(-5, 5), st.text(max_size=5),
-                                 st.none(), st.booleans()), max_size=4))
+@given(
+    fields=st.lists(
+        st.one_of(st.binary(max_size=70), st.integers(-5, 5), st.text(max_size=5), st.none(), st.booleans()),
+        max_size=4,
+    )
+)
 def test_well_formed_frames_of_wrong_content_fail(fields: list[object]) -> None:
     frame = encode_frame(pack(fields))
     resp = Responder(BOB, "main", secret("r"))
@@ -363,14 +367,14 @@ def test_well_formed_frames_of_wrong_content_fail(fields: list[object]) -> None:
 # produce these bytes from these inputs.
 VECTOR = {
     "m1": "000000369301c410fc95eff13c582f22a3f02e19a76e2abfc4207b4e909bbe7ffe44c465a220037d608ee3"
-          "5897d31ef972f07f74892cb0f73f13",
+    "5897d31ef972f07f74892cb0f73f13",
     "m2": "0000009a92c4200faa684ed28867b97f4a6a2dee5df8ce974e76b7018e3f22a1c4cf2678570f20c4757211"
-          "66572f369e8df2e0869246b4d5c1d39fb5d4e5f2ab5d30b1a69a98ef692149463c82f14cf62f3fd01d6235"
-          "6d99105a50e9232c083a9a5697f8ac5e62199ceb33b0ca8ad7556bec35fb8df8610bfc401c8db76e709df4"
-          "ba4892711ea334a3f18f7cb0d83c34e6272e84068aadc136ecc9eedc0c",
+    "66572f369e8df2e0869246b4d5c1d39fb5d4e5f2ab5d30b1a69a98ef692149463c82f14cf62f3fd01d6235"
+    "6d99105a50e9232c083a9a5697f8ac5e62199ceb33b0ca8ad7556bec35fb8df8610bfc401c8db76e709df4"
+    "ba4892711ea334a3f18f7cb0d83c34e6272e84068aadc136ecc9eedc0c",
     "m3": "0000007891c47506041aab9fabe5f371121ad813b7cdf13019e6ec4289b1b87d541bead2fce77c4bf5ce07"
-          "7a2d9a49603e74a4692d38de1784985719fbb3a2c297c2ba8d583c68cbee4a4b926d4f0674b18316864e9a"
-          "0885198e67585f6fcf88ed7876d6a4b8178a2153c4ba00b8558ed966c68712afeb71be969d94",
+    "7a2d9a49603e74a4692d38de1784985719fbb3a2c297c2ba8d583c68cbee4a4b926d4f0674b18316864e9a"
+    "0885198e67585f6fcf88ed7876d6a4b8178a2153c4ba00b8558ed966c68712afeb71be969d94",
     "transcript": "20679b06eeb0219cf7fd03a086ab1ec00355257367fd62a42d3b4b2b6cdb4e50",
     "i2r": "f43070f680ea17a7d8db0b9d3f279fa12bacba9d1623532b1acdd2e9b4f386a7",
     "r2i": "9c97c555b6236d80322f71445e5c50b0b375e2a11c8a8c1c8f6612cc862d6ce5",

@@ -24,18 +24,21 @@ def test_every_key_has_one_text(raw: bytes) -> None:
     assert NodeId.parse(str(NodeId(raw))).raw == raw
 
 
-@pytest.mark.parametrize("text", [
-    "",
-    "e31n",
-    "e31x" + "a" * 52,
-    "E31N" + "a" * 52,
-    "e31n" + "A" * 52,
-    "e31n" + "a" * 51,
-    "e31n" + "a" * 53,
-    "e31n" + "1" * 52,           # 1 is not base32
-    "e31n" + "a" * 51 + "b",     # stray low bits: not the canonical text of any key
-    " e31n" + "a" * 52,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "e31n",
+        "e31x" + "a" * 52,
+        "E31N" + "a" * 52,
+        "e31n" + "A" * 52,
+        "e31n" + "a" * 51,
+        "e31n" + "a" * 53,
+        "e31n" + "1" * 52,  # 1 is not base32
+        "e31n" + "a" * 51 + "b",  # stray low bits: not the canonical text of any key
+        " e31n" + "a" * 52,
+    ],
+)
 def test_malformed_node_ids_are_refused(text: str) -> None:
     with pytest.raises(InvalidId) as info:
         NodeId.parse(text)

@@ -117,9 +117,19 @@ def test_hand_computed_proofs() -> None:
 
 
 # RFC 6962's published test data (the Certificate Transparency reference leaves and roots).
-CT_LEAVES = [bytes.fromhex(h) for h in [
-    "", "00", "10", "2021", "3031", "40414243", "5051525354555657", "606162636465666768696a6b6c6d6e6f",
-]]
+CT_LEAVES = [
+    bytes.fromhex(h)
+    for h in [
+        "",
+        "00",
+        "10",
+        "2021",
+        "3031",
+        "40414243",
+        "5051525354555657",
+        "606162636465666768696a6b6c6d6e6f",
+    ]
+]
 CT_ROOTS = [
     "6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d",
     "fac54203e7cc696cf0dfcb42c92a1d9dbaf70ad9e621f4bd8d98662f00e3c125",
@@ -131,22 +141,52 @@ CT_ROOTS = [
     "5dc9da79a70659a9ad559cb701ded9a2ab9d823aad2f4960cfe370eff4604328",
 ]
 CT_INCLUSION = [
-    (0, 8, ["96a296d224f285c67bee93c30f8a309157f0daa35dc5b87e410b78630a09cfc7",
+    (
+        0,
+        8,
+        [
+            "96a296d224f285c67bee93c30f8a309157f0daa35dc5b87e410b78630a09cfc7",
             "5f083f0a1a33ca076a95279832580db3e0ef4584bdff1f54c8a360f50de3031e",
-            "6b47aaf29ee3c2af9af889bc1fb9254dabd31177f16232dd6aab035ca39bf6e4"]),
-    (5, 8, ["bc1a0643b12e4d2d7c77918f44e0f4f79a838b6cf9ec5b5c283e1f4d88599e6b",
+            "6b47aaf29ee3c2af9af889bc1fb9254dabd31177f16232dd6aab035ca39bf6e4",
+        ],
+    ),
+    (
+        5,
+        8,
+        [
+            "bc1a0643b12e4d2d7c77918f44e0f4f79a838b6cf9ec5b5c283e1f4d88599e6b",
             "ca854ea128ed050b41b35ffc1b87b8eb2bde461e9e3b5596ece6b9d5975a0ae0",
-            "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7"]),
+            "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7",
+        ],
+    ),
 ]
 CT_CONSISTENCY = [
-    (1, 8, ["96a296d224f285c67bee93c30f8a309157f0daa35dc5b87e410b78630a09cfc7",
+    (
+        1,
+        8,
+        [
+            "96a296d224f285c67bee93c30f8a309157f0daa35dc5b87e410b78630a09cfc7",
             "5f083f0a1a33ca076a95279832580db3e0ef4584bdff1f54c8a360f50de3031e",
-            "6b47aaf29ee3c2af9af889bc1fb9254dabd31177f16232dd6aab035ca39bf6e4"]),
-    (6, 8, ["0ebc5d3437fbe2db158b9f126a1d118e308181031d0a949f8dededebc558ef6a",
+            "6b47aaf29ee3c2af9af889bc1fb9254dabd31177f16232dd6aab035ca39bf6e4",
+        ],
+    ),
+    (
+        6,
+        8,
+        [
+            "0ebc5d3437fbe2db158b9f126a1d118e308181031d0a949f8dededebc558ef6a",
             "ca854ea128ed050b41b35ffc1b87b8eb2bde461e9e3b5596ece6b9d5975a0ae0",
-            "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7"]),
-    (2, 5, ["5f083f0a1a33ca076a95279832580db3e0ef4584bdff1f54c8a360f50de3031e",
-            "bc1a0643b12e4d2d7c77918f44e0f4f79a838b6cf9ec5b5c283e1f4d88599e6b"]),
+            "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7",
+        ],
+    ),
+    (
+        2,
+        5,
+        [
+            "5f083f0a1a33ca076a95279832580db3e0ef4584bdff1f54c8a360f50de3031e",
+            "bc1a0643b12e4d2d7c77918f44e0f4f79a838b6cf9ec5b5c283e1f4d88599e6b",
+        ],
+    ),
 ]
 
 
@@ -157,12 +197,22 @@ def test_certificate_transparency_vectors() -> None:
     assert [log.root(n).hex() for n in range(1, 9)] == CT_ROOTS
     for index, size, proof in CT_INCLUSION:
         assert [p.hex() for p in log.inclusion_proof(index, size)] == proof
-        verify_entry_inclusion(CT_LEAVES[index], index, size, [bytes.fromhex(p) for p in proof],
-                               bytes.fromhex(CT_ROOTS[size - 1]))
+        verify_entry_inclusion(
+            CT_LEAVES[index],
+            index,
+            size,
+            [bytes.fromhex(p) for p in proof],
+            bytes.fromhex(CT_ROOTS[size - 1]),
+        )
     for old, new, proof in CT_CONSISTENCY:
         assert [p.hex() for p in log.consistency_proof(old, new)] == proof
-        verify_consistency(old, new, bytes.fromhex(CT_ROOTS[old - 1]), bytes.fromhex(CT_ROOTS[new - 1]),
-                           [bytes.fromhex(p) for p in proof])
+        verify_consistency(
+            old,
+            new,
+            bytes.fromhex(CT_ROOTS[old - 1]),
+            bytes.fromhex(CT_ROOTS[new - 1]),
+            [bytes.fromhex(p) for p in proof],
+        )
 
 
 def test_every_proof_of_small_trees_matches_the_reference_and_verifies() -> None:
@@ -233,7 +283,7 @@ def test_inclusion_failures(size: int) -> None:
             bad_cases.append((leaf, index, size, proof[:-1], root))
             bad_cases.append((leaf, index, size, proof[1:], root))
             for i in range(len(proof)):
-                flipped = [*proof[:i], flip(proof[i], i % 8), *proof[i + 1:]]
+                flipped = [*proof[:i], flip(proof[i], i % 8), *proof[i + 1 :]]
                 bad_cases.append((leaf, index, size, flipped, root))
         for case in bad_cases:
             with pytest.raises(BadProof):
@@ -264,7 +314,7 @@ def test_consistency_failures(new: int) -> None:
         if old + 1 < new:
             bad_cases.append((old + 1, new, log.root(old + 1), new_root, proof))
         for i in range(len(proof)):
-            bad_cases.append((old, new, old_root, new_root, [*proof[:i], flip(proof[i], 5), *proof[i + 1:]]))
+            bad_cases.append((old, new, old_root, new_root, [*proof[:i], flip(proof[i], 5), *proof[i + 1 :]]))
         for case in bad_cases:
             with pytest.raises(BadProof):
                 verify_consistency(*case)
@@ -315,12 +365,15 @@ def test_malformed_inclusion_arguments_are_bad_proofs(args: tuple[object, ...]) 
 
 
 @given(
-    old=st.integers(-2, 40), new=st.integers(-2, 40),
-    old_root=st.binary(max_size=40), new_root=st.binary(max_size=40),
+    old=st.integers(-2, 40),
+    new=st.integers(-2, 40),
+    old_root=st.binary(max_size=40),
+    new_root=st.binary(max_size=40),
     proof=st.lists(st.one_of(st.binary(min_size=30, max_size=33), st.integers()), max_size=8),
 )
-def test_verifiers_raise_only_bad_proof(old: int, new: int, old_root: bytes, new_root: bytes,
-                                        proof: list[bytes]) -> None:
+def test_verifiers_raise_only_bad_proof(
+    old: int, new: int, old_root: bytes, new_root: bytes, proof: list[bytes]
+) -> None:
     with contextlib.suppress(BadProof):
         verify_consistency(old, new, old_root, new_root, proof)
     with contextlib.suppress(BadProof):

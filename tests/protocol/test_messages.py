@@ -55,20 +55,23 @@ def test_every_kind_round_trips(name: str, key_name: str, message: Any) -> None:
         env.message.network = "other"
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("expires", True),            # bool is not an int
-    ("expires", -1),
-    ("expires", 2**64),
-    ("expires", 1.0),
-    ("nonce", b"x" * 15),
-    ("nonce", bytearray(16)),
-    ("nonce", "x" * 16),
-    ("sender", ME.raw),           # raw bytes where a NodeId is expected
-    ("network", ""),
-    ("network", "Main"),
-    ("network", "x" * 33),
-    ("network", "a\x00"),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("expires", True),  # bool is not an int
+        ("expires", -1),
+        ("expires", 2**64),
+        ("expires", 1.0),
+        ("nonce", b"x" * 15),
+        ("nonce", bytearray(16)),
+        ("nonce", "x" * 16),
+        ("sender", ME.raw),  # raw bytes where a NodeId is expected
+        ("network", ""),
+        ("network", "Main"),
+        ("network", "x" * 33),
+        ("network", "a\x00"),
+    ],
+)
 def test_construction_checks_every_field(field: str, value: object) -> None:
     fields = {"network": "net", "sender": ME, "nonce": b"n" * 16, "expires": 1}
     fields[field] = value
@@ -91,8 +94,9 @@ def test_good_file_names(name: str) -> None:
     assert check_file_name(name) is None
 
 
-@pytest.mark.parametrize("name", ["", "/abs", "a/", "a//b", ".", "..", "../x", "a/../b", "a/./b", "x/..",
-                                  "a\\b", "a\nb", "a\x7fb"])
+@pytest.mark.parametrize(
+    "name", ["", "/abs", "a/", "a//b", ".", "..", "../x", "a/../b", "a/./b", "x/..", "a\\b", "a\nb", "a\x7fb"]
+)
 def test_bad_file_names(name: str) -> None:
     assert check_file_name(name) is not None
     with pytest.raises(InvalidMessage):
@@ -227,14 +231,17 @@ def test_the_sample_bid_and_decline_answer_the_sample_offer() -> None:
     assert [i.job_id for i in bid.items] == [m.job_id for m in offer.manifests] == list(decline.job_ids)
 
 
-@pytest.mark.parametrize("addr", ["192.0.2.1:7531", "node.example:1", "[::1]:65535", "[2001:db8::1]:80",
-                                  "h:1"])
+@pytest.mark.parametrize(
+    "addr", ["192.0.2.1:7531", "node.example:1", "[::1]:65535", "[2001:db8::1]:80", "h:1"]
+)
 def test_good_addresses(addr: str) -> None:
     assert check_address(addr) is None
 
 
-@pytest.mark.parametrize("addr", ["192.0.2.1", ":80", "h:0", "h:65536", "h:08", "::1:80", "[::1:80", "[]:1",
-                                  "a b:1", "h:+1", "h:１"])
+@pytest.mark.parametrize(
+    "addr",
+    ["192.0.2.1", ":80", "h:0", "h:65536", "h:08", "::1:80", "[::1:80", "[]:1", "a b:1", "h:+1", "h:１"],
+)
 def test_bad_addresses(addr: str) -> None:
     assert check_address(addr) is not None
     with pytest.raises(InvalidMessage):
@@ -261,15 +268,18 @@ def test_relations_between_fields() -> None:
         Capacity("net", ME, 1, 1, 1, (), 0, 0)
 
 
-@pytest.mark.parametrize(("status", "exit_code", "trap", "ok"), [
-    ("exited", 0, None, True),
-    ("exited", None, None, False),
-    ("trap", None, "unreachable", True),
-    ("trap", None, None, False),
-    ("timeout", 1, None, False),
-    ("out_of_fuel", None, None, True),
-    ("crashed", None, None, False),
-])
+@pytest.mark.parametrize(
+    ("status", "exit_code", "trap", "ok"),
+    [
+        ("exited", 0, None, True),
+        ("exited", None, None, False),
+        ("trap", None, "unreachable", True),
+        ("trap", None, None, False),
+        ("timeout", 1, None, False),
+        ("out_of_fuel", None, None, True),
+        ("crashed", None, None, False),
+    ],
+)
 def test_outcome_rules(status: str, exit_code: int | None, trap: str | None, ok: bool) -> None:
     if ok:
         assert Outcome(status, exit_code, trap).status == status
@@ -283,7 +293,7 @@ def test_decoding_refuses_a_wire_value_of_the_wrong_type() -> None:
     wire = ping.to_wire()
     for i, bad in [(0, b"net"), (1, str(ME)), (2, None), (3, "1"), (3, (1,))]:
         with pytest.raises(InvalidMessage):
-            Ping.from_wire((*wire[:i], bad, *wire[i + 1:]))
+            Ping.from_wire((*wire[:i], bad, *wire[i + 1 :]))
     with pytest.raises(InvalidMessage, match="4 fields"):
         Ping.from_wire(wire[:3])
     with pytest.raises(InvalidMessage, match="array"):

@@ -39,7 +39,8 @@ except ImportError:
 
 pytestmark = pytest.mark.skipif(
     _recdecode is None,
-    reason="the optional C extension e31.protocol._recdecode was not built (no C compiler at install?)")
+    reason="the optional C extension e31.protocol._recdecode was not built (no C compiler at install?)",
+)
 
 KINDS = sorted(REGISTRY)
 SAMPLES = {name: msg for name, _key, msg in vectors.generator().samples()}
@@ -94,13 +95,16 @@ def test_the_compiled_decoder_is_what_from_wire_runs() -> None:
 
 
 def test_pure_python_is_chosen_by_the_environment() -> None:
-    code = ("from e31.protocol import schema, _recdecode; from e31.protocol.messages import Ping;"
-            "print(_recdecode.DISABLED, schema.native_decoding(),"
-            " schema._compiled(Ping).__code__ is schema._native_from_wire(Ping).__code__)")
+    code = (
+        "from e31.protocol import schema, _recdecode; from e31.protocol.messages import Ping;"
+        "print(_recdecode.DISABLED, schema.native_decoding(),"
+        " schema._compiled(Ping).__code__ is schema._native_from_wire(Ping).__code__)"
+    )
     for value, expect in (("1", "True False False"), ("", "False True True")):
         env = {**os.environ, "E31_PURE_PYTHON": value}
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                             check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
         assert out.stdout.split() == expect.split()
 
 
@@ -123,8 +127,9 @@ def test_every_vector_body_decodes_alike() -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.filter_too_much])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
 @given(data=st.data())
 def test_valid_messages_decode_to_the_same_objects(kind: str, data: st.DataObject) -> None:
     cls = REGISTRY[kind]
@@ -157,11 +162,53 @@ def _deep(depth: int) -> Any:
 
 
 HOSTILE: list[Any] = [
-    None, True, False, 0, 1, -1, 2**32, 2**64 - 1, 2**64, -(2**64), 2**200, 1.0, float("nan"),
-    "", "a", "\x00", "a\x00b", "\ud800", "é", "é" * 300, "x" * 5000, "../x", "a//b", "a=b", "e31",
-    Str("a"), Str("net"), b"", b"\x00" * 16, b"\x01" * 32, b"\x01" * 33, b"\x01" * 31, Bytes(b"\x01" * 32),
-    bytearray(b"\x01" * 32), memoryview(b"\x01" * 32), Int(5), (), (1,), [], [b"\x01" * 32], {}, {"a": 1},
-    Tuple(()), _deep(50), object(), NodeId(b"\x01" * 32), Digest(b"\x01" * 32),
+    None,
+    True,
+    False,
+    0,
+    1,
+    -1,
+    2**32,
+    2**64 - 1,
+    2**64,
+    -(2**64),
+    2**200,
+    1.0,
+    float("nan"),
+    "",
+    "a",
+    "\x00",
+    "a\x00b",
+    "\ud800",
+    "é",
+    "é" * 300,
+    "x" * 5000,
+    "../x",
+    "a//b",
+    "a=b",
+    "e31",
+    Str("a"),
+    Str("net"),
+    b"",
+    b"\x00" * 16,
+    b"\x01" * 32,
+    b"\x01" * 33,
+    b"\x01" * 31,
+    Bytes(b"\x01" * 32),
+    bytearray(b"\x01" * 32),
+    memoryview(b"\x01" * 32),
+    Int(5),
+    (),
+    (1,),
+    [],
+    [b"\x01" * 32],
+    {},
+    {"a": 1},
+    Tuple(()),
+    _deep(50),
+    object(),
+    NodeId(b"\x01" * 32),
+    Digest(b"\x01" * 32),
 ]
 
 
@@ -211,16 +258,20 @@ def _mutate(wire: Any, path: tuple[int, ...], how: str, other: Any) -> Any:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.filter_too_much])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
 @given(data=st.data())
 def test_mutated_messages_are_refused_or_accepted_alike(kind: str, data: st.DataObject) -> None:
     cls = REGISTRY[kind]
     wire = _wire(data.draw(records(cls)))
     for _ in range(data.draw(st.integers(1, 3))):
         path = data.draw(st.sampled_from(_paths(wire)))
-        how = data.draw(st.sampled_from(["replace", "replace", "drop", "append", "repeat", "swap", "as_list",
-                                         "as_subclass"]))
+        how = data.draw(
+            st.sampled_from(
+                ["replace", "replace", "drop", "append", "repeat", "swap", "as_list", "as_subclass"]
+            )
+        )
         wire = _mutate(wire, path, how, data.draw(st.sampled_from(HOSTILE)))
     assert_same(cls, wire)
 
@@ -241,10 +292,17 @@ def test_types_are_exact_as_in_python() -> None:
     ping = _wire(SAMPLES["ping"])
     net, sender, nonce, expires = ping
     refused = [
-        (Str(net), sender, nonce, expires), (net, Bytes(sender), nonce, expires),
+        (Str(net), sender, nonce, expires),
+        (net, Bytes(sender), nonce, expires),
         (net, sender, Bytes(nonce), expires),
-        (net, sender, nonce, True), (net, sender, nonce, Int(expires)), (net, sender, nonce, float(expires)),
-        Tuple(ping), list(ping), (net, sender, nonce, -1), (net, sender, nonce, 2**64), (net, sender, nonce),
+        (net, sender, nonce, True),
+        (net, sender, nonce, Int(expires)),
+        (net, sender, nonce, float(expires)),
+        Tuple(ping),
+        list(ping),
+        (net, sender, nonce, -1),
+        (net, sender, nonce, 2**64),
+        (net, sender, nonce),
     ]
     for wire in refused:
         assert assert_same(Ping, wire)[0] == "refused", wire
@@ -260,8 +318,22 @@ def test_text_counts_utf8_bytes_refuses_surrogates_and_nul() -> None:
         assert_same(EnvVar, ("NAME", value))
     for name in ("A=B", "Ä", "Ä=", "", "\x00", "x" * 255, "x" * 256, "é" * 128):
         assert_same(EnvVar, (name, "v"))
-    for name in ("a", "a/b", "a/./b", "a/../b", "/a", "a/", ".a", "a/.b", "a\\b", "a\x7fb", "ü/ö", "a" * 256,
-                 "\ud800", "a\x01"):
+    for name in (
+        "a",
+        "a/b",
+        "a/./b",
+        "a/../b",
+        "/a",
+        "a/",
+        ".a",
+        "a/.b",
+        "a\\b",
+        "a\x7fb",
+        "ü/ö",
+        "a" * 256,
+        "\ud800",
+        "a\x01",
+    ):
         assert_same(FileRef, (name, (b"\x01" * 32, 1)))
 
 
@@ -450,8 +522,30 @@ def test_the_quick_text_tests_in_c_decide_exactly_as_the_rules() -> None:
         assert_same(Ping, (net, sender, nonce, 1))
     for name in ("PATH", "A_B", "A=B", "=", "A\x00", "\u00c9", "a b"):
         assert_same(EnvVar, (name, "v"))
-    names = ("a", "a/b", "a.b/c.d", "a/../b", "a//b", "a/b/", "/a", ".a", "a/.b", "..", ".", "a/.", "a/..",
-             "a/./b", "a\\b", "a\x7fb", "a\x1fb", "a\tb", "~/x", "a/b c/d", "\u00e9/x", "a" * 255,
-             "a/" * 127 + "a")
+    names = (
+        "a",
+        "a/b",
+        "a.b/c.d",
+        "a/../b",
+        "a//b",
+        "a/b/",
+        "/a",
+        ".a",
+        "a/.b",
+        "..",
+        ".",
+        "a/.",
+        "a/..",
+        "a/./b",
+        "a\\b",
+        "a\x7fb",
+        "a\x1fb",
+        "a\tb",
+        "~/x",
+        "a/b c/d",
+        "\u00e9/x",
+        "a" * 255,
+        "a/" * 127 + "a",
+    )
     for name in names:
         assert_same(FileRef, (name, blob))

@@ -36,15 +36,18 @@ def test_the_sample_flow_checks_out() -> None:
     assert RECEIPT.message.waited_ms == 60_000
 
 
-@pytest.mark.parametrize(("change", "match"), [
-    ({"module": blob_ref(b"other module")}, "module"),
-    ({"profile": GEN.digest("x")}, "profile"),
-    ({"limits": dataclasses.replace(GEN.LIMITS, wall_ms=1)}, "limits"),
-    ({"inputs": ()}, "inputs"),
-    ({"stdin": blob_ref(b"")}, "stdin"),
-    ({"job_id": GEN.digest("other job")}, "job"),
-    ({"submitter": GEN.nid("executor")}, "submitter"),
-])
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"module": blob_ref(b"other module")}, "module"),
+        ({"profile": GEN.digest("x")}, "profile"),
+        ({"limits": dataclasses.replace(GEN.LIMITS, wall_ms=1)}, "limits"),
+        ({"inputs": ()}, "inputs"),
+        ({"stdin": blob_ref(b"")}, "stdin"),
+        ({"job_id": GEN.digest("other job")}, "job"),
+        ({"submitter": GEN.nid("executor")}, "submitter"),
+    ],
+)
 def test_receipt_that_describes_another_run_is_a_mismatch(change: dict[str, Any], match: str) -> None:
     receipt = dataclasses.replace(RECEIPT.message, **change)
     with pytest.raises(Mismatch, match=match):
@@ -52,8 +55,7 @@ def test_receipt_that_describes_another_run_is_a_mismatch(change: dict[str, Any]
 
 
 def test_outputs_over_the_limit_are_a_mismatch() -> None:
-    man = dataclasses.replace(MANIFEST,
-                              limits=dataclasses.replace(GEN.LIMITS, max_output_bytes=10))
+    man = dataclasses.replace(MANIFEST, limits=dataclasses.replace(GEN.LIMITS, max_output_bytes=10))
     receipt = dataclasses.replace(RECEIPT.message, limits=man.limits, job_id=man.job_id)
     with pytest.raises(Mismatch, match="max_output_bytes"):
         check_receipt_manifest(receipt, man)

@@ -25,9 +25,11 @@ _SPECIAL: dict[int, st.SearchStrategy[Any]] = {
     id(NETWORK): st.from_regex(r"[a-z0-9._-]{1,32}", fullmatch=True),
     id(FILE_NAME): st.lists(_NAME_PART, min_size=1, max_size=3).map("/".join),
     id(ADDRESS): st.one_of(
-        st.tuples(st.from_regex(r"[a-z0-9-]{1,20}(\.[a-z0-9-]{1,10}){0,2}", fullmatch=True),
-                  st.integers(1, 65535)).map(lambda hp: f"{hp[0]}:{hp[1]}"),
-        st.integers(1, 65535).map(lambda p: f"[2001:db8::1]:{p}")),
+        st.tuples(
+            st.from_regex(r"[a-z0-9-]{1,20}(\.[a-z0-9-]{1,10}){0,2}", fullmatch=True), st.integers(1, 65535)
+        ).map(lambda hp: f"{hp[0]}:{hp[1]}"),
+        st.integers(1, 65535).map(lambda p: f"[2001:db8::1]:{p}"),
+    ),
 }
 
 
@@ -39,8 +41,11 @@ def values(codec: schema.Codec[Any]) -> st.SearchStrategy[Any]:
     if isinstance(codec, schema.Bool):
         return st.booleans()
     if isinstance(codec, schema.Text):
-        return st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"),
-                       min_size=codec.min, max_size=min(codec.max // 4, 20))
+        return st.text(
+            st.characters(exclude_categories=("Cs",), exclude_characters="\x00"),
+            min_size=codec.min,
+            max_size=min(codec.max // 4, 20),
+        )
     if isinstance(codec, schema.OneOf):
         return st.sampled_from(codec.order)
     if isinstance(codec, schema.Bin):
@@ -57,7 +62,8 @@ def values(codec: schema.Codec[Any]) -> st.SearchStrategy[Any]:
             return items.map(tuple)
         key = codec.order_key
         return items.map(lambda xs: tuple(sorted({key(x): x for x in xs}.values(), key=key))).filter(
-            lambda xs: len(xs) >= codec.min)
+            lambda xs: len(xs) >= codec.min
+        )
     if isinstance(codec, schema.Sub):
         return records(codec.cls)
     raise AssertionError(f"no strategy for {codec!r}")
@@ -99,8 +105,9 @@ def records(cls: type[Record]) -> st.SearchStrategy[Any]:
 
 
 @pytest.mark.parametrize("kind", sorted(REGISTRY))
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
 @given(data=st.data())
 def test_any_valid_message_round_trips(kind: str, data: st.DataObject) -> None:
     cls = REGISTRY[kind]

@@ -11,8 +11,15 @@ from e31.protocol.messages import REGISTRY
 from e31.protocol.schema import Record
 
 SPEC = (Path(__file__).resolve().parent.parent.parent / "docs" / "protocol.md").read_text()
-RECORDS = [blobs.BlobRef, jobs.FileRef, jobs.EnvVar, jobs.Limits, jobs.JobManifest, messages.BidItem,
-           receipts.Outcome]
+RECORDS = [
+    blobs.BlobRef,
+    jobs.FileRef,
+    jobs.EnvVar,
+    jobs.Limits,
+    jobs.JobManifest,
+    messages.BidItem,
+    receipts.Outcome,
+]
 
 
 def field_table(cls: type[Record]) -> str:

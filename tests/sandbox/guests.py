@@ -58,8 +58,14 @@ O_CREAT = 1
 O_TRUNC = 8
 
 
-def command(body: str, *, data: str = "", funcs: str = "", memory: str = '(memory (export "memory") 1)',
-            start: str = "") -> bytes:
+def command(
+    body: str,
+    *,
+    data: str = "",
+    funcs: str = "",
+    memory: str = '(memory (export "memory") 1)',
+    start: str = "",
+) -> bytes:
     text = f"""(module {IMPORTS} {memory} {data} {HELPERS} {funcs} {start}
       (func (export "_start") {body}))"""
     return bytes(wasmtime.wat2wasm(text))

@@ -22,8 +22,9 @@ ECHO = (Path(__file__).resolve().parents[2] / "sandbox" / "workloads" / "echo.wa
 
 def tiny(i: int) -> bytes:
     """A distinct minimal WASI command per `i`."""
-    return wat_to_wasm(f'(module (memory 1) (export "memory" (memory 0)) '
-                       f'(func (export "_start") (drop (i32.const {i}))))')
+    return wat_to_wasm(
+        f'(module (memory 1) (export "memory" (memory 0)) (func (export "_start") (drop (i32.const {i}))))'
+    )
 
 
 @pytest.fixture(scope="module")

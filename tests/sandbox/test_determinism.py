@@ -20,7 +20,8 @@ from guests import O_CREAT, RIGHTS_WRITE, command
 
 # The guest reads both clocks, waits 5 s on the monotonic clock, reads it again, draws 32 random
 # bytes, stats /input/a.txt, lists /input, and copies that listing to /output/listing.bin.
-PROBE = command(f"""
+PROBE = command(
+    f"""
   (call $check (call $clock_time_get (i32.const 0) (i64.const 0) (i32.const 1024)))
   (call $check (call $clock_time_get (i32.const 1) (i64.const 0) (i32.const 1032)))
   (i64.store (i32.const 1100) (i64.const 7))
@@ -39,7 +40,9 @@ PROBE = command(f"""
   (call $check (call $open (i32.const 4) (i32.const 272) (i32.const 11) (i32.const {O_CREAT})
                            (i64.const {RIGHTS_WRITE})))
   (call $check (call $write (i32.load (i32.const 12)) (i32.const 2048) (i32.load (i32.const 1280))))
-""", data='(data (i32.const 256) "a.txt") (data (i32.const 272) "listing.bin")')
+""",
+    data='(data (i32.const 256) "a.txt") (data (i32.const 272) "listing.bin")',
+)
 
 
 @pytest.fixture
@@ -63,7 +66,7 @@ def _dirents(blob: bytes) -> list[tuple[int, int, str, int]]:
     out, off = [], 0
     while off < len(blob):
         d_next, ino, namlen, kind = struct.unpack_from("<QQIB", blob, off)
-        out.append((d_next, ino, blob[off + 24:off + 24 + namlen].decode(), kind))
+        out.append((d_next, ino, blob[off + 24 : off + 24 + namlen].decode(), kind))
         off += 24 + namlen
     return out
 
@@ -114,12 +117,31 @@ def test_a_fresh_process_agrees(inputs: Path, tmp_path: Path) -> None:
     module = tmp_path / "probe.wasm"
     module.write_bytes(PROBE)
     proc = subprocess.run(
-        [sys.executable, "-m", "e31.node.cli", "sandbox", "run", str(module), "--input", str(inputs),
-         "--json"],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "e31.node.cli",
+            "sandbox",
+            "run",
+            str(module),
+            "--input",
+            str(inputs),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     remote = json.loads(proc.stdout)
-    for key in ("status", "stdout_sha256", "stderr_sha256", "fuel_used", "output_files", "peak_memory_bytes",
-                "profile_digest"):
+    for key in (
+        "status",
+        "stdout_sha256",
+        "stderr_sha256",
+        "fuel_used",
+        "output_files",
+        "peak_memory_bytes",
+        "profile_digest",
+    ):
         assert remote[key] == _comparable(local)[key], key

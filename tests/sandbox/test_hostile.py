@@ -111,8 +111,9 @@ def test_memory_grow_bomb_meets_the_limit() -> None:
 
 
 def test_a_guest_that_handles_a_refused_grow_keeps_its_exit_code() -> None:
-    careful = command("(if (i32.eq (memory.grow (i32.const 1000)) (i32.const -1)) "
-                      "(then (call $proc_exit (i32.const 12))))")
+    careful = command(
+        "(if (i32.eq (memory.grow (i32.const 1000)) (i32.const -1)) (then (call $proc_exit (i32.const 12))))"
+    )
     r = go(careful, memory_bytes=4 * MIB)
     assert (r.status, r.exit_code) == (Status.EXITED, 12)
     assert r.peak_memory_bytes == 65536
@@ -126,9 +127,12 @@ def test_huge_declared_initial_memory_is_a_memory_limit_not_a_crash() -> None:
 
 
 def test_table_grow_bomb_is_refused_at_the_table_cap() -> None:
-    bomb = command("""
+    bomb = command(
+        """
       (loop $l (br_if $l (i32.ne (table.grow $t (ref.null func) (i32.const 1024)) (i32.const -1))))
-      (call $proc_exit (i32.shr_u (table.size $t) (i32.const 10)))""", funcs="(table $t 0 funcref)")
+      (call $proc_exit (i32.shr_u (table.size $t) (i32.const 10)))""",
+        funcs="(table $t 0 funcref)",
+    )
     r = go(bomb)
     assert (r.status, r.exit_code) == (Status.EXITED, PROFILE.max_table_elements >> 10)
 
@@ -162,11 +166,13 @@ OUT_FILE = '(data (i32.const 256) "flood.bin")'
 
 
 def test_output_file_flood_stops_at_the_cap_and_writes_only_what_fits(tmp_path: Path) -> None:
-    flood = command(f"""
+    flood = command(
+        f"""
       (call $check (call $open (i32.const 4) (i32.const 256) (i32.const 9) (i32.const {O_CREAT})
                                (i64.const {RIGHTS_WRITE})))
       (loop $l (drop (call $write (i32.load (i32.const 12)) (i32.const 1024) (i32.const 4096))) (br $l))""",
-                    data=OUT_FILE)
+        data=OUT_FILE,
+    )
     out = tmp_path / "out"
     r = go(flood, out, max_output_bytes=200_000)
     assert r.status is Status.OUTPUT_LIMIT
@@ -175,12 +181,15 @@ def test_output_file_flood_stops_at_the_cap_and_writes_only_what_fits(tmp_path: 
 
 
 def test_a_sparse_write_far_out_is_charged_for_the_bytes_it_would_store() -> None:
-    sparse = command(f"""
+    sparse = command(
+        f"""
       (call $check (call $open (i32.const 4) (i32.const 256) (i32.const 9) (i32.const {O_CREAT})
                                (i64.const {RIGHTS_WRITE})))
       (call $check (call $fd_seek (i32.load (i32.const 12)) (i64.const 0x10000000000) (i32.const 0)
                                   (i32.const 16)))
-      (drop (call $write (i32.load (i32.const 12)) (i32.const 1024) (i32.const 1)))""", data=OUT_FILE)
+      (drop (call $write (i32.load (i32.const 12)) (i32.const 1024) (i32.const 1)))""",
+        data=OUT_FILE,
+    )
     r = go(sparse, max_output_bytes=MIB)
     assert r.status is Status.OUTPUT_LIMIT
     assert r.output_bytes == 0
@@ -213,8 +222,11 @@ def test_creating_files_without_end_meets_the_entry_cap() -> None:
 def _open_errno(path: str, dirfd: int = 3, oflags: int = 0, rights: int = RIGHTS_READ) -> int:
     raw = path.encode()
     data = '(data (i32.const 256) "' + "".join(f"\\{b:02x}" for b in raw) + '")'
-    module = command(f"""(call $proc_exit (call $open (i32.const {dirfd}) (i32.const 256)
-                         (i32.const {len(raw)}) (i32.const {oflags}) (i64.const {rights})))""", data=data)
+    module = command(
+        f"""(call $proc_exit (call $open (i32.const {dirfd}) (i32.const 256)
+                         (i32.const {len(raw)}) (i32.const {oflags}) (i64.const {rights})))""",
+        data=data,
+    )
     r = run(JobSpec(module, inputs=_INPUTS))
     assert r.status is Status.EXITED
     assert r.exit_code is not None
@@ -232,8 +244,9 @@ def _inputs(tmp_path: Path) -> None:
     _INPUTS["a.txt"] = tmp_path / "in" / "a.txt"
 
 
-@pytest.mark.parametrize("path", ["../a.txt", "../../etc/passwd", "/etc/passwd", "/input/a.txt",
-                                  "x/../../a.txt", "./../in/a.txt"])
+@pytest.mark.parametrize(
+    "path", ["../a.txt", "../../etc/passwd", "/etc/passwd", "/input/a.txt", "x/../../a.txt", "./../in/a.txt"]
+)
 def test_paths_out_of_a_preopen_are_refused(path: str) -> None:
     errno = _open_errno(path)
     assert errno in (44, 76)  # ENOENT for a missing middle component, else ENOTCAPABLE
@@ -303,14 +316,17 @@ def test_nothing_is_written_outside_the_output_dir(tmp_path: Path, monkeypatch: 
 # -- refused modules ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("imports", [
-    '(import "env" "f" (func))',
-    '(import "wasi_snapshot_preview1" "sock_open" (func (param i32) (result i32)))',
-    '(import "wasi_snapshot_preview1" "fd_write" (func (param i32) (result i32)))',
-    '(import "wasi_snapshot_preview1" "fd_write" (memory 1))',
-    '(import "env" "memory" (memory 1))',
-    '(import "wasi_unstable" "fd_write" (func (param i32 i32 i32 i32) (result i32)))',
-])
+@pytest.mark.parametrize(
+    "imports",
+    [
+        '(import "env" "f" (func))',
+        '(import "wasi_snapshot_preview1" "sock_open" (func (param i32) (result i32)))',
+        '(import "wasi_snapshot_preview1" "fd_write" (func (param i32) (result i32)))',
+        '(import "wasi_snapshot_preview1" "fd_write" (memory 1))',
+        '(import "env" "memory" (memory 1))',
+        '(import "wasi_unstable" "fd_write" (func (param i32 i32 i32 i32) (result i32)))',
+    ],
+)
 def test_imports_outside_the_granted_set_are_invalid(imports: str) -> None:
     module = wat(f'(module {imports} (func (export "_start")))')
     r = go(module)
@@ -321,10 +337,16 @@ def test_imports_outside_the_granted_set_are_invalid(imports: str) -> None:
         compile_module(new_engine(), module)
 
 
-@pytest.mark.parametrize("blob", [
-    b"", b"\x00asm", b"\x00asm\x01\x00\x00\x00\xff\xff\xff", os.urandom(300),
-    b"(module (func (export \"_start\")))",  # text is not a binary module
-])
+@pytest.mark.parametrize(
+    "blob",
+    [
+        b"",
+        b"\x00asm",
+        b"\x00asm\x01\x00\x00\x00\xff\xff\xff",
+        os.urandom(300),
+        b'(module (func (export "_start")))',  # text is not a binary module
+    ],
+)
 def test_malformed_modules_are_invalid(blob: bytes) -> None:
     r = go(blob)
     assert r.status is Status.INVALID_MODULE

@@ -14,11 +14,22 @@ from e31.sandbox.runner import run
 from guests import command
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"fuel": 0}, {"fuel": -1}, {"fuel": 1.5}, {"fuel": True}, {"memory_bytes": 1000},
-    {"memory_bytes": 5 * 1024**3}, {"wall_seconds": 0}, {"wall_seconds": float("nan")},
-    {"wall_seconds": float("inf")}, {"wall_seconds": "1"}, {"max_output_bytes": -1},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"fuel": 0},
+        {"fuel": -1},
+        {"fuel": 1.5},
+        {"fuel": True},
+        {"memory_bytes": 1000},
+        {"memory_bytes": 5 * 1024**3},
+        {"wall_seconds": 0},
+        {"wall_seconds": float("nan")},
+        {"wall_seconds": float("inf")},
+        {"wall_seconds": "1"},
+        {"max_output_bytes": -1},
+    ],
+)
 def test_bad_limits_are_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(JobSpecError):
         Limits(**kwargs)  # type: ignore[arg-type]
@@ -63,8 +74,9 @@ def test_profile_digest_is_stable_and_covers_every_setting() -> None:
     assert PROFILE.as_dict()["nan_canonicalization"] is False
     other = ExecutionProfile(PROFILE.wasmtime_version, "riscv64", PROFILE.wasi)
     assert other.digest != PROFILE.digest
-    stack = ExecutionProfile(PROFILE.wasmtime_version, PROFILE.architecture, PROFILE.wasi,
-                             max_wasm_stack=1 << 16)
+    stack = ExecutionProfile(
+        PROFILE.wasmtime_version, PROFILE.architecture, PROFILE.wasi, max_wasm_stack=1 << 16
+    )
     assert stack.digest != PROFILE.digest
     PROFILE.require(PROFILE.digest_hex)
     with pytest.raises(ProfileMismatch):
@@ -93,8 +105,10 @@ def test_runs_from_several_threads_on_one_engine_are_each_correct() -> None:
         for _ in range(5):
             found.append(run(JobSpec(m, limits=limits)).status)
 
-    threads = [threading.Thread(target=worker, args=(module, Limits())),
-               threading.Thread(target=worker, args=(loop, Limits(fuel=200_000)))]
+    threads = [
+        threading.Thread(target=worker, args=(module, Limits())),
+        threading.Thread(target=worker, args=(loop, Limits(fuel=200_000))),
+    ]
     for t in threads:
         t.start()
     for t in threads:

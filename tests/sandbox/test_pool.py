@@ -50,11 +50,11 @@ GROW = wat_to_wasm("""
     (br_if $more (i32.lt_u (local.get $mib) (i32.const 600)))))
   (call $exit (local.get $mib))))
 """)
-SPIN = wat_to_wasm('(module (memory 1) (export "memory" (memory 0)) '
-                   '(func (export "_start") (loop (br 0))))')
+SPIN = wat_to_wasm('(module (memory 1) (export "memory" (memory 0)) (func (export "_start") (loop (br 0))))')
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux",
-                                reason="worker limits and signals are tested on Linux")
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux", reason="worker limits and signals are tested on Linux"
+)
 
 
 def spin_spec(wall: float = 30.0) -> JobSpec:

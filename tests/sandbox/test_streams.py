@@ -45,7 +45,10 @@ def whole(r: RunResult, streams: Path, name: str) -> bytes:
 def check_streams(r: RunResult, streams: Path) -> None:
     out, err = whole(r, streams, "stdout"), whole(r, streams, "stderr")
     assert (len(out), r.stdout_bytes, hashlib.sha256(out).hexdigest()) == (
-        r.stdout_bytes, len(out), r.stdout_sha256)
+        r.stdout_bytes,
+        len(out),
+        r.stdout_sha256,
+    )
     assert (len(err), hashlib.sha256(err).hexdigest()) == (r.stderr_bytes, r.stderr_sha256)
 
 
@@ -71,8 +74,11 @@ def test_a_long_stderr_goes_to_its_file_whole(tmp_path: Path) -> None:
 
 
 def test_a_run_with_short_streams_and_no_outputs_creates_nothing(tmp_path: Path) -> None:
-    r = run(JobSpec(command("(call $print (i32.const 1024) (i32.const 5))")), tmp_path / "work" / "output",
-            streams_dir=tmp_path / "work" / "streams")
+    r = run(
+        JobSpec(command("(call $print (i32.const 1024) (i32.const 5))")),
+        tmp_path / "work" / "output",
+        streams_dir=tmp_path / "work" / "streams",
+    )
     assert (r.status, r.stdout_bytes) == (Status.EXITED, 5)
     assert not (tmp_path / "work").exists()
     check_streams(r, tmp_path / "work" / "streams")

@@ -32,10 +32,13 @@ MEM2 = '(memory (export "memory") 2)'
 def test_a_large_input_is_served_whole_and_exact(tmp_path: Path) -> None:
     big = tmp_path / "big.bin"
     big.write_bytes(os.urandom(3 * 1024 * 1024 + 17))
-    module = command(f"""(call $check (call $open (i32.const 3) (i32.const 256) (i32.const 7) (i32.const 0)
+    module = command(
+        f"""(call $check (call $open (i32.const 3) (i32.const 256) (i32.const 7) (i32.const 0)
                                                   (i64.const {RIGHTS_READ})))"""
-                     + CAT.format(fd="(i32.load (i32.const 12))"),
-                     data='(data (i32.const 256) "big.bin")', memory=MEM2)
+        + CAT.format(fd="(i32.load (i32.const 12))"),
+        data='(data (i32.const 256) "big.bin")',
+        memory=MEM2,
+    )
     r = run(JobSpec(module, inputs={"big.bin": big}))
     assert (r.status, r.exit_code) == (Status.EXITED, 0), r.message
     assert r.stdout_sha256 == hashlib.sha256(big.read_bytes()).hexdigest()
@@ -166,8 +169,26 @@ def test_only_growth_is_charged_and_charged_before_it_is_stored() -> None:
 
 # -- every function, called with hostile arguments --------------------------------------------------
 
-_EDGE_I32 = [0, 1, 2, 3, 4, 5, 7, 8, 12, 16, 0xFFFF, 0x10000 - 1, 0x10000 - 8, 0x10000, 0x7FFFFFFF, -1, -8,
-             0x80000000]
+_EDGE_I32 = [
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    7,
+    8,
+    12,
+    16,
+    0xFFFF,
+    0x10000 - 1,
+    0x10000 - 8,
+    0x10000,
+    0x7FFFFFFF,
+    -1,
+    -8,
+    0x80000000,
+]
 _EDGE_I64 = [0, 1, -1, 2**62, -(2**63), 2**63 - 1, 5_000_000_000]
 
 
@@ -193,7 +214,7 @@ def _garbage_calls(name: str, seed: int, calls: int) -> bytes:
       (import "wasi_snapshot_preview1" "{name}" (func $f (param {sig}) {result}))
       (memory (export "memory") 1)
       (data (i32.const 0) "a.txt\\00\\00\\00d/b.txt\\00d\\00..\\00")
-      (func (export "_start") {' '.join(body)}))""")
+      (func (export "_start") {" ".join(body)}))""")
 
 
 def test_every_function_survives_garbage_arguments(tmp_path: Path) -> None:
@@ -203,7 +224,12 @@ def test_every_function_survives_garbage_arguments(tmp_path: Path) -> None:
         if name == "proc_exit":
             continue
         for seed in range(3):
-            r = run(JobSpec(_garbage_calls(name, seed, 60), inputs={"a.txt": f, "d/b.txt": f},
-                            limits=Limits(max_output_bytes=1 << 20)))
+            r = run(
+                JobSpec(
+                    _garbage_calls(name, seed, 60),
+                    inputs={"a.txt": f, "d/b.txt": f},
+                    limits=Limits(max_output_bytes=1 << 20),
+                )
+            )
             assert r.status in (Status.EXITED, Status.OUTPUT_LIMIT), (name, seed, r.trap, r.message)
             assert r.trap != "host_error"

@@ -39,10 +39,21 @@ from e31.sandbox.worker import (
 ECHO = (Path(__file__).resolve().parents[2] / "sandbox" / "workloads" / "echo.wasm").read_bytes()
 
 RESULT = RunResult(
-    status=Status.EXITED, exit_code=0, trap=None, message="", fuel_used=123, fuel_limit=1000,
-    wall_seconds=0.5, peak_memory_bytes=65536, stdout=b"hi\n", stdout_sha256="ab" * 32,
-    stderr_sha256="cd" * 32, output_files={"a/b.txt": "ef" * 32}, output_bytes=10,
-    profile_digest="00" * 32, reverifiable=True,
+    status=Status.EXITED,
+    exit_code=0,
+    trap=None,
+    message="",
+    fuel_used=123,
+    fuel_limit=1000,
+    wall_seconds=0.5,
+    peak_memory_bytes=65536,
+    stdout=b"hi\n",
+    stdout_sha256="ab" * 32,
+    stderr_sha256="cd" * 32,
+    output_files={"a/b.txt": "ef" * 32},
+    output_bytes=10,
+    profile_digest="00" * 32,
+    reverifiable=True,
 )
 
 
@@ -56,14 +67,17 @@ def test_frames_round_trip_and_end_cleanly() -> None:
     assert read_frame(buf) is None
 
 
-@pytest.mark.parametrize("data", [
-    (MAX_FRAME + 1).to_bytes(4, "big"),
-    b"\x00\x00\x00\x05ab",
-    b"\x00\x00",
-    b"\x00\x00\x00\x01\xc1",
-    b"\x00\x00\x00\x01\x05",
-    b"\x00\x00\x00\x01\x90",
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        (MAX_FRAME + 1).to_bytes(4, "big"),
+        b"\x00\x00\x00\x05ab",
+        b"\x00\x00",
+        b"\x00\x00\x00\x01\xc1",
+        b"\x00\x00\x00\x01\x05",
+        b"\x00\x00\x00\x01\x90",
+    ],
+)
 def test_bad_frames_raise_protocol_violation(data: bytes) -> None:
     with pytest.raises(ProtocolViolation):
         read_frame(io.BytesIO(data))
@@ -72,10 +86,15 @@ def test_bad_frames_raise_protocol_violation(data: bytes) -> None:
 def test_job_spec_round_trips(tmp_path: Path) -> None:
     (tmp_path / "in.txt").write_text("x")
     (tmp_path / "stdin").write_text("y")
-    spec = JobSpec(ECHO, args=("a", "ü"), env=(("K", "v"),), stdin=tmp_path / "stdin",
-                   inputs={"d/in.txt": tmp_path / "in.txt"},
-                   limits=Limits(fuel=99, memory_bytes=2**20, wall_seconds=1.5, max_output_bytes=7),
-                   seed=bytes(range(32)))
+    spec = JobSpec(
+        ECHO,
+        args=("a", "ü"),
+        env=(("K", "v"),),
+        stdin=tmp_path / "stdin",
+        inputs={"d/in.txt": tmp_path / "in.txt"},
+        limits=Limits(fuel=99, memory_bytes=2**20, wall_seconds=1.5, max_output_bytes=7),
+        seed=bytes(range(32)),
+    )
     wire = msgpack.unpackb(msgpack.packb(encode_spec(spec)), raw=False, use_list=True)
     again = decode_spec(wire)
     assert again == spec
@@ -94,16 +113,19 @@ def test_results_round_trip() -> None:
     assert decode_result(wire) == RESULT
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("status", "exploded"),
-    ("status", 1),
-    ("exit_code", "0"),
-    ("fuel_used", True),
-    ("stdout", "text"),
-    ("output_files", {"a": 1}),
-    ("output_files", [1]),
-    ("reverifiable", 1),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("status", "exploded"),
+        ("status", 1),
+        ("exit_code", "0"),
+        ("fuel_used", True),
+        ("stdout", "text"),
+        ("output_files", {"a": 1}),
+        ("output_files", [1]),
+        ("reverifiable", 1),
+    ],
+)
 def test_a_result_with_a_wrong_field_is_refused(field: str, value: object) -> None:
     wire = encode_result(RESULT)
     wire[[f.name for f in dataclasses.fields(RunResult)].index(field)] = value
@@ -134,8 +156,19 @@ def spawn_worker(cache_dir: Path) -> tuple[subprocess.Popen[bytes], BinaryIO, Bi
     with tempfile.TemporaryFile() as shm:
         shm.truncate(SHM_BYTES)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "e31.sandbox.worker", "--request-fd", str(req_r), "--reply-fd", str(rep_w),
-             "--paused-fd", str(shm.fileno()), "--cache-dir", str(cache_dir)],
+            [
+                sys.executable,
+                "-m",
+                "e31.sandbox.worker",
+                "--request-fd",
+                str(req_r),
+                "--reply-fd",
+                str(rep_w),
+                "--paused-fd",
+                str(shm.fileno()),
+                "--cache-dir",
+                str(cache_dir),
+            ],
             pass_fds=(req_r, rep_w, shm.fileno()),
         )
     os.close(req_r)
@@ -207,8 +240,9 @@ def test_a_worker_stops_its_job_when_its_pool_process_is_killed(tmp_path: Path) 
         "print(job.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
-    parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "cache")],
-                              stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "cache")], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert parent.stdout is not None
         worker = int(parent.stdout.readline())

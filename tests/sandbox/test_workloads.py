@@ -31,9 +31,15 @@ def compiled(module_bytes: bytes) -> wasmtime.Module:
     return compile_module(default_engine(), module_bytes)
 
 
-def run_workload(name: str, *args: str, directory: Path = WORKLOADS, inputs: dict[str, Path] | None = None,
-                 output_dir: Path | None = None, stdin: Path | None = None,
-                 seed: bytes = bytes(32)) -> RunResult:
+def run_workload(
+    name: str,
+    *args: str,
+    directory: Path = WORKLOADS,
+    inputs: dict[str, Path] | None = None,
+    output_dir: Path | None = None,
+    stdin: Path | None = None,
+    seed: bytes = bytes(32),
+) -> RunResult:
     wasm = module(name, directory)
     spec = JobSpec(wasm, args=args, inputs=inputs or {}, stdin=stdin, limits=LIMITS, seed=seed)
     return run(spec, output_dir, engine=default_engine(), module=compiled(wasm))
@@ -48,7 +54,7 @@ def parse_pgm(data: bytes) -> tuple[int, int, int, bytes]:
     m = re.match(rb"P5\s+(\d+)\s+(\d+)\s+(\d+)\s", data)
     assert m, data[:40]
     w, h, maxval = (int(x) for x in m.groups())
-    pixels = data[m.end():]
+    pixels = data[m.end() :]
     assert len(pixels) == w * h
     return w, h, maxval, pixels
 
@@ -77,7 +83,7 @@ def test_mandelbrot_tile_size_and_known_pixels() -> None:
     # Pixel (41, 15) is c = -0.230 + 0.039i, inside the main cardioid: never escapes.
     assert px[15 * 64 + 41] == 0
     # The image is symmetric about the real axis (rows y and h-1-y mirror each other).
-    assert all(px[y * w:(y + 1) * w] == px[(h - 1 - y) * w:(h - y) * w] for y in range(h // 2))
+    assert all(px[y * w : (y + 1) * w] == px[(h - 1 - y) * w : (h - y) * w] for y in range(h // 2))
 
 
 def test_mandelbrot_tiles_paste_into_the_whole_image() -> None:
@@ -89,7 +95,7 @@ def test_mandelbrot_tiles_paste_into_the_whole_image() -> None:
         w, h, _, tile = parse_pgm(r.stdout)
         assert (w, h) == (tw, th)
         for row in range(th):
-            pasted[(ty + row) * 40 + tx:(ty + row) * 40 + tx + tw] = tile[row * tw:(row + 1) * tw]
+            pasted[(ty + row) * 40 + tx : (ty + row) * 40 + tx + tw] = tile[row * tw : (row + 1) * tw]
     assert bytes(pasted) == whole
 
 
@@ -194,42 +200,63 @@ def at(x: int, y: int) -> int:
 def expected_blur(r: int) -> bytes:
     n = (2 * r + 1) ** 2
     window = [(dx, dy) for dx in range(-r, r + 1) for dy in range(-r, r + 1)]
-    return bytes((sum(at(x + dx, y + dy) for dx, dy in window) + n // 2) // n
-                 for y in range(H) for x in range(W))
+    return bytes(
+        (sum(at(x + dx, y + dy) for dx, dy in window) + n // 2) // n for y in range(H) for x in range(W)
+    )
 
 
 def expected_sobel() -> bytes:
     out = []
     for y in range(H):
         for x in range(W):
-            gx = (at(x + 1, y - 1) + 2 * at(x + 1, y) + at(x + 1, y + 1)
-                  - at(x - 1, y - 1) - 2 * at(x - 1, y) - at(x - 1, y + 1))
-            gy = (at(x - 1, y + 1) + 2 * at(x, y + 1) + at(x + 1, y + 1)
-                  - at(x - 1, y - 1) - 2 * at(x, y - 1) - at(x + 1, y - 1))
+            gx = (
+                at(x + 1, y - 1)
+                + 2 * at(x + 1, y)
+                + at(x + 1, y + 1)
+                - at(x - 1, y - 1)
+                - 2 * at(x - 1, y)
+                - at(x - 1, y + 1)
+            )
+            gy = (
+                at(x - 1, y + 1)
+                + 2 * at(x, y + 1)
+                + at(x + 1, y + 1)
+                - at(x - 1, y - 1)
+                - 2 * at(x, y - 1)
+                - at(x + 1, y - 1)
+            )
             out.append(min(math.isqrt(gx * gx + gy * gy), 255))
     return bytes(out)
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (("blur", "1"), expected_blur(1)),
-    (("blur", "2"), expected_blur(2)),
-    (("sobel",), expected_sobel()),
-    (("invert",), bytes(255 - p for p in IMAGE)),
-], ids=["blur1", "blur2", "sobel", "invert"])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("blur", "1"), expected_blur(1)),
+        (("blur", "2"), expected_blur(2)),
+        (("sobel",), expected_sobel()),
+        (("invert",), bytes(255 - p for p in IMAGE)),
+    ],
+    ids=["blur1", "blur2", "sobel", "invert"],
+)
 def test_imagefilter(tmp_path: Path, args: tuple[str, ...], expected: bytes) -> None:
     src = tmp_path / "in.pgm"
     src.write_bytes(pgm(W, H, IMAGE, comment=b"# a comment line\n"))
     out = tmp_path / "out"
-    exited_ok(run_workload("imagefilter", *args, "/input/img.pgm", "/output/img.pgm",
-                           inputs={"img.pgm": src}, output_dir=out))
+    exited_ok(
+        run_workload(
+            "imagefilter", *args, "/input/img.pgm", "/output/img.pgm", inputs={"img.pgm": src}, output_dir=out
+        )
+    )
     assert parse_pgm((out / "img.pgm").read_bytes()) == (W, H, 255, expected)
 
 
 def test_imagefilter_refuses_a_non_pgm(tmp_path: Path) -> None:
     src = tmp_path / "in.pgm"
     src.write_bytes(b"P6\n1 1\n255\nabc")
-    r = run_workload("imagefilter", "invert", "/input/x", "/output/y", inputs={"x": src},
-                     output_dir=tmp_path / "o")
+    r = run_workload(
+        "imagefilter", "invert", "/input/x", "/output/y", inputs={"x": src}, output_dir=tmp_path / "o"
+    )
     assert r.status is Status.EXITED and r.exit_code == 1
     assert r.output_files == {}
 
@@ -260,11 +287,16 @@ def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("clang") is None:
         pytest.skip("clang is not installed: cannot rebuild the workloads from source")
     out = tmp_path_factory.mktemp("rebuilt")
-    probe = subprocess.run(["clang", "--target=wasm32-wasi", "-O2", "-o", str(out / "probe.wasm"),
-                            str(WORKLOADS / "echo.c")], capture_output=True, text=True)
+    probe = subprocess.run(
+        ["clang", "--target=wasm32-wasi", "-O2", "-o", str(out / "probe.wasm"), str(WORKLOADS / "echo.c")],
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode != 0:
-        pytest.skip("clang cannot build for wasm32-wasi here (needs lld, wasi-libc and "
-                    f"libclang-rt-dev-wasm32): {probe.stderr.strip()[:200]}")
+        pytest.skip(
+            "clang cannot build for wasm32-wasi here (needs lld, wasi-libc and "
+            f"libclang-rt-dev-wasm32): {probe.stderr.strip()[:200]}"
+        )
     subprocess.run(["sh", str(WORKLOADS / "build.sh"), str(out)], check=True, capture_output=True)
     return out
 
@@ -276,17 +308,23 @@ def test_rebuilt_module_gives_the_same_output(rebuilt: Path, name: str, tmp_path
         (tmp_path / "img.pgm").write_bytes(pgm(W, H, IMAGE))
         inputs = {"img.pgm": tmp_path / "img.pgm"}
     shipped = run_workload(name, *SAMPLE_RUNS[name], inputs=inputs, output_dir=tmp_path / "a")
-    again = run_workload(name, *SAMPLE_RUNS[name], directory=rebuilt, inputs=inputs,
-                         output_dir=tmp_path / "b")
+    again = run_workload(
+        name, *SAMPLE_RUNS[name], directory=rebuilt, inputs=inputs, output_dir=tmp_path / "b"
+    )
     exited_ok(shipped)
     assert (again.status, again.exit_code, again.stdout_sha256, again.output_files) == (
-        shipped.status, shipped.exit_code, shipped.stdout_sha256, shipped.output_files)
+        shipped.status,
+        shipped.exit_code,
+        shipped.stdout_sha256,
+        shipped.output_files,
+    )
 
 
 def test_rebuild_with_the_same_compiler_is_byte_identical(rebuilt: Path) -> None:
     if (rebuilt / "TOOLCHAIN").read_text() != (WORKLOADS / "TOOLCHAIN").read_text():
-        pytest.skip("a different clang than the one that built the shipped modules: "
-                    "only the outputs are compared")
+        pytest.skip(
+            "a different clang than the one that built the shipped modules: only the outputs are compared"
+        )
     for name in NAMES:
         assert module(name, rebuilt) == module(name), f"{name}.wasm differs from its rebuild"
 
@@ -304,6 +342,25 @@ def test_workloads_run_through_e31_sandbox_run(tmp_path: Path, capfd: pytest.Cap
     assert capfd.readouterr().out.splitlines() == [f"{n} {w}" for n, w in top2]
 
     out = tmp_path / "out"
-    assert main(["sandbox", "run", "--output", str(out), str(WORKLOADS / "mandelbrot.wasm"), "--",
-                 "32", "16", "0", "0", "32", "16", "50", "/output/tile.pgm"]) == 0
+    assert (
+        main(
+            [
+                "sandbox",
+                "run",
+                "--output",
+                str(out),
+                str(WORKLOADS / "mandelbrot.wasm"),
+                "--",
+                "32",
+                "16",
+                "0",
+                "0",
+                "32",
+                "16",
+                "50",
+                "/output/tile.pgm",
+            ]
+        )
+        == 0
+    )
     assert parse_pgm((out / "tile.pgm").read_bytes())[:3] == (32, 16, 255)

@@ -116,15 +116,30 @@ def samples() -> list[tuple[str, str, Message]]:
     assign = Assign(NET, man.job_id, bid_id, nid("submitter"), nid("executor"), 1, T0 + 700_000)
     assignment_id = verify(sign_message(assign, key("submitter"))).message_id
     receipt = UsageReceipt(
-        network=NET, job_id=man.job_id, assignment_id=assignment_id, submitter=nid("submitter"),
-        executor=nid("executor"), module=man.module, inputs=man.inputs, stdin=man.stdin,
-        stdout=blob(b"centroids: (1,2) (3,4)\n"), stderr=blob(b""),
+        network=NET,
+        job_id=man.job_id,
+        assignment_id=assignment_id,
+        submitter=nid("submitter"),
+        executor=nid("executor"),
+        module=man.module,
+        inputs=man.inputs,
+        stdin=man.stdin,
+        stdout=blob(b"centroids: (1,2) (3,4)\n"),
+        stderr=blob(b""),
         outputs=(FileRef("out/centroids.json", blob(b"[[1,2],[3,4]]")),),
-        profile=PROFILE, limits=LIMITS, outcome=Outcome("exited", 0, None), fuel_used=123_456_789,
-        peak_memory=3 << 20, compute_ms=1_234, queued_at=T0 + 10_000, started_at=T0 + 70_000,
-        finished_at=T0 + 71_300)
-    trap = dataclasses.replace(receipt, outcome=Outcome("trap", None, "unreachable"), outputs=(),
-                               fuel_used=77)
+        profile=PROFILE,
+        limits=LIMITS,
+        outcome=Outcome("exited", 0, None),
+        fuel_used=123_456_789,
+        peak_memory=3 << 20,
+        compute_ms=1_234,
+        queued_at=T0 + 10_000,
+        started_at=T0 + 70_000,
+        finished_at=T0 + 71_300,
+    )
+    trap = dataclasses.replace(
+        receipt, outcome=Outcome("trap", None, "unreachable"), outputs=(), fuel_used=77
+    )
     receipt_raw = sign_message(receipt, key("executor"))
     receipt_id = verify(receipt_raw).message_id
     trap_id = verify(sign_message(trap, key("executor"))).message_id
@@ -137,42 +152,111 @@ def samples() -> list[tuple[str, str, Message]]:
         ("contact", "executor", contact),
         ("peers", "submitter", Peers(NET, nid("submitter"), (contact_env,), T0 + 60_000)),
         ("peers-empty", "submitter", Peers(NET, nid("submitter"), (), T0 + 60_000)),
-        ("capacity", "executor", Capacity(
-            NET, nid("executor"), T0 + 120_000, 8, 16 << 30,
-            tuple(sorted((PROFILE, digest("profile: other")), key=lambda d: d.raw)), 2, 900_000_000)),
+        (
+            "capacity",
+            "executor",
+            Capacity(
+                NET,
+                nid("executor"),
+                T0 + 120_000,
+                8,
+                16 << 30,
+                tuple(sorted((PROFILE, digest("profile: other")), key=lambda d: d.raw)),
+                2,
+                900_000_000,
+            ),
+        ),
         ("offer", "submitter", offer),
-        ("offer-one-job-stdin-no-inputs", "submitter", Offer(NET, T0 + 300_001, nid("submitter"), (manifest(
-            inputs=(), env=(), args=(), stdin=blob(b"stdin bytes"), replicas=3),))),
+        (
+            "offer-one-job-stdin-no-inputs",
+            "submitter",
+            Offer(
+                NET,
+                T0 + 300_001,
+                nid("submitter"),
+                (manifest(inputs=(), env=(), args=(), stdin=blob(b"stdin bytes"), replicas=3),),
+            ),
+        ),
         ("bid", "executor", bid),
-        ("decline", "arm-executor", Decline(
-            NET, tuple(sorted((man.job_id, second.job_id), key=BY_RAW)), offer_id, nid("arm-executor"),
-            T0 + 60_000, "no_profile", "this node runs only aarch64 profiles")),
+        (
+            "decline",
+            "arm-executor",
+            Decline(
+                NET,
+                tuple(sorted((man.job_id, second.job_id), key=BY_RAW)),
+                offer_id,
+                nid("arm-executor"),
+                T0 + 60_000,
+                "no_profile",
+                "this node runs only aarch64 profiles",
+            ),
+        ),
         ("assign", "submitter", assign),
         ("blobreq-list", "executor", BlobRequest(NET, nid("executor"), man.module.root, None, T0 + 30_000)),
         ("blobreq-chunk", "executor", BlobRequest(NET, nid("executor"), man.module.root, 0, T0 + 30_000)),
-        ("blobchunk-list", "submitter",
-         BlobChunk(NET, nid("submitter"), chunks.root, None, chunks.to_bytes())),
+        (
+            "blobchunk-list",
+            "submitter",
+            BlobChunk(NET, nid("submitter"), chunks.root, None, chunks.to_bytes()),
+        ),
         ("blobchunk", "submitter", BlobChunk(NET, nid("submitter"), chunks.root, 0, b"x" * 1000)),
-        ("result", "executor", Result(NET, man.job_id, assignment_id, nid("executor"), receipt_raw,
-                                      T0 + 7 * 86_400_000, (b"[[1,2],[3,4]]",))),
-        ("result-no-outputs", "executor", Result(NET, man.job_id, assignment_id, nid("executor"),
-                                                 receipt_raw, T0 + 7 * 86_400_000, ())),
+        (
+            "result",
+            "executor",
+            Result(
+                NET,
+                man.job_id,
+                assignment_id,
+                nid("executor"),
+                receipt_raw,
+                T0 + 7 * 86_400_000,
+                (b"[[1,2],[3,4]]",),
+            ),
+        ),
+        (
+            "result-no-outputs",
+            "executor",
+            Result(NET, man.job_id, assignment_id, nid("executor"), receipt_raw, T0 + 7 * 86_400_000, ()),
+        ),
         ("receipt", "executor", receipt),
         ("receipt-trap", "executor", trap),
-        ("receipt-timeout", "executor", dataclasses.replace(
-            receipt, outcome=Outcome("timeout", None, None), fuel_used=LIMITS.fuel)),
+        (
+            "receipt-timeout",
+            "executor",
+            dataclasses.replace(receipt, outcome=Outcome("timeout", None, None), fuel_used=LIMITS.fuel),
+        ),
         ("accepted", "executor", Accepted(NET, man.job_id, assignment_id, nid("executor"))),
-        ("release", "executor", Release(NET, man.job_id, assignment_id, nid("executor"), "unknown",
-                                        "no bid or job here for that assignment")),
-        ("ack", "submitter",
-         Ack(NET, nid("submitter"), nid("executor"), T0 + 80_000, (receipt_id,))),
-        ("ack-two-receipts", "submitter",
-         Ack(NET, nid("submitter"), nid("executor"), T0 + 80_000,
-             tuple(sorted((receipt_id, trap_id), key=BY_RAW)))),
+        (
+            "release",
+            "executor",
+            Release(
+                NET,
+                man.job_id,
+                assignment_id,
+                nid("executor"),
+                "unknown",
+                "no bid or job here for that assignment",
+            ),
+        ),
+        ("ack", "submitter", Ack(NET, nid("submitter"), nid("executor"), T0 + 80_000, (receipt_id,))),
+        (
+            "ack-two-receipts",
+            "submitter",
+            Ack(
+                NET,
+                nid("submitter"),
+                nid("executor"),
+                T0 + 80_000,
+                tuple(sorted((receipt_id, trap_id), key=BY_RAW)),
+            ),
+        ),
         ("cancel", "submitter", Cancel(NET, man.job_id, nid("submitter"), T0 + 60_000, "withdrawn", "")),
         ("treehead", "executor", TreeHead(NET, nid("executor"), 42, digest("root"), T0 + 90_000)),
-        ("proofreq", "submitter", ProofRequest(NET, nid("submitter"), nid("executor"), receipt_id,
-                                               T0 + 120_000)),
+        (
+            "proofreq",
+            "submitter",
+            ProofRequest(NET, nid("submitter"), nid("executor"), receipt_id, T0 + 120_000),
+        ),
         ("proof", "executor", inclusion_proof(receipt)),
         ("proof-two-receipts", "executor", inclusion_proof(receipt, trap)),
     ]
@@ -191,10 +275,16 @@ def inclusion_proof(*receipts: UsageReceipt) -> InclusionProof:
     for receipt in receipts:
         raw = sign_message(receipt, key("executor"))
         placed.append((verify(raw).message_id, log.append(raw)))
-    head = sign_message(TreeHead(NET, nid("executor"), log.size, Digest(log.root()), T0 + 95_000),
-                        key("executor"))
-    entries = sorted((ProofEntry(rid, index, tuple(Digest(h) for h in log.inclusion_proof(index)))
-                      for rid, index in placed), key=lambda e: e.receipt_id.raw)
+    head = sign_message(
+        TreeHead(NET, nid("executor"), log.size, Digest(log.root()), T0 + 95_000), key("executor")
+    )
+    entries = sorted(
+        (
+            ProofEntry(rid, index, tuple(Digest(h) for h in log.inclusion_proof(index)))
+            for rid, index in placed
+        ),
+        key=lambda e: e.receipt_id.raw,
+    )
     return InclusionProof(NET, nid("executor"), log.size, head, tuple(entries))
 
 
@@ -235,8 +325,17 @@ def invalid() -> list[dict[str, Any]]:
         ("version-2", "DecodeError", _env(b"\x02", "ping", body, signer, sig)),
         ("version-true", "DecodeError", _env(b"\xc3", "ping", body, signer, sig)),
         ("version-uint8", "NonCanonical", _env(b"\xcc\x01", "ping", body, signer, sig)),
-        ("body-bin16", "NonCanonical", b"\x95\x01" + pack("ping") + b"\xc5" + struct.pack(">H", len(body))
-         + body + pack(signer) + pack(sig)),
+        (
+            "body-bin16",
+            "NonCanonical",
+            b"\x95\x01"
+            + pack("ping")
+            + b"\xc5"
+            + struct.pack(">H", len(body))
+            + body
+            + pack(signer)
+            + pack(sig),
+        ),
         ("kind-str8", "NonCanonical", b"\x95\x01\xd9\x04ping" + pack(body) + pack(signer) + pack(sig)),
         ("body-is-str", "DecodeError", _env(b"\x01", "ping", body.decode("latin-1"), signer, sig)),
         ("unknown-kind", "UnknownKind", _resign("pingx", body, k)),
@@ -281,8 +380,12 @@ def invalid() -> list[dict[str, Any]]:
     signed("offer-manifest-twice", "offer", "submitter", offer(first, first))
     signed("offer-no-manifests", "offer", "submitter", offer())
     stranger = manifest(submitter=nid("stranger")).to_wire()
-    signed("offer-manifest-of-another-submitter", "offer", "submitter",
-           offer(*sorted((first, stranger), key=lambda m: sha256(pack(m)).raw)))
+    signed(
+        "offer-manifest-of-another-submitter",
+        "offer",
+        "submitter",
+        offer(*sorted((first, stranger), key=lambda m: sha256(pack(m)).raw)),
+    )
     # Bids and declines.
     bw = sample("bid").to_wire()
     one, two = bw[4]
@@ -301,8 +404,12 @@ def invalid() -> list[dict[str, Any]]:
     res = sample("result").to_wire()
     signed("result-output-over-push-max", "result", "executor", (*res[:6], (b"x" * (PUSH_MAX + 1),)))
     signed("result-empty-output", "result", "executor", (*res[:6], (b"",)))
-    signed(f"result-{MAX_PUSHED + 1}-outputs", "result", "executor",
-           (*res[:6], tuple(bytes([i]) for i in range(MAX_PUSHED + 1))))
+    signed(
+        f"result-{MAX_PUSHED + 1}-outputs",
+        "result",
+        "executor",
+        (*res[:6], tuple(bytes([i]) for i in range(MAX_PUSHED + 1))),
+    )
     signed("result-no-receipt", "result", "executor", (*res[:4], b"", *res[5:]))
     dw = sample("decline").to_wire()
     signed("decline-job-ids-unsorted", "decline", "arm-executor", (dw[0], tuple(reversed(dw[1])), *dw[2:]))
@@ -310,8 +417,16 @@ def invalid() -> list[dict[str, Any]]:
     out = []
     for name, error, data in cases:
         kind, key_name = claims.get(name, ("ping", "executor"))
-        out.append({"name": name, "valid": False, "kind": kind, "seed": seed(key_name).hex(),
-                    "error": error, "envelope": data.hex()})
+        out.append(
+            {
+                "name": name,
+                "valid": False,
+                "kind": kind,
+                "seed": seed(key_name).hex(),
+                "error": error,
+                "envelope": data.hex(),
+            }
+        )
     return out
 
 
@@ -321,11 +436,18 @@ def build() -> list[dict[str, Any]]:
         data = sign_message(msg, key(key_name))
         env = verify(data)
         assert env.message_id == message_id(env.kind, env.body, env.signer)
-        out.append({
-            "name": name, "valid": True, "kind": msg.KIND, "seed": seed(key_name).hex(),
-            "signer": str(env.signer), "message_id": env.message_id.hex(), "envelope": data.hex(),
-            "fields": msg.to_json(),
-        })
+        out.append(
+            {
+                "name": name,
+                "valid": True,
+                "kind": msg.KIND,
+                "seed": seed(key_name).hex(),
+                "signer": str(env.signer),
+                "message_id": env.message_id.hex(),
+                "envelope": data.hex(),
+                "fields": msg.to_json(),
+            }
+        )
     return out + invalid()
 
 
