@@ -2,6 +2,6 @@
 
 import sys
 
-from e31.node.cli import main
+from e31.node.cli.main import main
 
 sys.exit(main())

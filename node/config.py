@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .errors import UsageError
+
 # The data directory's layout (docs/operating.md).
 CONFIG_FILE = "config.toml"
 API_FILE = "api.json"
@@ -31,7 +33,7 @@ DEFAULT_NETWORK = "main"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-class ConfigError(Exception):
+class ConfigError(UsageError):
     """A configuration value that cannot be used; the message names the key and its source."""
 
 

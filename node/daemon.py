@@ -30,24 +30,25 @@ from typing import Any
 import nacl.signing
 import trio
 
-from . import gctune
-from .blobs import BlobError, BlobStore
+from .api.server import Request, Router, serve_control
 from .config import NodeConfig
-from .control import Request, Router, serve_control
+from .errors import NodeError
+from .host import gctune
+from .host.memtrim import run_trimmer
 from .identity import IdentityError, load_or_create_identity, node_id
 from .logs import setup_logging
-from .memtrim import run_trimmer
-from .peering import PeerService, join_address, split_address
-from .peers import PeerSettings
-from .store import AsyncStore, Store, StoreError
-from .transport import ListenFailed
+from .net.peering import PeerService, join_address, split_address
+from .net.peers import PeerSettings
+from .net.transport import ListenFailed
+from .store.blobs import BlobError, BlobStore
+from .store.db import AsyncStore, Store, StoreError
 
 log = logging.getLogger("e31.node")
 
 LOCK_FILE = "node.lock"
 
 
-class DaemonError(Exception):
+class DaemonError(NodeError):
     """An expected start-up failure; the message is one line for the operator."""
 
 
@@ -205,7 +206,7 @@ class Node:
         from e31.protocol.errors import ProtocolError
         from e31.protocol.ids import NodeId
 
-        from .discovery import DiscoveryError, run_discovery
+        from .net.discovery import DiscoveryError, run_discovery
 
         def found(node: str, network: str, addresses: list[tuple[str, int]]) -> None:
             try:
@@ -233,11 +234,13 @@ class Node:
     async def _start_jobs(self, nursery: trio.Nursery, router: Router) -> None:
         """Gossip (offers), the receipt log with its export endpoint, and the job path (market_service)."""
         from e31.protocol.gossip import GossipConfig, GossipEngine
+        from e31.sandbox.profile import PROFILE
 
-        from .bundle import export_handler
-        from .gossip import GossipService
-        from .market_service import run_jobs
-        from .receiptlog import ReceiptLog
+        from .api.export import export_handler
+        from .api.jobs import JobsApi, compile_check
+        from .market.service import run_jobs
+        from .net.gossip import GossipService
+        from .store.receiptlog import ReceiptLog
 
         gossip = GossipService(
             GossipEngine[bytes](GossipConfig(self.config.network)), on_disconnect=self.peering.disconnect
@@ -252,7 +255,7 @@ class Node:
             ReceiptLog, self.store.store, self.identity, self.config.network
         )
         router.add("POST", "/v1/receipts/export", export_handler(self.store, self.blobs, receipt_log))
-        await nursery.start(
+        market = await nursery.start(
             partial(
                 run_jobs,
                 identity=self.identity,
@@ -260,19 +263,19 @@ class Node:
                 store=self.store,
                 blobs=self.blobs,
                 peering=self.peering,
-                router=router,
                 gossip=gossip,
                 receipt_log=receipt_log,
                 on_capacity=self._set_capacity,
                 adverts=adverts,
             )
         )
+        JobsApi(market.submitter, self.blobs, PROFILE.digest, compile_check).register(router)
 
     async def _start_gc(self, nursery: trio.Nursery) -> None:
         """Collect expired blobs and the leftovers of finished jobs every `gc_interval` seconds."""
-        from .gc import run_gc
-        from .market import MarketSettings
-        from .market_service import RUNS_DIR
+        from .market.router import MarketSettings
+        from .market.service import RUNS_DIR
+        from .store.gc import run_gc
 
         await nursery.start(
             partial(
@@ -295,7 +298,7 @@ class Node:
         return router
 
     def status(self) -> dict[str, Any]:
-        from .cli import version
+        from . import version
 
         counts = self.peering.counts()
         return {

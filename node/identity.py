@@ -19,11 +19,13 @@ from pathlib import Path
 import nacl.signing
 from e31.protocol.ids import NodeId
 
+from .errors import NodeError
+
 HEADER = "e31-ed25519-seed-v1"
 SEED_SIZE = 32
 
 
-class IdentityError(Exception):
+class IdentityError(NodeError):
     """A key file that is missing, unreadable, malformed or too widely readable."""
 
 

@@ -6,11 +6,11 @@ import json
 import subprocess
 import sys
 
-from e31.node import cli
+from e31.node.cli import main as cli
 
 
 def _e31(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "e31.node.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "e31.node", *args], capture_output=True, text=True)
 
 
 def test_help_lists_every_command() -> None:
@@ -42,7 +42,7 @@ def test_unknown_command_is_a_usage_error() -> None:
 def test_help_imports_no_heavy_module() -> None:
     code = (
         "import sys, json\n"
-        "from e31.node import cli\n"
+        "from e31.node.cli import main as cli\n"
         "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
         "print(json.dumps(sorted(m for m in ('trio', 'wasmtime', 'zeroconf', 'nacl', 'msgpack', 'sqlite3')"
         " if m in sys.modules)))\n"

@@ -70,3 +70,91 @@ def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "x.py"
     bad.write_text("import trio\nfrom time import monotonic\nfrom e31.node import cli\n")
     assert [n for _, n in _imports(bad)] == ["trio", "time", "e31.node"]
+
+
+# --- node/'s wings -----------------------------------------------------------------------------------
+# A wing may import the wings ranked below it and the foundation modules, never one ranked the same or
+# above (docs/architecture.md, "node/'s wings"). The foundation (node/'s own small top-level modules)
+# imports only itself; `daemon` composes the wings below the CLI; `__main__` is the entry point.
+WING_RANK = {
+    "host": 1,
+    "store": 2,
+    "net": 3,
+    "market": 4,
+    "audit": 4,
+    "api": 5,
+    "daemon": 6,
+    "cli": 7,
+    "demo": 8,
+    "__main__": 9,
+}
+FOUNDATION = {"config", "errors", "identity", "lifecycle", "logs", "nursery", "units", "__init__"}
+NODE = ROOT / "node"
+
+
+def _node_unit(parts: tuple[str, ...]) -> str:
+    """The wing (or top-level module) that a module path under e31.node belongs to."""
+    return parts[0] if parts else "__init__"
+
+
+def _is_module(parts: tuple[str, ...]) -> bool:
+    path = NODE.joinpath(*parts)
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _node_imports(path: Path) -> list[tuple[int, tuple[str, ...]]]:
+    """Every import of an e31.node module from `path`, as the path of names under e31.node."""
+    here = path.relative_to(NODE).with_suffix("").parts
+    package = here[:-1]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[tuple[int, tuple[str, ...]]] = []
+    for node in ast.walk(tree):
+        names: list[tuple[str, ...]] = []
+        if isinstance(node, ast.Import):
+            names = [tuple(a.name.split("."))[2:] for a in node.names if a.name.startswith("e31.node")]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = base + tuple(node.module.split(".") if node.module else ())
+            elif node.module and (node.module == "e31.node" or node.module.startswith("e31.node.")):
+                target = tuple(node.module.split("."))[2:]
+            else:
+                continue
+            # `from PACKAGE import NAME` imports a module when NAME is one, else a name of PACKAGE
+            names = [(*target, a.name) if _is_module((*target, a.name)) else target for a in node.names]
+        found += [(node.lineno, n) for n in names]
+    return found
+
+
+def _wing_violations() -> list[str]:
+    bad = []
+    for path in sorted(NODE.rglob("*.py")):
+        unit = _node_unit(path.relative_to(NODE).with_suffix("").parts)
+        for lineno, target in _node_imports(path):
+            dest = _node_unit(target)
+            if dest == unit:
+                continue
+            where = f"{path.relative_to(ROOT)}:{lineno} imports e31.node.{'.'.join(target)}"
+            if unit in FOUNDATION:
+                if dest not in FOUNDATION:
+                    bad.append(f"{where}: a foundation module imports only the foundation")
+            elif dest in FOUNDATION:
+                continue
+            elif dest not in WING_RANK:
+                bad.append(f"{where}: {dest} is neither a wing nor a foundation module")
+            elif WING_RANK[dest] >= WING_RANK[unit]:
+                bad.append(f"{where}: {unit} may not import {dest} (imports run down the wings)")
+    return bad
+
+
+def test_node_wings_import_one_way() -> None:
+    assert _wing_violations() == []
+
+
+def test_node_top_level_is_small() -> None:
+    top = sorted(p.name for p in NODE.glob("*.py"))
+    assert len(top) <= 12, top
+    units = {p.stem for p in NODE.glob("*.py")} | {
+        p.name for p in NODE.iterdir() if p.is_dir() and (p / "__init__.py").exists()
+    }
+    assert units <= set(WING_RANK) | FOUNDATION, units - set(WING_RANK) - FOUNDATION

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from e31.node.demo_net import process_tree_rss
+from e31.node.demo.net import process_tree_rss
 
 FLOOR_BYTES = 1_000_000_000
 

@@ -40,7 +40,7 @@ from typing import Any
 import nacl.signing
 import trio
 import trio.testing
-from e31.node.gossip import GossipService, Send
+from e31.node.net.gossip import GossipService, Send
 from e31.protocol.blobs import chunk_list
 from e31.protocol.envelope import node_id_of, sign_message
 from e31.protocol.gossip import Deliver, Drop, Forward, GossipConfig, GossipEngine, Reason

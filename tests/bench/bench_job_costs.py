@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "tests" / "node"))
 
 import e31.protocol.envelope as envelope  # noqa: E402
 import test_market as harness  # noqa: E402
-from e31.node.store import AsyncStore, Store  # noqa: E402
+from e31.node.store.db import AsyncStore, Store  # noqa: E402
 
 COUNTS: collections.Counter[str] = collections.Counter()
 

@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from e31.node.api_client import ApiClient, ApiClientError
-from e31.node.demo_net import LocalNetwork
+from e31.node.api.client import ApiClient, ApiClientError
+from e31.node.demo.net import LocalNetwork
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "sandbox" / "workloads" / "montecarlo.wasm"

@@ -29,7 +29,7 @@ def start(data_dir: Path, log: Path, *args: str) -> tuple[subprocess.Popen[bytes
             [
                 sys.executable,
                 "-m",
-                "e31.node.cli",
+                "e31.node",
                 "node",
                 "run",
                 "--data-dir",

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from bench_jobs import BenchError, net, submit, wait
-from e31.node.api_client import ApiClientError
-from e31.node.demo import fuel_for
-from e31.node.demo_image import HEIGHT, MAX_ITER, WIDTH, Tile, plan_tiles
+from e31.node.api.client import ApiClientError
+from e31.node.demo.image import HEIGHT, MAX_ITER, WIDTH, Tile, plan_tiles
+from e31.node.demo.run import fuel_for
 from e31.sandbox import runner
 from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import Limits

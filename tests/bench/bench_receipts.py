@@ -18,11 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "node"))
 
-from e31.node.audit import audit
-from e31.node.blobs import BlobStore
-from e31.node.bundle import decode_bundle, export_bundle
-from e31.node.receiptlog import ReceiptLog
-from e31.node.store import Store
+from e31.node.audit.bundle import decode_bundle, export_bundle
+from e31.node.audit.checks import audit
+from e31.node.store.blobs import BlobStore
+from e31.node.store.db import Store
+from e31.node.store.receiptlog import ReceiptLog
 from e31.protocol.envelope import verify
 from receipt_fixtures import NET, T0, key, mandelbrot
 

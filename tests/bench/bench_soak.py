@@ -22,8 +22,8 @@ import threading
 from pathlib import Path
 
 from bench_jobs import BenchError, net, submit, throughput, tiny, wait
-from e31.node.api_client import ApiClientError
-from e31.node.demo_net import process_tree_rss
+from e31.node.api.client import ApiClientError
+from e31.node.demo.net import process_tree_rss
 
 FLOOR_BYTES_PER_JOB = 1024
 MIB = 1 << 20

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import trio
-from e31.node.api_client import ApiClient
-from e31.node.blobs import CHUNK_SIZE, BlobStore
+from e31.node.api.client import ApiClient
+from e31.node.api.server import ControlEndpoint, Request, Router, serve_control
 from e31.node.config import load_config
-from e31.node.control import ControlEndpoint, Request, Router, serve_control
-from e31.node.store import Store
+from e31.node.store.blobs import CHUNK_SIZE, BlobStore
+from e31.node.store.db import Store
 
 FLOORS = {
     "commits_per_s": 100.0,

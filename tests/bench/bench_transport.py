@@ -23,7 +23,7 @@ from functools import partial
 from typing import TypeVar
 
 import trio
-from e31.node.transport import Connection, Limits, Timeouts, dial, serve
+from e31.node.net.transport import Connection, Limits, Timeouts, dial, serve
 from nacl.signing import SigningKey, VerifyKey
 
 T = TypeVar("T")

@@ -11,10 +11,10 @@ from pathlib import Path
 import nacl.signing
 import pytest
 import trio
-from e31.node.acks import Acknowledger
-from e31.node.blobs import BlobStore
-from e31.node.market import MarketContext, MarketSettings
-from e31.node.store import AsyncStore, Store, StoreError
+from e31.node.market.acks import Acknowledger
+from e31.node.market.router import MarketContext, MarketSettings
+from e31.node.store.blobs import BlobStore
+from e31.node.store.db import AsyncStore, Store, StoreError
 from e31.protocol.envelope import verify
 from e31.protocol.ids import NodeId
 from e31.protocol.receipts import MAX_ACKED, Ack
@@ -148,7 +148,7 @@ async def test_acks_the_store_cannot_keep_are_tried_again(
 async def test_too_many_receipts_waiting_drop_the_oldest(
     ctx: MarketContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import e31.node.acks as acks_module
+    import e31.node.market.acks as acks_module
 
     monkeypatch.setattr(acks_module, "ACKS_DUE_KEPT", 3)
     acks = Acknowledger(ctx)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
-from e31.node.admission import Admission
+from e31.node.market.admission import Admission
 
 
 async def test_a_free_slot_with_nobody_waiting_admits_at_once() -> None:

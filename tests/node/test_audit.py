@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e31.node.audit import AuditReport, audit, render
-from e31.node.bundle import Bundle, Consistency, decode_bundle, encode_bundle
-from e31.node.receiptlog import ReceiptLog
-from e31.node.store import Store
+from e31.node.audit.bundle import Bundle, Consistency, decode_bundle, encode_bundle
+from e31.node.audit.checks import AuditReport, audit, render
+from e31.node.store.db import Store
+from e31.node.store.receiptlog import ReceiptLog
 from e31.protocol.envelope import sign_message, verify
 from e31.protocol.ids import Digest
 from e31.protocol.merkle import MerkleLog
@@ -320,7 +320,7 @@ def test_an_envelope_that_does_not_verify_is_labelled_with_the_one_job_it_names(
 
 def test_the_job_id_fields_peeked_at_are_those_of_the_messages() -> None:
     """Every kind whose body names jobs is in the audit's table, at the field that names them."""
-    from e31.node.audit import _JOB_ID_FIELD
+    from e31.node.audit.checks import _JOB_ID_FIELD
 
     found: dict[str, tuple[int, str]] = {}
     for kind, cls in REGISTRY.items():

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e31.node import batch
-from e31.node.cli import CliError
-from e31.node.cmd_submit import add_arguments, batch_body
-from e31.node.store import Store
+from e31.node.cli import batch_file
+from e31.node.cli.main import CliError
+from e31.node.cli.submit import add_arguments, batch_body
+from e31.node.store import batches as batch
+from e31.node.store.db import Store
 from test_jobs_e2e import ROOT, Node, e31, wait_for
 
 ECHO = ROOT / "sandbox" / "workloads" / "echo.wasm"
@@ -24,7 +25,7 @@ SWEEP = 1000
 
 def test_lines_are_objects_with_the_per_job_fields() -> None:
     text = '{"args": ["1"]}\n\n{"env": {"K": "v"}, "stdin": "in.txt"}\n{}\n'
-    jobs = batch.parse_lines(text, "f.jsonl")
+    jobs = batch_file.parse_lines(text, "f.jsonl")
     assert jobs == [{"args": ["1"]}, {"env": [["K", "v"]], "stdin": "in.txt"}, {}]
 
 
@@ -38,8 +39,8 @@ def test_lines_are_objects_with_the_per_job_fields() -> None:
     ],
 )
 def test_bad_lines_say_where_and_why(text: str, message: str) -> None:
-    with pytest.raises(batch.BatchError) as e:
-        batch.parse_lines(text, "f.jsonl")
+    with pytest.raises(batch_file.BatchError) as e:
+        batch_file.parse_lines(text, "f.jsonl")
     assert str(e.value).startswith(message)
 
 

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from e31.node.blobs import (
+from e31.node.store.blobs import (
     CHUNK_SIZE,
     BlobCorrupt,
     BlobError,
@@ -239,7 +239,7 @@ def test_hash_hex_forms() -> None:
 
 _BLOB_WRITER = textwrap.dedent("""
     import os, sys
-    from e31.node.blobs import BlobStore
+    from e31.node.store.blobs import BlobStore
     store = BlobStore(sys.argv[1])
     n = 0
     while True:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from e31.node.audit import audit
-from e31.node.blobs import BlobStore
-from e31.node.bundle import (
+from e31.node.api.export import export_handler
+from e31.node.api.server import HttpError, Request
+from e31.node.audit.bundle import (
     MAGIC,
     Bundle,
     BundleError,
@@ -19,13 +19,13 @@ from e31.node.bundle import (
     decode_bundle,
     encode_bundle,
     export_bundle,
-    export_handler,
     read_bundle,
     write_bundle,
 )
-from e31.node.control import HttpError, Request
-from e31.node.receiptlog import ReceiptLog
-from e31.node.store import AsyncStore, Store
+from e31.node.audit.checks import audit
+from e31.node.store.blobs import BlobStore
+from e31.node.store.db import AsyncStore, Store
+from e31.node.store.receiptlog import ReceiptLog
 from e31.protocol.blobs import blob_ref
 from e31.protocol.codec import MAX_FRAME, pack
 from e31.protocol.envelope import verify
@@ -242,7 +242,7 @@ async def test_the_export_endpoint_writes_the_bundle(
 def test_jobs_forgotten_after_their_retention_still_export_and_audit_sound(
     node: tuple[Store, BlobStore, ReceiptLog],
 ) -> None:
-    from e31.node.gc import collect
+    from e31.node.store.gc import collect
 
     store, blobs, log = node
     jobs = [mandelbrot(), montecarlo()]
@@ -296,8 +296,8 @@ def test_jobs_offered_together_export_alone_or_together_with_one_copy_of_their_o
 def test_jobs_offered_together_and_forgotten_are_still_found_by_their_offer(
     node: tuple[Store, BlobStore, ReceiptLog],
 ) -> None:
-    from e31.node.bundle import all_job_ids
-    from e31.node.gc import collect
+    from e31.node.audit.bundle import all_job_ids
+    from e31.node.store.gc import collect
 
     store, blobs, log = node
     jobs = offered_together()

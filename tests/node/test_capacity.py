@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from e31.node.capacity import (
+from e31.node.host.capacity import (
     CORE_SLACK,
     MEMORY_STEP,
     Capacity,

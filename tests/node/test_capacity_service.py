@@ -10,9 +10,9 @@ import nacl.signing
 import pytest
 import trio
 import trio.testing
-from e31.node.capacity import CapacityPolicy, State, SyntheticOwnerLoad, sampler_from_env
-from e31.node.capacity_service import ADVERT_TTL_MS, CapacityService
-from e31.node.scheduler import Scheduler
+from e31.node.host.capacity import CapacityPolicy, State, SyntheticOwnerLoad, sampler_from_env
+from e31.node.market.adverts import ADVERT_TTL_MS, CapacityService
+from e31.node.market.scheduler import Scheduler
 from e31.protocol.envelope import sign_message, verify
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.messages import Capacity as CapacityAd
@@ -140,7 +140,7 @@ async def test_the_peer_table_keeps_the_latest_unexpired_advertisement(
 
 
 def test_the_synthetic_owner_is_used_only_when_asked(tmp_path: Path) -> None:
-    from e31.node.capacity import read_sample
+    from e31.node.host.capacity import read_sample
 
     assert sampler_from_env({}) is read_sample
     chosen = sampler_from_env({"E31_TEST_OWNER_LOAD_FILE": str(tmp_path / "missing")})
@@ -153,7 +153,7 @@ def test_the_synthetic_owner_is_used_only_when_asked(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("value", ["0", "1.5"])
 def test_a_synthetic_sample_gives_the_owner_the_load_written(tmp_path: Path, value: str) -> None:
-    from e31.node.capacity import owner_cpu
+    from e31.node.host.capacity import owner_cpu
 
     (tmp_path / "load").write_text(value)
     sampler = SyntheticOwnerLoad(tmp_path / "load", cpus=2)

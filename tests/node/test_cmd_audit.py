@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 import trio
-from e31.node.blobs import BlobStore
-from e31.node.bundle import Bundle, encode_bundle, export_handler, read_bundle, write_bundle
-from e31.node.cli import main
+from e31.node.api.export import export_handler
+from e31.node.api.server import Router, serve_control
+from e31.node.audit.bundle import Bundle, encode_bundle, read_bundle, write_bundle
+from e31.node.cli.main import main
 from e31.node.config import load_config
-from e31.node.control import Router, serve_control
-from e31.node.receiptlog import ReceiptLog
-from e31.node.store import AsyncStore, Store
+from e31.node.store.blobs import BlobStore
+from e31.node.store.db import AsyncStore, Store
+from e31.node.store.receiptlog import ReceiptLog
 from e31.protocol.envelope import verify
 from receipt_fixtures import NET, T0, key, mandelbrot, mandelbrot_file, montecarlo, resign_receipt
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import nacl.signing
 import pytest
-from e31.node.cli import main
+from e31.node.cli.main import main
 from e31.protocol.blobs import blob_ref
 from e31.protocol.envelope import node_id_of, sign_message, verify
 from e31.protocol.ids import Digest
@@ -88,7 +88,7 @@ def test_missing_file_and_oversized_input(tmp_path: Path, capsys: pytest.Capture
 
 
 def _run(args: list[str], stdin: bytes) -> subprocess.CompletedProcess[bytes]:
-    code = f"import sys; from e31.node.cli import main; sys.exit(main({args!r}))"
+    code = f"import sys; from e31.node.cli.main import main; sys.exit(main({args!r}))"
     return subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True, timeout=60)
 
 
@@ -106,7 +106,7 @@ def test_stdin_in_a_real_process_and_no_traceback() -> None:
 
 def test_inspect_imports_neither_trio_nor_wasmtime() -> None:
     code = (
-        "import sys; from e31.node.cli import main; rc = main(['inspect', '-']); "
+        "import sys; from e31.node.cli.main import main; rc = main(['inspect', '-']); "
         "print(sorted(m for m in ('trio', 'wasmtime', 'zeroconf', 'sqlite3') if m in sys.modules), "
         "file=sys.stderr); sys.exit(rc)"
     )

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e31.node.cli import main
+from e31.node.cli.main import main
 
 # Prints argv[1] and $GREETING's value, copies stdin to /output/echo.txt, exits 3.
 ECHO_WAT = r"""(module
@@ -196,7 +196,7 @@ def test_a_real_process_never_prints_a_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.wasm"
     bad.write_bytes(b"\x00asm\x01\x00\x00\x00\x01")
     proc = subprocess.run(
-        [sys.executable, "-m", "e31.node.cli", "sandbox", "run", str(bad)],
+        [sys.executable, "-m", "e31.node", "sandbox", "run", str(bad)],
         capture_output=True,
         text=True,
         timeout=60,

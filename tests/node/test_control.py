@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 import trio
-from e31.node.api_client import ApiClient, ApiClientError, ApiError, NodeNotRunning
-from e31.node.config import API_FILE, NodeConfig, load_config
-from e31.node.control import (
+from e31.node.api.client import ApiClient, ApiClientError, ApiError, NodeNotRunning
+from e31.node.api.server import (
     ControlEndpoint,
     ControlError,
     ControlLimits,
@@ -22,6 +21,7 @@ from e31.node.control import (
     Router,
     serve_control,
 )
+from e31.node.config import API_FILE, NodeConfig, load_config
 
 LIMITS = ControlLimits(max_body=1024, request_timeout=1.0, write_timeout=1.0, max_connections=4)
 

@@ -1,6 +1,6 @@
 """Real `e31 node run` processes on 127.0.0.1: start-up, the local API, peers, restarts, clean stops.
 
-Each node is a child process (`python -m e31.node.cli node run`) listening on port 0; the test reads
+Each node is a child process (`python -m e31.node node run`) listening on port 0; the test reads
 its node id and listen address from its log. Heartbeats are shortened with the hidden --heartbeat
 flag. Every wait polls under a deadline, and every process is killed in a finally.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e31.node.api_client import ApiClient, ApiClientError
-from e31.node.status import format_ago, format_bytes, format_duration, format_peers, format_status
+from e31.node.api.client import ApiClient, ApiClientError
+from e31.node.cli.tables import format_ago, format_bytes, format_duration, format_peers, format_status
 
 HEARTBEAT = "0.2"
 READY = re.compile(r"node (e31n[a-z2-7]{52}) on network (\S+) listening on (\S+)$", re.MULTILINE)
@@ -30,7 +30,7 @@ DEADLINE = 20.0
 
 def e31(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "e31.node.cli", *args],
+        [sys.executable, "-m", "e31.node", *args],
         capture_output=True,
         text=True,
         timeout=30.0,
@@ -61,7 +61,7 @@ class NodeProcess:
                 [
                     sys.executable,
                     "-m",
-                    "e31.node.cli",
+                    "e31.node",
                     "node",
                     "run",
                     "--data-dir",
@@ -396,7 +396,7 @@ def test_the_peers_table_has_a_row_per_peer_in_aligned_columns() -> None:
 
 def test_a_store_that_fails_under_the_node_stops_it_with_one_line() -> None:
     from e31.node.daemon import DaemonError, _expected
-    from e31.node.store import StoreError
+    from e31.node.store.db import StoreError
 
     failed = StoreError("the database could not be synced to disk (fsync failed): stop the node")
     error = _expected(BaseExceptionGroup("tasks", [ExceptionGroup("inner", [failed])]))

@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from e31.node.cmd_demo import format_nodes, format_progress
-from e31.node.demo import fuel_for
-from e31.node.demo_image import (
+from e31.node.demo.command import format_nodes, format_progress
+from e31.node.demo.image import (
     HEIGHT,
     MAX_ITER,
     WIDTH,
@@ -28,8 +27,9 @@ from e31.node.demo_image import (
     parse_pgm,
     plan_tiles,
 )
-from e31.node.demo_net import LocalNetwork, NetworkError, process_tree_rss
-from e31.node.demo_verdict import NodeRow, judge
+from e31.node.demo.net import LocalNetwork, NetworkError, process_tree_rss
+from e31.node.demo.run import fuel_for
+from e31.node.demo.verdict import NodeRow, judge
 from test_png import decode
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "sandbox" / "workloads"

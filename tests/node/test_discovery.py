@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
-from e31.node.discovery import (
+from e31.node.net.discovery import (
     MAX_ADDRESSES,
     SERVICE_TYPE,
     BadRecord,
@@ -343,7 +343,7 @@ async def test_a_browser_failure_at_start_is_typed(monkeypatch: pytest.MonkeyPat
 
 CHILD = """
 import sys, trio
-from e31.node.discovery import run_discovery
+from e31.node.net.discovery import run_discovery
 
 async def main():
     async with trio.open_nursery() as nursery:

@@ -9,8 +9,8 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from e31.node.blobs import BlobStore
-from e31.node.market_executor import JobFailed, _put_checked
+from e31.node.market.executor import JobFailed, _put_checked
+from e31.node.store.blobs import BlobStore
 from e31.protocol.blobs import PUSH_MAX, BlobRef, blob_ref
 from e31.sandbox.limits import RunResult, Status
 

@@ -347,7 +347,7 @@ async def test_an_unacknowledged_receipt_is_retried_until_its_retention_ends(
     delivering until the outputs' retention is over, then stops; the receipt stays unacknowledged."""
     from dataclasses import replace
 
-    from e31.node.store import Store
+    from e31.node.store.db import Store
     from test_market import Net, RealNode, start, wait_state
 
     net = Net()
@@ -386,7 +386,7 @@ async def test_a_receipt_signed_just_before_a_stop_is_not_run_again(
 ) -> None:
     """The node stopped after storing the receipt but before marking the job done: on resume the job is
     marked done from its receipt and delivered, and no second receipt is signed."""
-    from e31.node.store import Store
+    from e31.node.store.db import Store
     from test_market import Net, RealNode, start, wait_state
 
     net = Net()

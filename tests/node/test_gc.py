@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from e31.node.blobs import BlobStore
-from e31.node.gc import collect, keep_set, run_gc
-from e31.node.store import AsyncStore, Store
+from e31.node.store.blobs import BlobStore
+from e31.node.store.db import AsyncStore, Store
+from e31.node.store.gc import collect, keep_set, run_gc
 from e31.protocol.blobs import blob_ref
 from e31.protocol.codec import pack
 from e31.protocol.ids import Digest, NodeId
@@ -228,9 +228,8 @@ def test_jobs_past_their_retention_are_forgotten_but_their_receipts_and_acks_sta
 def test_pruning_goes_in_chunks_and_forgets_batch_entries(
     store: Store, blobs: BlobStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import e31.node.gc as gc
-    from e31.node import batch as batch_module
-    from e31.node.batch import get_batch
+    import e31.node.store.gc as gc
+    from e31.node.store.batches import get_batch
 
     monkeypatch.setattr(gc, "PRUNE_CHUNK", 3)
     ids = [
@@ -239,7 +238,6 @@ def test_pruning_goes_in_chunks_and_forgets_batch_entries(
     ]
     keep = add_job(store, b"m", b"i", role="submitter", state="done", updated=NOW, n=99)
     with store.transaction() as c:  # a batch over some old jobs and the recent one
-        c.execute(batch_module._SCHEMA)
         c.executemany(
             "INSERT INTO batch_jobs (batch_id, seq, job_id, created) VALUES (?, ?, ?, ?)",
             [("batch-00000000000000aa", i, j, NOW) for i, j in enumerate([*ids[:2], keep])],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from e31.node import gctune
+from e31.node.host import gctune
 
 
 class _Cycle:

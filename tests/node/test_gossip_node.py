@@ -13,7 +13,7 @@ import nacl.signing
 import pytest
 import trio
 import trio.testing
-from e31.node.gossip import GossipService, Send
+from e31.node.net.gossip import GossipService, Send
 from e31.protocol.blobs import chunk_list
 from e31.protocol.envelope import node_id_of, sign_message
 from e31.protocol.gossip import GossipConfig, GossipEngine

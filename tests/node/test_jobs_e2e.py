@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e31.node.api_client import ApiClient, ApiClientError
+from e31.node.api.client import ApiClient, ApiClientError
 from e31.protocol.blobs import blob_ref
 from e31.protocol.envelope import verify
 from e31.protocol.messages import InclusionProof
@@ -41,7 +41,7 @@ def e31(*args: str, data_dir: Path | None = None, timeout: float = 120.0) -> sub
     if data_dir is not None:
         env["E31_DATA_DIR"] = str(data_dir)
     return subprocess.run(
-        [sys.executable, "-m", "e31.node.cli", *args],
+        [sys.executable, "-m", "e31.node", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -75,7 +75,7 @@ class Node:
                 [
                     sys.executable,
                     "-m",
-                    "e31.node.cli",
+                    "e31.node",
                     "node",
                     "run",
                     "--data-dir",
@@ -288,8 +288,8 @@ def test_job_commands_fail_with_one_line_for_unknown_jobs_and_absent_nodes(
 
 
 def test_deadlines_are_durations_or_times() -> None:
-    from e31.node.cli import CliError
-    from e31.node.cmd_submit import parse_deadline
+    from e31.node.cli.main import CliError
+    from e31.node.cli.submit import parse_deadline
 
     now = 1_800_000_000.0
     assert parse_deadline("90s", now) == 1_800_000_090_000
@@ -306,8 +306,8 @@ def test_deadlines_are_durations_or_times() -> None:
 def test_submit_sends_absolute_paths_and_guest_arguments(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from e31.node.cli import build_parser
-    from e31.node.cmd_submit import request_body
+    from e31.node.cli.main import build_parser
+    from e31.node.cli.submit import request_body
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a=b.txt").write_text("x")
@@ -347,7 +347,7 @@ def test_submit_sends_absolute_paths_and_guest_arguments(
 
 
 def test_the_progress_line() -> None:
-    from e31.node.cmd_wait import progress_line
+    from e31.node.cli.wait import progress_line
 
     assert progress_line(3, 10, 1.5, width=10) == "[###.......] 3/10  2.00 jobs/s  ETA 4s"
     assert progress_line(0, 4, 0.0, width=4) == "[....] 0/4  0.00 jobs/s  ETA ?"

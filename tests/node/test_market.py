@@ -18,15 +18,15 @@ from typing import Any
 import nacl.signing
 import pytest
 import trio
-from e31.node.blobs import BlobStore
-from e31.node.market import Market, MarketContext, MarketSettings
-from e31.node.market_executor import ACCEPT_DELAY, Executor
-from e31.node.market_rules import WindowSettings
-from e31.node.market_service import small_blob_reader
-from e31.node.market_submitter import Submitter, UnknownJob
-from e31.node.scheduler import Scheduler
-from e31.node.store import AsyncStore, Store
-from e31.node.transfer import BlobTransfer, TransferSettings
+from e31.node.market.executor import ACCEPT_DELAY, Executor
+from e31.node.market.router import Market, MarketContext, MarketSettings
+from e31.node.market.rules import WindowSettings
+from e31.node.market.scheduler import Scheduler
+from e31.node.market.service import small_blob_reader
+from e31.node.market.submitter import Submitter, UnknownJob
+from e31.node.market.transfer import BlobTransfer, TransferSettings
+from e31.node.store.blobs import BlobStore
+from e31.node.store.db import AsyncStore, Store
 from e31.protocol.blobs import BlobRef, blob_ref
 from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
 from e31.protocol.ids import Digest, NodeId
@@ -292,7 +292,7 @@ async def output_bytes(node: RealNode, ref: BlobRef) -> bytes:
 def receipt_log(node: RealNode) -> Any:
     """Give `node`'s executor a receipt log of its own (the harness has none): acknowledged receipts are
     appended to it. Its prover is left as it is."""
-    from e31.node.receiptlog import ReceiptLog
+    from e31.node.store.receiptlog import ReceiptLog
 
     log = ReceiptLog(node.store.store, node.key, NETWORK)
 
@@ -733,7 +733,7 @@ async def test_an_assignment_lost_on_the_way_is_sent_again_until_accepted(
 async def test_a_tiny_run_is_recorded_once_from_queued_to_done_a_long_one_as_running_first(
     net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import e31.node.market_executor as executor_module
+    import e31.node.market.executor as executor_module
 
     # a mark well past a tiny run (milliseconds) even on a busy host, well short of the long one
     monkeypatch.setattr(executor_module, "RUNNING_MARK_DELAY", 0.3)
@@ -769,7 +769,7 @@ async def test_a_job_still_held_after_the_accept_delay_is_handed_off_a_short_one
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
-    waiting = await a.submitter.submit(a.manifest(("14", "40000000")))  # runs for a few seconds
+    waiting = await a.submitter.submit(a.manifest(("14", "600000000")))  # runs for seconds
 
     async def handed_off() -> set[bytes]:
         return await a.submitter.handed_off([await a.job(waiting)])
@@ -813,7 +813,9 @@ async def test_accepted_waits_for_the_sync_and_never_follows_the_result(
         outcome,
         accepted,
     )
-    job_id = await a.submitter.submit(a.manifest(("19", "40000000")))  # held past ACCEPT_DELAY
+    job_id = await a.submitter.submit(
+        a.manifest(("19", "600000000"))
+    )  # runs for seconds: held past ACCEPT_DELAY
     await wait_state(a, job_id, "done")
     await trio.sleep(0.5)
     assert flushes, "the job was held past ACCEPT_DELAY: an `accepted` was due, after a sync"
@@ -823,7 +825,7 @@ async def test_accepted_waits_for_the_sync_and_never_follows_the_result(
 async def test_answered_offers_are_forgotten_once_expired(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    from e31.node.market_executor import ANSWERED_PRUNE_MIN
+    from e31.node.market.executor import ANSWERED_PRUNE_MIN
 
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, b)
@@ -841,8 +843,8 @@ async def test_answered_offers_are_forgotten_once_expired(
 async def test_waiting_on_jobs_leaves_no_event_behind(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    from e31.node.control import Request
-    from e31.node.jobs_api import JobsApi
+    from e31.node.api.jobs import JobsApi
+    from e31.node.api.server import Request
 
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
@@ -946,7 +948,7 @@ async def test_a_job_whose_run_has_ended_is_not_handed_back_while_its_outputs_ar
 ) -> None:
     import threading
 
-    import e31.node.market_executor as executor_module
+    import e31.node.market.executor as executor_module
 
     real, storing, release = executor_module._store_outputs, trio.Event(), threading.Event()
     token = trio.lowlevel.current_trio_token()
@@ -1039,7 +1041,7 @@ async def test_proofs_go_to_every_asker_and_wait_for_a_link_that_is_down(
 async def test_a_submitter_asks_again_for_a_proof_it_never_got_when_the_link_comes_up(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    from e31.node.market_service import log_prover
+    from e31.node.market.service import log_prover
     from e31.protocol.messages import InclusionProof
 
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
@@ -1214,7 +1216,7 @@ async def test_jobs_of_one_offer_declined_for_one_reason_share_one_decline(
 async def test_offers_of_the_same_jobs_are_never_the_same_message(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    from e31.node.market_submitter import _Job, _Joining
+    from e31.node.market.submitter import _Job, _Joining
 
     a = RealNode(net, tmp_path, "a", 1)
     manifest = a.manifest(("1", "100"))
@@ -1230,7 +1232,7 @@ async def test_offers_of_the_same_jobs_are_never_the_same_message(
 async def test_missing_proofs_are_asked_for_a_page_per_link_up_so_none_starves(
     net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import e31.node.market_submitter as submitter_module
+    import e31.node.market.submitter as submitter_module
     from e31.protocol.messages import ProofRequest
 
     monkeypatch.setattr(submitter_module, "PROOFS_ASKED", 2)
@@ -1271,7 +1273,7 @@ async def test_missing_proofs_are_asked_for_a_page_per_link_up_so_none_starves(
 async def test_open_bids_keep_a_bounded_amount_of_offers_then_offers_are_declined_busy(
     net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import e31.node.market_executor as executor_module
+    import e31.node.market.executor as executor_module
 
     b, c = await executor_and_peer(net, nursery, tmp_path)
     first = c.offer(foreign_manifest(b, c.id, ("1", "100")))
@@ -1303,7 +1305,7 @@ async def test_a_bid_lasts_as_long_as_its_longest_lived_job_allows(
 async def test_a_job_whose_offer_must_expire_soon_goes_only_with_jobs_that_expire_about_as_soon(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    from e31.node.market_submitter import _Job, _Joining
+    from e31.node.market.submitter import _Job, _Joining
 
     a = RealNode(net, tmp_path, "a", 1)
     now = wall_ms()  # SETTINGS: a bid window of at most 2 s, so "soon" is within 2 s

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import pytest
-from e31.node.market_rules import (
+from e31.node.lifecycle import (
     EXECUTOR_TRANSITIONS,
     SUBMITTER_TRANSITIONS,
+    IllegalTransition,
+    check_transition,
+)
+from e31.node.market.rules import (
     BidPlan,
     BidView,
     DeclinePlan,
     ExecutorView,
-    IllegalTransition,
     OfferView,
     Window,
     WindowSettings,
     backoff,
-    check_transition,
     choose_bid,
     lease_expiry,
     measured_fuel_rate,

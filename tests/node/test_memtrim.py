@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import trio
 import trio.testing
-from e31.node import memtrim
+from e31.node.host import memtrim
 
 needs_glibc = pytest.mark.skipif(not memtrim.available(), reason="malloc_trim is glibc's")
 
@@ -19,7 +19,7 @@ def test_trim_returns_free_heap_pages_that_malloc_keeps() -> None:
     """80 MB of freed 2 KB blocks under a live block at the top of the heap stay resident until the
     trim; the trim releases them. Run in a fresh process so the test's own heap does not matter."""
     script = textwrap.dedent("""
-        from e31.node import memtrim
+        from e31.node.host import memtrim
         def anon():
             for line in open("/proc/self/status"):
                 if line.startswith("RssAnon:"):

@@ -15,8 +15,8 @@ import pytest
 import trio
 import trio.testing
 from e31.node.config import Address, NodeConfig
-from e31.node.peering import PeerService, split_address
-from e31.node.peers import (
+from e31.node.net.peering import PeerService, split_address
+from e31.node.net.peers import (
     Backoff,
     Dial,
     LinkHealth,
@@ -27,8 +27,8 @@ from e31.node.peers import (
     TokenBucket,
     keep_new_link,
 )
-from e31.node.store import AsyncStore, Store
-from e31.node.transport import Connection, ConnectionClosed, dial
+from e31.node.net.transport import Connection, ConnectionClosed, dial
+from e31.node.store.db import AsyncStore, Store
 from e31.protocol.envelope import node_id_of, sign_message, verify
 from e31.protocol.ids import Digest
 from e31.protocol.messages import Cancel, Contact, Peers, Ping

@@ -8,7 +8,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from e31.node.png import GREY, RGB, SIGNATURE, PngError, encode_png, write_png
+from e31.node.demo.png import GREY, RGB, SIGNATURE, PngError, encode_png, write_png
 
 
 class Invalid(Exception):

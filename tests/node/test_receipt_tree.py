@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import Iterator
 
 import pytest
-from e31.node import receipt_tree as tree
+from e31.node.store import receipt_tree as tree
 from e31.protocol.merkle import MerkleLog, verify_consistency, verify_inclusion
 
 N = 70

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e31.node.audit import check_inclusion
-from e31.node.receiptlog import ReceiptLog, ReceiptLogError
-from e31.node.store import Store
+from e31.node.audit.checks import check_inclusion
+from e31.node.store.db import Store
+from e31.node.store.receiptlog import ReceiptLog, ReceiptLogError
 from e31.protocol.envelope import sign_message, verify
 from e31.protocol.errors import BadProof, Mismatch
 from e31.protocol.merkle import MerkleLog, verify_consistency
@@ -260,8 +260,8 @@ def test_an_append_is_durable_when_it_returns(tmp_path: Path) -> None:
         import os, signal, sys
         sys.path.insert(0, {str(here)!r})
         from pathlib import Path
-        from e31.node.receiptlog import ReceiptLog
-        from e31.node.store import Store
+        from e31.node.store.receiptlog import ReceiptLog
+        from e31.node.store.db import Store
         from receipt_fixtures import NET, key
         log = ReceiptLog(Store({str(tmp_path / "node.sqlite")!r}), key("executor"), NET)
         print(log.append(Path({str(tmp_path / "receipt.bin")!r}).read_bytes()), flush=True)

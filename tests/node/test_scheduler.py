@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from e31.node.scheduler import RunRecord, Scheduler
+from e31.node.market.scheduler import RunRecord, Scheduler
 from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import Limits, Status, whole_stream
 from e31.sandbox.pool import WorkerPool

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from e31.node.store import (
+from e31.node.store.db import (
     APPLICATION_ID,
     SCHEMA_VERSION,
     STORE_FILE,
@@ -247,7 +247,7 @@ def test_an_envelope_shared_by_jobs_is_kept_once_and_found_for_each(store: Store
 
 
 def test_the_envelopes_of_a_job_are_found_through_indexes(store: Store) -> None:
-    from e31.node.store import _ENVELOPES_FOR_JOB
+    from e31.node.store.db import _ENVELOPES_FOR_JOB
 
     for kind in (None, "offer"):
         with store.reading() as c:
@@ -259,10 +259,13 @@ def test_the_envelopes_of_a_job_are_found_through_indexes(store: Store) -> None:
 
 
 def test_pruning_finds_ended_jobs_and_the_referrers_of_envelopes_without_a_scan(store: Store) -> None:
-    from e31.node.store import _ENDED, PRUNABLE_STATES
+    from e31.node.lifecycle import PRUNABLE, sql_in
+    from e31.node.store.db import _ENDED
 
-    spelled = f"state IN ({', '.join(repr(s) for s in sorted(PRUNABLE_STATES))})"
-    assert spelled == _ENDED, "the states pruning selects are PRUNABLE_STATES"
+    assert sql_in(PRUNABLE) == _ENDED == "state IN ('cancelled', 'done', 'expired', 'failed')"
+    with store.reading() as c:
+        (index,) = c.execute("SELECT sql FROM sqlite_master WHERE name = 'jobs_ended'").fetchone()
+    assert index.endswith(f"WHERE {_ENDED}"), "the partial index selects exactly lifecycle.PRUNABLE"
     with store.reading() as c:
         plans = [
             [r[3] for r in c.execute("EXPLAIN QUERY PLAN " + sql, args)]
@@ -535,7 +538,7 @@ def test_migration_to_version_6_drops_acks_of_the_old_form(tmp_path: Path) -> No
 
 
 def test_a_failing_migration_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import e31.node.store as store_module
+    import e31.node.store.db as store_module
 
     path = tmp_path / STORE_FILE
     Store(path).close()
@@ -618,7 +621,7 @@ def test_closed_store_gives_store_error(tmp_path: Path) -> None:
 
 _WRITER = textwrap.dedent("""
     import sys
-    from e31.node.store import Store
+    from e31.node.store.db import Store
     store = Store(sys.argv[1])
     batch = 0
     while True:
@@ -777,7 +780,7 @@ def _count_checkpoints(db: AsyncStore, taking: float = 0.0) -> list[int]:
 
 
 async def test_the_wal_is_checkpointed_off_the_event_loop(tmp_path: Path) -> None:
-    from e31.node.store import CHECKPOINT_EVERY
+    from e31.node.store.db import CHECKPOINT_EVERY
 
     db = await AsyncStore.open(tmp_path / STORE_FILE)
     wal = tmp_path / (STORE_FILE + "-wal")
@@ -830,7 +833,7 @@ async def test_a_short_write_waits_for_the_thread_to_let_go_and_writes_on_the_ev
 
 
 async def test_writers_arriving_during_a_wal_checkpoint_do_not_checkpoint_again(tmp_path: Path) -> None:
-    from e31.node.store import CHECKPOINT_EVERY
+    from e31.node.store.db import CHECKPOINT_EVERY
 
     db = await AsyncStore.open(tmp_path / STORE_FILE)
     try:
@@ -960,7 +963,7 @@ def test_a_durable_commit_outside_asyncstore_is_still_a_full_one(tmp_path: Path)
 
 
 def test_many_calls_commit_together_or_not_at_all(store: Store) -> None:
-    from e31.node.store import call
+    from e31.node.store.db import call
 
     _job(store, b"j1", role="executor", state="running")
     done = store.many(
@@ -997,7 +1000,7 @@ def test_many_calls_commit_together_or_not_at_all(store: Store) -> None:
 async def test_atomically_runs_short_writes_inline_in_one_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from e31.node.store import call
+    from e31.node.store.db import call
 
     db = await AsyncStore.open(tmp_path / STORE_FILE)
     syncs: list[int] = []

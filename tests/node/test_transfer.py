@@ -10,8 +10,8 @@ from pathlib import Path
 import nacl.signing
 import pytest
 import trio
-from e31.node.blobs import BlobStore
-from e31.node.transfer import BlobTransfer, FetchError, TransferSettings
+from e31.node.market.transfer import BlobTransfer, FetchError, TransferSettings
+from e31.node.store.blobs import BlobStore
 from e31.protocol.blobs import CHUNK_SIZE, BlobRef, blob_ref, chunk_list
 from e31.protocol.envelope import sign_message, verify
 from e31.protocol.ids import NodeId

@@ -11,7 +11,8 @@ from functools import partial
 
 import pytest
 import trio
-from e31.node.transport import (
+from e31.node.net.limits import ConnectionCaps, Limits, Timeouts, address_key
+from e31.node.net.transport import (
     MAX_MESSAGE,
     ConnectedToSelf,
     Connection,
@@ -26,7 +27,6 @@ from e31.node.transport import (
     dial,
     serve,
 )
-from e31.node.transport_limits import ConnectionCaps, Limits, Timeouts, address_key
 from e31.protocol.handshake import Initiator
 from e31.protocol.session import Session
 from nacl.signing import SigningKey

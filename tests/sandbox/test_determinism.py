@@ -120,7 +120,7 @@ def test_a_fresh_process_agrees(inputs: Path, tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "e31.node.cli",
+            "e31.node",
             "sandbox",
             "run",
             str(module),

@@ -333,7 +333,7 @@ def test_rebuild_with_the_same_compiler_is_byte_identical(rebuilt: Path) -> None
 
 
 def test_workloads_run_through_e31_sandbox_run(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    from e31.node.cli import main
+    from e31.node.cli.main import main
 
     corpus = tmp_path / "corpus"
     write_corpus(corpus)

@@ -1,0 +1,1 @@
+"""The api wing of the node."""

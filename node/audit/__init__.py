@@ -1,0 +1,1 @@
+"""The audit wing of the node."""

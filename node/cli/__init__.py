@@ -1,0 +1,1 @@
+"""The cli wing of the node."""

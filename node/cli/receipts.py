@@ -1,0 +1,86 @@
+"""`e31 receipts export [--job ID]... --out FILE [--with-blobs]`: have the running node write a bundle.
+
+The node (found through --data-dir / E31_DATA_DIR) writes the file itself (POST /v1/receipts/export),
+atomically, at the absolute path this command resolves --out to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from e31.node.cli.main import CliError
+from e31.node.config import add_data_dir_argument
+
+EXPORT_TIMEOUT = 600.0
+
+
+def _job_id(text: str) -> str:
+    if len(text) != 64 or text.strip("0123456789abcdef"):
+        raise argparse.ArgumentTypeError(f"a job id is 64 lower-case hex digits: {text!r}")
+    return text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = sub.add_parser(
+        "export",
+        help="write the receipts of some or all jobs into one bundle file",
+        description="Write the signed offers, assignments, receipts, acknowledgements, tree "
+        "heads and inclusion proofs of jobs into one bundle (docs/auditing.md).",
+    )
+    add_data_dir_argument(p)
+    p.add_argument(
+        "--job",
+        dest="jobs",
+        action="append",
+        type=_job_id,
+        metavar="ID",
+        help="a job to export (repeat for more; default: every job the node knows)",
+    )
+    p.add_argument("--out", required=True, metavar="FILE", help="the bundle file to write")
+    p.add_argument(
+        "--with-blobs",
+        action="store_true",
+        help="include the module, input and stdin blobs, so `e31 audit --reexecute` can re-run",
+    )
+    p.add_argument("--json", action="store_true", help="print the node's answer as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from e31.node.api.client import ApiClient, ApiClientError
+
+    out = Path(os.path.abspath(os.path.expanduser(args.out)))
+    if out.is_dir():
+        raise CliError(f"--out {out} is a directory; give a file name")
+    if not out.parent.is_dir():
+        raise CliError(f"--out {out}: the directory {out.parent} does not exist")
+    body = {"jobs": args.jobs, "with_blobs": args.with_blobs, "out": str(out)}
+    try:
+        with ApiClient(args.data_dir, timeout=EXPORT_TIMEOUT) as api:
+            answer = api.post("/v1/receipts/export", body)
+    except ApiClientError as e:
+        raise CliError(str(e)) from None
+    if not isinstance(answer, dict):
+        raise CliError("the node's answer to POST /v1/receipts/export is not an object")
+    if args.json:
+        json.dump(answer, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    missing = answer.get("missing_blobs") or []
+    counts = ", ".join(_count(answer.get(k), k) for k in ("jobs", "envelopes", "blobs", "bytes"))
+    print(f"wrote {answer.get('path', out)}: {counts}")
+    if missing:
+        print(
+            f"warning: the node lacks {len(missing)} blob(s) needed to re-run; `e31 audit --reexecute` "
+            f"will report them: {', '.join(m[:16] for m in missing[:5])}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _count(n: object, noun: str) -> str:
+    return f"{n} {noun[:-1] if n == 1 else noun}"

@@ -1,0 +1,232 @@
+"""`e31 sandbox run MODULE`: run one WebAssembly module locally, exactly as a job would run.
+
+Exit codes: 0 whenever the module was tried, whatever its outcome (an unparsable module is the
+outcome `invalid_module`); 2 for usage errors (missing files, bad options); 1 for host failures.
+wasmtime is imported only through e31.sandbox, and only once a run is asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from e31.node.cli.main import CliError
+
+if TYPE_CHECKING:
+    from e31.sandbox.limits import RunResult
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size(text: str) -> int:
+    """Bytes: a plain integer or one with a binary suffix (64M, 1GiB)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 1048576, 64M, 2G)")
+    return int(m.group(1)) * _UNITS[(m.group(2) or "")[:1].lower()]
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number: {text!r}")
+    return value
+
+
+def _env(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def _seed(text: str) -> bytes:
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise argparse.ArgumentTypeError("seed must be 64 hex digits (32 bytes)")
+    return raw
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="sandbox_command", metavar="ACTION", required=True)
+    p = sub.add_parser(
+        "run",
+        help="run one module under the job limits and report the outcome",
+        description="Run one WebAssembly/WASI module (.wasm or .wat) in the e31 sandbox.",
+        epilog="example: e31 sandbox run --input data/ wordfreq.wasm -- 10",
+    )
+    p.add_argument("module", metavar="MODULE", type=Path, help="the module: a .wasm binary or .wat text")
+    p.add_argument(
+        "guest_args",
+        nargs="*",
+        metavar="ARG",
+        help="arguments for the guest after MODULE (put any that start with '-' after `--`); "
+        "appended to any --arg",
+    )
+    p.set_defaults(accepts_passthrough=True)
+    p.add_argument(
+        "--arg",
+        dest="args",
+        action="append",
+        default=[],
+        metavar="A",
+        help="an argument for the guest (repeatable; argv[0] is always job.wasm)",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        type=_env,
+        default=[],
+        metavar="K=V",
+        help="an environment variable for the guest (repeatable)",
+    )
+    p.add_argument(
+        "--stdin", type=Path, metavar="FILE", help="file the guest reads as stdin (default: empty)"
+    )
+    p.add_argument(
+        "--input", type=Path, metavar="DIR", help="directory whose files the guest sees under /input"
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        metavar="DIR",
+        help="directory where the guest's /output files are written after the run",
+    )
+    p.add_argument("--fuel", type=_count, metavar="N", help="fuel budget (default 10_000_000_000)")
+    p.add_argument("--memory", type=_size, metavar="BYTES", help="linear memory limit (default 256M)")
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="wall-clock limit (default 60)")
+    p.add_argument(
+        "--max-output",
+        type=_size,
+        metavar="BYTES",
+        help="cap on stdout + stderr + /output bytes (default 64M)",
+    )
+    p.add_argument("--seed", type=_seed, metavar="HEX", help="32-byte seed for random_get (default zeros)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+
+
+def _read_module(path: Path) -> bytes:
+    from e31.sandbox.job import MAX_MODULE_BYTES
+
+    if not path.is_file():
+        raise CliError(f"module {str(path)!r}: no such file", 2)
+    try:
+        with path.open("rb") as f:
+            return f.read(MAX_MODULE_BYTES + 1)
+    except OSError as e:
+        raise CliError(f"module {str(path)!r}: {e.strerror or e}", 2) from e
+
+
+def run(args: argparse.Namespace) -> int:
+    from e31.sandbox.errors import InvalidModule, JobSpecError, SandboxError
+    from e31.sandbox.job import JobSpec, input_files_from_dir
+    from e31.sandbox.limits import Limits
+    from e31.sandbox.profile import PROFILE
+    from e31.sandbox.runner import invalid_result, run, wat_to_wasm
+
+    raw = _read_module(args.module)
+    if args.output is not None and args.output.exists() and not args.output.is_dir():
+        raise CliError(f"--output {str(args.output)!r} exists and is not a directory", 2)
+    if args.stdin is not None and not args.stdin.is_file():
+        raise CliError(f"--stdin {str(args.stdin)!r}: no such file", 2)
+    if args.input is not None and not args.input.is_dir():
+        raise CliError(f"--input {str(args.input)!r}: not a directory", 2)
+    chosen = {
+        k: v
+        for k, v in (
+            ("fuel", args.fuel),
+            ("memory_bytes", args.memory),
+            ("wall_seconds", args.timeout),
+            ("max_output_bytes", args.max_output),
+        )
+        if v is not None
+    }
+    try:
+        limits = Limits(**chosen)
+        inputs = input_files_from_dir(args.input) if args.input is not None else {}
+    except JobSpecError as e:
+        raise CliError(str(e), 2) from e
+
+    module: bytes | None = raw
+    refused: str | None = None
+    if args.module.suffix.lower() == ".wat":
+        try:
+            module = wat_to_wasm(raw)
+        except InvalidModule as e:
+            module, refused = None, str(e)
+    try:
+        spec = JobSpec(
+            module=module or b"",
+            args=(*args.args, *args.guest_args, *args.passthrough),
+            env=tuple(args.env),
+            stdin=args.stdin,
+            inputs=inputs,
+            limits=limits,
+            **({"seed": args.seed} if args.seed else {}),
+        )
+    except JobSpecError as e:
+        raise CliError(str(e), 2) from e
+    if refused is not None:
+        result = invalid_result(limits, refused)
+    else:
+        try:
+            result = run(spec, args.output)
+        except SandboxError as e:
+            raise CliError(str(e), 1) from e
+
+    if args.json:
+        doc: dict[str, Any] = result.to_json_dict()
+        doc["module_sha256"] = spec.module_sha256
+        doc["profile"] = {"digest": PROFILE.digest_hex, **PROFILE.as_dict()}
+        print(json.dumps(doc, indent=2, sort_keys=False))
+    else:
+        sys.stdout.buffer.write(result.stdout)
+        sys.stdout.flush()
+        print(_summary(result), file=sys.stderr)
+    return 0
+
+
+def _summary(r: RunResult) -> str:
+    outcome = str(r.status)
+    if r.exit_code is not None:
+        outcome += f" (exit code {r.exit_code})"
+    if r.trap:
+        outcome += f" (trap: {r.trap})"
+    lines = [f"e31 sandbox: {outcome}"]
+    if r.message:
+        lines.append(f"  {r.message}")
+    lines.append(
+        f"  fuel {r.fuel_used:,} of {r.fuel_limit:,}; {r.wall_seconds:.3f} s; "
+        f"memory {r.peak_memory_bytes:,} bytes; output {r.output_bytes:,} bytes"
+    )
+    if r.stdout_bytes > len(r.stdout):
+        lines.append(
+            f"  stdout shown: the first {len(r.stdout):,} of {r.stdout_bytes:,} bytes "
+            f"(sha256 {r.stdout_sha256} covers all of it)"
+        )
+    for name, digest in sorted(r.output_files.items()):
+        lines.append(f"  /output/{name}  sha256 {digest}")
+    if not r.reverifiable:
+        lines.append("  not re-verifiable (stopped by the wall clock or a host fault)")
+    return "\n".join(lines)

@@ -1,0 +1,260 @@
+"""`e31 submit MODULE ...`: hand a job to the local node, which offers it to the network.
+
+The node reads the module and input files itself (the paths are sent made absolute), checks the
+job, stores it and answers with the job id, printed as the last word of the last line. With
+`--batch FILE.jsonl` each line is one job (args, env, inputs, stdin; relative paths are taken from
+the file's directory) and the last word is the batch id. A submission is safe to leave (this node may
+stop) once it is handed off: its executor holds its data. `--wait-handoff` waits for that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..config import add_data_dir_argument, parse_size
+from .main import CliError
+
+if TYPE_CHECKING:
+    from ..api.client import ApiClient
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_data_dir_argument(parser)
+    parser.add_argument("module", type=Path, metavar="MODULE", help="the WebAssembly (WASI preview 1) module")
+    parser.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="[NAME=]PATH",
+        help="a file the job reads as /input/NAME (default NAME: the file's name); repeatable",
+    )
+    parser.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="A",
+        help="one argument for the module; repeatable (or put them after --)",
+    )
+    parser.add_argument("--env", action="append", default=[], metavar="K=V", help="an environment variable")
+    parser.add_argument("--stdin", type=Path, metavar="FILE", help="a file to feed as standard input")
+    parser.add_argument("--fuel", type=_count, metavar="N", help="fuel limit (default 10G)")
+    parser.add_argument("--memory", type=_size, metavar="BYTES", help="memory limit, e.g. 256MiB (default)")
+    parser.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="wall-clock limit (default 60)")
+    parser.add_argument(
+        "--max-output",
+        type=_size,
+        metavar="BYTES",
+        help="cap on stdout + stderr + output files (default 64MiB)",
+    )
+    parser.add_argument(
+        "--deadline",
+        metavar="DURATION|ISO-8601",
+        help="when the result is needed: a duration from now (90s, 10m, 2h, 1d) or a time "
+        "(2026-12-01T08:00:00Z); default 1h",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        metavar="K",
+        help="run each job on K distinct nodes and compare: agreeing receipts make it done, "
+        "any difference disputed (default 1)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=Path,
+        metavar="FILE.jsonl",
+        help='many jobs of MODULE, one JSON object per line: {"args": [...], "env": {...}, '
+        '"inputs": {"NAME": "PATH"}, "stdin": "PATH"} (each optional)',
+    )
+    parser.add_argument(
+        "--wait-handoff",
+        action="store_true",
+        help="return only once every job is handed off (its executor holds its data: safe to stop this node)",
+    )
+    parser.add_argument(
+        "--handoff-timeout",
+        type=_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="give up waiting for the hand-off after this long (exit 1; the jobs stay submitted)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the node's answer as JSON")
+    parser.set_defaults(accepts_passthrough=True)
+
+
+def _count(text: str) -> int:
+    try:
+        value = parse_size(text.replace("G", "g").replace("M", "m").replace("K", "k"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r} (e.g. 1000000, 5G)") from None
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
+
+
+def parse_deadline(text: str, now: float) -> int:
+    """Milliseconds since the Unix epoch, from a duration or an ISO-8601 time (naive: local time)."""
+    m = _DURATION.match(text)
+    if m is not None:
+        return round((now + float(m.group(1)) * _UNITS[m.group(2)]) * 1000)
+    try:
+        when = datetime.fromisoformat(text.strip().replace("z", "Z").replace("Z", "+00:00"))
+    except ValueError:
+        raise CliError(
+            f"--deadline {text!r}: not a duration (90s, 10m, 2h, 1d) nor an ISO-8601 time"
+        ) from None
+    if when.tzinfo is None:
+        when = when.astimezone()
+    return round(when.astimezone(UTC).timestamp() * 1000)
+
+
+def _absolute(path: Path) -> str:
+    return str(path.expanduser().absolute())
+
+
+def request_body(args: argparse.Namespace, now: float) -> dict[str, object]:
+    inputs = []
+    for item in args.input:
+        name, sep, path = item.partition("=")
+        if not sep or Path(item).exists():  # a plain path (which may itself contain "=")
+            name, path = Path(item).name, item
+        inputs.append({"name": name, "path": _absolute(Path(path))})
+    env = []
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise CliError(f"--env {item!r}: expected NAME=VALUE")
+        env.append([name, value])
+    limits = {
+        "fuel": args.fuel,
+        "memory": args.memory,
+        "timeout": args.timeout,
+        "max_output": args.max_output,
+    }
+    return {
+        "module": _absolute(args.module),
+        "inputs": inputs,
+        "args": [*args.arg, *getattr(args, "passthrough", [])],
+        "env": env,
+        "stdin": None if args.stdin is None else _absolute(args.stdin),
+        "limits": {k: v for k, v in limits.items() if v is not None},
+        "deadline": None if args.deadline is None else parse_deadline(args.deadline, now),
+        **({} if getattr(args, "replicas", None) is None else {"replicas": args.replicas}),
+    }
+
+
+def batch_body(args: argparse.Namespace, now: float) -> dict[str, object]:
+    """The POST /v1/batches body: the batch file's jobs (paths made absolute from its directory)."""
+    from .batch_file import BatchError, parse_lines
+
+    per_job = [n for n in ("input", "arg", "env") if getattr(args, n)]
+    if args.stdin is not None:
+        per_job.append("stdin")
+    if per_job or getattr(args, "passthrough", []):
+        names = ", ".join(f"--{n}" for n in per_job) or "arguments after --"
+        raise CliError(f"{names}: with --batch, each line of the batch file says these")
+    try:
+        text = args.batch.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CliError(f"--batch {args.batch}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        jobs = parse_lines(text, str(args.batch))
+    except BatchError as e:
+        raise CliError(str(e)) from None
+    base = args.batch.expanduser().absolute().parent
+
+    def absolute(value: object) -> object:
+        return str(base / value) if isinstance(value, str) else value
+
+    for job in jobs:
+        inputs = job.get("inputs")
+        if isinstance(inputs, dict):
+            job["inputs"] = [{"name": k, "path": absolute(v)} for k, v in inputs.items()]
+        elif isinstance(inputs, list):
+            job["inputs"] = [
+                {**i, "path": absolute(i.get("path"))} if isinstance(i, dict) else i for i in inputs
+            ]
+        if "stdin" in job:
+            job["stdin"] = absolute(job["stdin"])
+    single = request_body(args, now)
+    shared = {k: single[k] for k in ("module", "limits", "deadline", "replicas") if k in single}
+    return {**shared, "jobs": jobs}
+
+
+def wait_handoff(api: ApiClient, ids: list[str], batch: str | None, timeout: float) -> list[str]:
+    """Poll until every job is handed off or has ended; returns the ids still waiting at `timeout`."""
+    import time
+
+    from .common import call
+
+    terminal = {"done", "failed", "expired", "cancelled", "disputed"}
+    end = time.monotonic() + timeout
+    pending = list(ids)
+    while pending:
+        if batch is not None:
+            docs = call(api, "GET", f"/v1/batches/{batch}?brief=1")["jobs"]
+        else:
+            docs = [call(api, "GET", f"/v1/jobs/{j}") for j in pending]
+        pending = [d["job_id"] for d in docs if not d.get("handed_off") and d["state"] not in terminal]
+        if not pending or time.monotonic() >= end:
+            break
+        time.sleep(0.2 if batch is None else 1.0)
+    return pending
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    import time
+
+    from .common import call, client
+
+    api = client(args)
+    if args.batch is not None:
+        answer = call(api, "POST", "/v1/batches", batch_body(args, time.time()))
+        ids, name, batch = answer["job_ids"], answer["batch_id"], answer["batch_id"]
+        line = f"submitted {len(ids)} jobs as batch {name}"
+    else:
+        answer = call(api, "POST", "/v1/jobs", request_body(args, time.time()))
+        ids, name, batch = [answer["job_id"]], answer["job_id"], None
+        line = f"submitted job {name}"
+    waiting: list[str] = []
+    if args.wait_handoff:
+        waiting = wait_handoff(api, ids, batch, args.handoff_timeout)
+    if args.json:
+        print(json.dumps({**answer, "handed_off": args.wait_handoff and not waiting}))
+    else:
+        if not args.wait_handoff:
+            print(
+                "keep this node running until the submission is handed off "
+                "(`e31 jobs` HANDOFF column, or `e31 submit --wait-handoff`); then it is safe to leave",
+                file=sys.stderr,
+            )
+        elif waiting:
+            print(f"{len(waiting)} of {len(ids)} jobs not handed off yet: keep this node running")
+        else:
+            print("handed off: safe to stop this node; results wait at the executors until it is back")
+        print(line)
+    return 1 if waiting else 0

@@ -1,0 +1,1 @@
+"""The demo wing of the node."""

@@ -1,0 +1,1 @@
+"""The host wing of the node."""

@@ -1,0 +1,1 @@
+"""The market wing of the node."""

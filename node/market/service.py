@@ -1,0 +1,209 @@
+"""Assembles the job path of a running node: scheduler, blob transfer, submitter, executor, market,
+and the jobs endpoints of the local API. The daemon starts it with one `nursery.start(run_jobs, ...)`.
+
+Wiring: the market is a LinkListener of the peering service (direct job messages); offers come from
+gossip's `offer` subscription and go out through `gossip.publish`; the executor's acknowledged
+receipts are appended to the receipt log when one is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import nacl.signing
+import trio
+from e31.protocol.envelope import VerifiedEnvelope
+from e31.protocol.receipts import UsageReceipt
+
+from ..config import NodeConfig
+from ..host.capacity import CapacityPolicy, sampler_from_env
+from ..store.blobs import BlobStore
+from ..store.db import AsyncStore, Store
+from ..store.receiptlog import ReceiptLog, ReceiptLogError
+from .adverts import CapacityService
+from .executor import Executor, Prover
+from .router import Market, MarketContext, MarketSettings
+from .scheduler import Scheduler
+from .submitter import Submitter
+from .transfer import BlobTransfer, SmallBlobs
+
+log = logging.getLogger("e31.market")
+X = TypeVar("X")
+Y = TypeVar("Y")
+
+MODULE_CACHE_DIR = "module-cache"
+RUNS_DIR = "runs"
+ENGINE_OVERHEAD = 512 << 20
+"""RLIMIT_DATA of a worker beyond the job's memory and output: Python, wasmtime and compilation."""
+
+
+async def run_jobs(
+    *,
+    identity: nacl.signing.SigningKey,
+    config: NodeConfig,
+    store: AsyncStore,
+    blobs: BlobStore,
+    peering: Any,
+    gossip: Any = None,
+    receipt_log: Any = None,
+    settings: MarketSettings | None = None,
+    on_capacity: Callable[[CapacityService], object] | None = None,
+    adverts: Any = None,
+    task_status: trio.TaskStatus[Market] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the job path until cancelled; `nursery.start` returns the Market once it is ready.
+
+    `peering` is the PeerService (send, connected, add_listener); `gossip` a GossipService or None
+    (offers then reach only this node's own executor); `receipt_log` a ReceiptLog or None;
+    `on_capacity` is handed the node's CapacityService (for the status document); `adverts` is gossip's
+    `capacity` subscription when the caller opened it early (so no advertisement is missed at start)."""
+    from e31.sandbox.limits import Limits as SandboxLimits
+    from e31.sandbox.pool import WorkerPool
+    from e31.sandbox.profile import PROFILE
+
+    settings = settings or MarketSettings()
+    if adverts is None and gossip is not None:
+        adverts = gossip.subscribe("capacity")
+    ctx = MarketContext(
+        identity=identity,
+        network=config.network,
+        store=store,
+        blobs=blobs,
+        settings=settings,
+        peer_send=peering.send,
+        connected=peering.connected,
+    )
+
+    transfer = BlobTransfer(
+        identity=identity,
+        network=config.network,
+        blobs=blobs,
+        send=ctx.send_to,
+        wall_ms=ctx.clock,
+        settings=settings.transfer,
+        small_blobs=small_blob_reader(store),
+    )
+    workers = max(1, config.cores)
+    data_limit = (
+        max(config.memory, SandboxLimits.DEFAULT_MEMORY_BYTES)
+        + SandboxLimits.DEFAULT_MAX_OUTPUT_BYTES
+        + ENGINE_OVERHEAD
+    )
+
+    def pool() -> WorkerPool:
+        return WorkerPool(workers, config.data_dir / MODULE_CACHE_DIR, data_limit_bytes=data_limit)
+
+    scheduler = Scheduler(workers, pool)
+
+    def append(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
+        assert receipt_log is not None  # marks each receipt's row with its log index, in the same commit
+        _all_or_each(
+            receipt_log.append_many,
+            receipt_log.append,
+            receipts,
+            lambda r: f"receipt {r.message_id.hex()[:12]} stays out of the receipt log",
+        )
+
+    async def acked(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
+        if receipt_log is not None:
+            await trio.to_thread.run_sync(append, receipts)
+
+    executor = Executor(
+        ctx,
+        transfer=transfer,
+        scheduler=scheduler,
+        runs_dir=config.data_dir / RUNS_DIR,
+        profile=PROFILE.digest,
+        memory_bytes=config.memory,
+        on_acked=acked,
+        prover=None if receipt_log is None else log_prover(receipt_log),
+    )
+    submitter = Submitter(
+        ctx,
+        transfer=transfer,
+        publish=None if gossip is None else gossip.publish,
+        local_offer=executor.on_offer,
+    )
+    market = Market(ctx, submitter=submitter, executor=executor, transfer=transfer)
+    capacity = CapacityService(
+        identity=identity,
+        network=config.network,
+        policy=CapacityPolicy.from_config(config),
+        scheduler=scheduler,
+        profile=PROFILE.digest,
+        interval=config.capacity_interval,
+        # The node's own process is ours too, not the owner's: its CPU (gossip, transfers, signatures)
+        # must not count as owner load, or a busy node would talk itself out of capacity.
+        worker_pids=lambda: [os.getpid(), *scheduler.worker_pids()],
+        sampler=sampler_from_env(),
+        clock=ctx.clock,
+        publish=None if gossip is None else gossip.publish,
+    )
+    capacity.executor = executor
+    executor.capacity = lambda: capacity.for_bids
+    if on_capacity is not None:
+        on_capacity(capacity)
+    offers = None if gossip is None else gossip.subscribe("offer")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(market.run, offers)
+        peering.add_listener(market)
+        await nursery.start(capacity.run)
+        peering.add_listener(capacity)
+        if adverts is not None:
+            nursery.start_soon(capacity.listen, adverts)
+        task_status.started(market)
+
+
+def small_blob_reader(store: AsyncStore) -> SmallBlobs:
+    """The transfer's reader of the small blobs this node keeps in its database (outputs of jobs)."""
+
+    async def small_blob(root: bytes) -> bytes | None:
+        return (await store.run(Store.small_blobs, [root.hex()])).get(root.hex())
+
+    return small_blob
+
+
+def log_prover(receipt_log: ReceiptLog) -> Prover:
+    """The executor's Prover over this node's receipt log: for each peer, the proofs placing the receipts
+    due to it (one proof per MAX_PROOF_ENTRIES of them). A receipt the log cannot prove (a damaged row:
+    ReceiptLogError) is left out with a warning, and the peer's others still go, one by one."""
+
+    def prove(wanted: dict[bytes, list[bytes]], now: int) -> dict[bytes, list[bytes]]:
+        out: dict[bytes, list[bytes]] = {}
+        for peer, receipt_ids in wanted.items():
+            try:
+                out[peer] = receipt_log.inclusions(receipt_ids, now)
+            except ReceiptLogError:
+                out[peer] = []
+                for receipt_id in receipt_ids:
+                    try:
+                        out[peer] += receipt_log.inclusions([receipt_id], now)
+                    except ReceiptLogError as e:
+                        log.warning("no inclusion proof for receipt %s: %s", receipt_id.hex()[:12], e)
+        return out
+
+    return prove
+
+
+def _all_or_each(
+    whole: Callable[[list[X]], Sequence[Y | None]],
+    one: Callable[[X], Y],
+    items: list[X],
+    refused: Callable[[X], str],
+) -> list[Y | None]:
+    """`whole(items)` in one go; if the receipt log refuses it (ReceiptLogError: one item it cannot
+    take), `one(item)` for each, so the others still go, None (and a warning) for each refused."""
+    try:
+        return list(whole(items))
+    except ReceiptLogError:
+        out: list[Y | None] = []
+        for item in items:
+            try:
+                out.append(one(item))
+            except ReceiptLogError as e:
+                log.warning("%s: %s", refused(item), e)
+                out.append(None)
+        return out

@@ -1,0 +1,1 @@
+"""The net wing of the node."""

@@ -1,0 +1,1 @@
+"""The store wing of the node."""

@@ -1,0 +1,63 @@
+"""Reads about many submitted jobs at once, so a batch of thousands is listed without store round trips
+per job: which are handed off (done, or `assigned` with an `accepted` from their executor naming the
+current assignment), and the acknowledged receipt of each finished one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from e31.protocol.envelope import verify
+from e31.protocol.messages import Accepted, Assign
+
+from .db import JobRow, Store
+
+CHUNK = 500
+"""Job ids per query (SQLite limits the parameters of one statement)."""
+
+
+def handed_off(store: Store, rows: Sequence[JobRow]) -> set[bytes]:
+    """The job ids among `rows` (submitter rows) that no longer need their submitter online."""
+    out = {r.job_id for r in rows if r.state == "done"}
+    current = {r.job_id: r for r in rows if r.state == "assigned"}
+    if not current:
+        return out
+    ids = list(current)
+    found = []
+    with store.transaction() as c:
+        for i in range(0, len(ids), CHUNK):
+            part = ids[i : i + CHUNK]
+            found += c.execute(
+                "SELECT kind, raw FROM envelopes WHERE kind IN ('assign', 'accepted') "
+                f"AND job_id IN ({','.join('?' * len(part))})",
+                part,
+            ).fetchall()
+    assigns: set[bytes] = set()
+    accepted: dict[bytes, bytes] = {}
+    for kind, raw in found:
+        if kind == "assign":
+            a = verify(bytes(raw), Assign)
+            row = current[a.message.job_id.raw]
+            if a.message.attempt == row.attempt and str(a.message.executor) == row.executor:
+                assigns.add(a.message_id.raw)
+        else:
+            acc = verify(bytes(raw), Accepted).message
+            accepted[acc.assignment_id.raw] = acc.job_id.raw
+    out.update(job for assignment, job in accepted.items() if assignment in assigns)
+    return out
+
+
+def acked_receipts(store: Store, job_ids: Sequence[bytes]) -> dict[bytes, bytes]:
+    """The signed receipt (envelope bytes) this node acknowledged for each of `job_ids` that has one;
+    with several (replicas), the last by attempt and executor, as for one job."""
+    ids = list(job_ids)
+    found: list[tuple[bytes, bytes]] = []
+    with store.transaction() as c:
+        for i in range(0, len(ids), CHUNK):
+            part = ids[i : i + CHUNK]
+            found += c.execute(
+                "SELECT r.job_id, e.raw FROM receipts r JOIN envelopes e ON e.message_id = r.message_id "
+                f"WHERE r.delivered IS NOT NULL AND r.job_id IN ({','.join('?' * len(part))}) "
+                "ORDER BY r.attempt, r.executor",
+                part,
+            ).fetchall()
+    return {bytes(job): bytes(raw) for job, raw in found}
