@@ -32,7 +32,7 @@ import trio
 
 from .api.server import Request, Router, serve_control
 from .config import NodeConfig
-from .errors import NodeError
+from .errors import NodeError, StoreError
 from .host import gctune
 from .host.memtrim import run_trimmer
 from .identity import IdentityError, load_or_create_identity, node_id
@@ -41,7 +41,7 @@ from .net.peering import PeerService, join_address, split_address
 from .net.peers import PeerSettings
 from .net.transport import ListenFailed
 from .store.blobs import BlobError, BlobStore
-from .store.db import AsyncStore, Store, StoreError
+from .store.db import AsyncStore, Store
 
 log = logging.getLogger("e31.node")
 

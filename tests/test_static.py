@@ -1,6 +1,6 @@
-"""Static checks as tests: ruff over the tree, mypy --strict over protocol/ and sandbox/.
+"""Static checks as tests: ruff (lint and format) over the tree, mypy --strict over every package.
 
-mypy cannot follow setuptools' editable-install hook, so the check lays the two packages out under an
+mypy cannot follow setuptools' editable-install hook, so the check lays the three packages out under an
 `e31/` namespace of symlinks in a temporary directory and type-checks them there.
 """
 
@@ -37,10 +37,10 @@ def test_ruff_format_clean() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_mypy_strict_on_protocol_and_sandbox(tmp_path: Path) -> None:
+def test_mypy_strict_on_every_package(tmp_path: Path) -> None:
     ns = tmp_path / "e31"
     ns.mkdir()
-    for pkg in ("protocol", "sandbox"):
+    for pkg in ("protocol", "sandbox", "node"):
         os.symlink(ROOT / pkg, ns / pkg)
     proc = subprocess.run(
         [
@@ -53,6 +53,8 @@ def test_mypy_strict_on_protocol_and_sandbox(tmp_path: Path) -> None:
             "e31.protocol",
             "-p",
             "e31.sandbox",
+            "-p",
+            "e31.node",
         ],
         cwd=tmp_path,
         capture_output=True,

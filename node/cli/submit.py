@@ -200,7 +200,9 @@ def batch_body(args: argparse.Namespace, now: float) -> dict[str, object]:
         if "stdin" in job:
             job["stdin"] = absolute(job["stdin"])
     single = request_body(args, now)
-    shared = {k: single[k] for k in ("module", "limits", "deadline", "replicas") if k in single}
+    shared: dict[str, object] = {
+        k: single[k] for k in ("module", "limits", "deadline", "replicas") if k in single
+    }
     return {**shared, "jobs": jobs}
 
 

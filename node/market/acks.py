@@ -24,7 +24,8 @@ from e31.protocol.envelope import sign_verified
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.receipts import MAX_ACKED, Ack
 
-from ..store.db import Store, StoreError
+from ..errors import StoreError
+from ..store.db import Store
 from .router import MarketContext
 from .rules import backoff
 

@@ -195,7 +195,7 @@ def lease_expiry(now: int, bid: BidView, deadline: int, *, slack_ms: int) -> int
 def backoff(base: float, tries: int, cap: float, *, doublings: int) -> float:
     """Seconds to wait before try `tries` + 1 of something that failed `tries` times: `base`, doubled
     per try up to `doublings` times, and never more than `cap`."""
-    return min(cap, base * 2 ** min(tries, doublings))
+    return min(cap, base * 2.0 ** min(tries, doublings))
 
 
 def offer_expiry(now: int, deadline: int, ttl_ms: int, round_number: int) -> int:

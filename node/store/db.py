@@ -1150,10 +1150,9 @@ class _Reading:
         self.store._lock.acquire()
         return self.store._conn
 
-    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: object) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
         self.store._lock.release()
         _raise_as_store_error(self.store.path, e)
-        return False
 
 
 class _translate:
@@ -1169,9 +1168,8 @@ class _translate:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: object) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
         _raise_as_store_error(self.path, e)
-        return False
 
 
 def _raise_as_store_error(path: Path, e: BaseException | None) -> None:
@@ -1379,7 +1377,7 @@ class AsyncStore:
         # An inline call keeps the thread's contract: cancelled means not run, returned means done.
         if read and getattr(Store, name, None) is method:
             await trio.lowlevel.checkpoint_if_cancelled()
-            result = method(self._reader, *args, **kwargs)
+            result: T = method(self._reader, *args, **kwargs)
             await self._settle()
             return result
         if _short_write(method) or (
@@ -1407,9 +1405,9 @@ class AsyncStore:
             finally:
                 deferring.on = False
 
-        result = await self._in_the_thread(call)
+        out: T = await self._in_the_thread(call)
         await self._settle()
-        return result
+        return out
 
     async def _in_the_thread(self, fn: Callable[[], T]) -> T:
         """Run `fn` in the worker thread (one at a time), counting the calls there; each one that ends

@@ -396,7 +396,7 @@ def test_the_peers_table_has_a_row_per_peer_in_aligned_columns() -> None:
 
 def test_a_store_that_fails_under_the_node_stops_it_with_one_line() -> None:
     from e31.node.daemon import DaemonError, _expected
-    from e31.node.store.db import StoreError
+    from e31.node.errors import StoreError
 
     failed = StoreError("the database could not be synced to disk (fsync failed): stop the node")
     error = _expected(BaseExceptionGroup("tasks", [ExceptionGroup("inner", [failed])]))
