@@ -4,6 +4,13 @@ h11 parses and produces HTTP (sans-I/O, like our protocol layer); trio moves the
 connection reads one request at a time under a deadline, checks the Host header, the bearer token
 (constant-time) and the body size before reading the body, dispatches to the Router, and writes a JSON
 response. Keep-alive works; any error the client caused closes the connection after the response.
+
+Any local user can connect to 127.0.0.1, so connections are admitted in two pools. A connection that
+has not yet shown the token is "unproven": it must send its first request head within
+`auth_timeout`, and when `max_unproven` of them are open, a new one evicts the oldest, so a user who
+holds idle connections open cannot lock the owner out (the owner's client sends its request at once).
+Once a request shows the token, the connection is served in the owner's pool of `max_connections`.
+A JSON body nested deeper than `max_json_depth` is refused with 400, as is any body that is not JSON.
 When the response goes out before the body was read (401, 413), the server shuts its sending side and
 drains for a moment before closing, so the client reads the response instead of a reset.
 
@@ -45,6 +52,12 @@ class ControlLimits:
     """Seconds to receive a whole request (and, on a kept-alive connection, to start the next one)."""
     write_timeout: float = 10.0
     max_connections: int = 32
+    """Connections that showed the token, served at once; one more gets 503."""
+    max_unproven: int = 16
+    """Connections that have not shown the token yet; one more evicts the oldest of them."""
+    auth_timeout: float = 2.0
+    """Seconds for a new connection to send its first request head."""
+    max_json_depth: int = 32
 
 
 class ControlError(NodeError):
@@ -219,28 +232,43 @@ class _Server:
         self.limits = limits
         self.expected_auth = f"Bearer {token}".encode()
         self.hosts = hosts
-        self.active = 0
+        self.unproven: dict[_Connection, trio.CancelScope] = {}
+        """Connections that have not shown the token, oldest first (dicts keep insertion order)."""
+        self.proven = 0
 
     async def handle(self, stream: trio.SocketStream) -> None:
-        self.active += 1
+        conn = _Connection(stream, self.limits)
         try:
             async with stream:
-                conn = _Connection(stream, self.limits)
-                if self.active > self.limits.max_connections:
-                    await conn.send_error(HttpError(503, "too many connections to the local API"))
-                    return
-                await self._serve(conn)
+                with trio.CancelScope() as scope:
+                    self.unproven[conn] = scope
+                    if len(self.unproven) > self.limits.max_unproven:
+                        oldest = next(iter(self.unproven))
+                        self.unproven.pop(oldest).cancel()
+                    await self._serve(conn)
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
             pass
         except Exception:  # one bad connection must never stop the server
             log.exception("local API connection failed")
         finally:
-            self.active -= 1
+            if self.unproven.pop(conn, None) is None and conn.proven:
+                self.proven -= 1
+
+    def _prove(self, conn: _Connection) -> None:
+        """`conn` showed the token: move it to the owner's pool, or refuse it when that pool is full."""
+        if conn.proven:
+            return
+        self.unproven.pop(conn, None)
+        if self.proven >= self.limits.max_connections:
+            raise HttpError(503, "too many connections to the local API")
+        conn.proven = True
+        self.proven += 1
 
     async def _serve(self, conn: _Connection) -> None:
         while True:
+            timeout = self.limits.request_timeout if conn.proven else self.limits.auth_timeout
             try:
-                with trio.fail_after(self.limits.request_timeout):
+                with trio.fail_after(timeout):
                     event = await conn.next_event()
                     if not isinstance(event, h11.Request):  # closed, or idle between requests
                         return
@@ -273,6 +301,7 @@ class _Server:
             raise HttpError(400, f"unexpected Host header {host!r}")
         if not hmac.compare_digest(headers.get("authorization", b""), self.expected_auth):
             raise HttpError(401, "missing or wrong bearer token (see api.json in the data dir)")
+        self._prove(conn)
         length = headers.get("content-length")
         if length is not None and int(length) > self.limits.max_body:
             raise HttpError(413, f"request body over {self.limits.max_body} bytes")
@@ -296,10 +325,7 @@ class _Server:
             ctype = headers.get("content-type", b"application/json").split(b";")[0].strip().lower()
             if ctype != b"application/json":
                 raise HttpError(415, "the request body must be application/json")
-            try:
-                body = json.loads(raw)
-            except (ValueError, UnicodeDecodeError) as e:
-                raise HttpError(400, f"the request body is not valid JSON: {e}") from None
+            body = _parse_json(raw, self.limits.max_json_depth)
         try:
             query = dict(urllib.parse.parse_qsl(query_text, keep_blank_values=True, strict_parsing=False))
         except ValueError as e:
@@ -317,6 +343,28 @@ class _Server:
         if isinstance(result, JsonResponse):
             return result.status, result.body
         return 200, result
+
+
+def _parse_json(raw: bytes | bytearray, max_depth: int) -> Any:
+    """The JSON value of a request body, or HttpError 400: not JSON, or nested deeper than `max_depth`
+    (the count of brackets bounds the depth, so only a body that could be too deep is walked)."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise HttpError(400, f"the request body is nested deeper than {max_depth} levels") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise HttpError(400, f"the request body is not valid JSON: {e}") from None
+    if raw.count(b"[") + raw.count(b"{") > max_depth:
+        level: list[tuple[Any, int]] = [(body, 1)]
+        while level:
+            value, depth = level.pop()
+            if depth > max_depth:
+                raise HttpError(400, f"the request body is nested deeper than {max_depth} levels")
+            if isinstance(value, dict):
+                level += [(v, depth + 1) for v in value.values() if isinstance(v, dict | list)]
+            elif isinstance(value, list):
+                level += [(v, depth + 1) for v in value if isinstance(v, dict | list)]
+    return body
 
 
 def _reason(status: int) -> bytes:
@@ -337,6 +385,8 @@ class _Connection:
         self.stream = stream
         self.limits = limits
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header)
+        self.proven = False
+        """It showed the token (in the owner's pool)."""
 
     async def next_event(self) -> Any:
         while True:

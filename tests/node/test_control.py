@@ -23,7 +23,9 @@ from e31.node.api.server import (
 )
 from e31.node.config import API_FILE, NodeConfig, load_config
 
-LIMITS = ControlLimits(max_body=1024, request_timeout=1.0, write_timeout=1.0, max_connections=4)
+LIMITS = ControlLimits(
+    max_body=1024, request_timeout=1.0, write_timeout=1.0, max_connections=4, max_unproven=4, auth_timeout=1.0
+)
 
 
 def make_router() -> Router:
@@ -276,16 +278,70 @@ async def test_an_idle_connection_is_closed_without_an_answer(server: ControlEnd
     assert await raw(server.port, b"") == b""
 
 
-async def test_connections_over_the_cap_get_503(server: ControlEndpoint) -> None:
-    idle = [await trio.open_tcp_stream("127.0.0.1", server.port) for _ in range(LIMITS.max_connections)]
+async def test_the_owner_gets_in_past_any_number_of_idle_strangers(
+    tmp_path: Path, server: ControlEndpoint
+) -> None:
+    """Connections that never show the token (half a request head, or nothing) cannot fill the API:
+    each new one evicts the oldest, so the owner's request is answered however many are held open."""
+    strangers = [await trio.open_tcp_stream("127.0.0.1", server.port) for _ in range(4 * LIMITS.max_unproven)]
     try:
-        for stream in idle:
-            await stream.send_all(b"GET /v1/status HTTP/1.1\r\n")
+        for i, stream in enumerate(strangers):
+            if i % 2:
+                await stream.send_all(b"GET /v1/status HTTP/1.1\r\n")
+        assert (await call(tmp_path, "GET", "/v1/status"))["node_id"] == "e31n-test"
+        with trio.fail_after(5):  # the oldest were evicted: closed without an answer
+            assert await strangers[0].receive_some(100) == b""
+    finally:
+        for stream in strangers:
+            await stream.aclose()
+
+
+async def test_a_stranger_that_never_sends_a_head_is_dropped_after_the_auth_timeout(
+    server: ControlEndpoint,
+) -> None:
+    stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+    async with stream:
+        with trio.fail_after(LIMITS.auth_timeout + 5):
+            assert await stream.receive_some(100) == b""
+
+
+async def test_connections_over_the_owners_cap_get_503(server: ControlEndpoint) -> None:
+    kept = [await trio.open_tcp_stream("127.0.0.1", server.port) for _ in range(LIMITS.max_connections)]
+    try:
+        for stream in kept:  # each shows the token and stays open (keep-alive)
+            await stream.send_all(request_bytes(server).replace(b"Connection: close\r\n", b""))
+            with trio.fail_after(5):
+                assert b"HTTP/1.1 200" in await stream.receive_some(65536)
         answer = await raw(server.port, request_bytes(server))
         assert status_of(answer) == 503
     finally:
-        for stream in idle:
+        for stream in kept:
             await stream.aclose()
+    assert status_of(await raw(server.port, request_bytes(server))) == 200  # their places are free again
+
+
+@pytest.mark.parametrize("depth", [LIMITS.max_json_depth + 1, 400, 100_000])
+async def test_a_body_nested_too_deep_is_400(depth: int) -> None:
+    from e31.node.api.server import _parse_json
+
+    with pytest.raises(HttpError, match="nested deeper than") as e:
+        _parse_json(b"[" * depth + b"]" * depth, LIMITS.max_json_depth)
+    assert e.value.status == 400
+    nested = b'{"a":' * (depth - 1) + b"[]" + b"}" * (depth - 1)
+    with pytest.raises(HttpError, match="nested deeper than"):
+        _parse_json(nested, LIMITS.max_json_depth)
+
+
+async def test_a_body_nested_to_the_limit_is_served(server: ControlEndpoint) -> None:
+    depth = LIMITS.max_json_depth
+    ok = b"[" * depth + b"]" * depth
+    deep = b"[" * (depth + 1) + b"]" * (depth + 1)
+    for body, status in ((ok, 201), (deep, 400)):
+        answer = await raw(
+            server.port,
+            request_bytes(server, "POST", "/v1/echo", body=body, extra="Content-Type: application/json\r\n"),
+        )
+        assert status_of(answer) == status, answer
 
 
 async def test_no_server_is_node_not_running(tmp_path: Path) -> None:
