@@ -37,7 +37,9 @@ from .host import gctune
 from .host.memtrim import run_trimmer
 from .identity import IdentityError, load_or_create_identity, node_id
 from .logs import setup_logging
-from .net.peering import PeerService, join_address, split_address
+from .net.addresses import join_address, split_address
+from .net.gossip import GossipService
+from .net.peering import PeerDoc, PeerService
 from .net.peers import PeerSettings
 from .net.transport import ListenFailed
 from .store.blobs import BlobError, BlobStore
@@ -172,8 +174,8 @@ class Node:
     started_wall: float = 0.0
     capacity: Any = None
     """The CapacityService once the job path runs (node/capacity_service.py)."""
-    gossip: Any = None
-    """The GossipService once started (node/gossip.py); its counters show in the status."""
+    gossip: GossipService[bytes] | None = None
+    """The GossipService once started (net/gossip.py); its counters show in the status."""
 
     def __post_init__(self) -> None:
         self.peering = PeerService(
@@ -239,7 +241,6 @@ class Node:
         from .api.export import export_handler
         from .api.jobs import JobsApi, compile_check
         from .market.service import run_jobs
-        from .net.gossip import GossipService
         from .store.receiptlog import ReceiptLog
 
         gossip = GossipService(
@@ -322,5 +323,5 @@ class Node:
     async def _status(self, request: Request) -> dict[str, Any]:
         return self.status()
 
-    async def _peers(self, request: Request) -> list[dict[str, Any]]:
+    async def _peers(self, request: Request) -> list[PeerDoc]:
         return self.peering.peer_docs()

@@ -31,6 +31,10 @@ class Random(Protocol):
     def random(self) -> float: ...
 
 
+MIN_LINK_TTL = 300.0
+"""Seconds of life for ping, pong and peers messages at least: peers' clocks may differ by minutes."""
+
+
 @dataclass(frozen=True, slots=True)
 class PeerSettings:
     """Timing and size knobs of peering; the defaults suit a real network, tests shrink them."""

@@ -15,7 +15,8 @@ import pytest
 import trio
 import trio.testing
 from e31.node.config import Address, NodeConfig
-from e31.node.net.peering import PeerService, split_address
+from e31.node.net.addresses import split_address
+from e31.node.net.peering import PeerService
 from e31.node.net.peers import (
     Backoff,
     Dial,
@@ -28,7 +29,8 @@ from e31.node.net.peers import (
     keep_new_link,
 )
 from e31.node.net.transport import Connection, ConnectionClosed, dial
-from e31.node.store.db import AsyncStore, Store
+from e31.node.store.async_store import AsyncStore
+from e31.node.store.db import Store
 from e31.protocol.envelope import node_id_of, sign_message, verify
 from e31.protocol.ids import Digest
 from e31.protocol.messages import Cancel, Contact, Peers, Ping
@@ -397,8 +399,8 @@ async def test_crossing_dials_leave_one_link_that_both_ends_agree_on(tmp_path: P
             assert a.listen is not None and b.listen is not None
             a.table.learn(b.local, [b.listen], "manual")
             b.table.learn(a.local, [a.listen], "manual")
-            a._wake.set()
-            b._wake.set()
+            a.dialer.wake()
+            b.dialer.wake()
 
             def settled(a: PeerService = a, b: PeerService = b) -> bool:
                 la, lb = a.links.get(b.local), b.links.get(a.local)
@@ -468,7 +470,7 @@ async def test_peer_exchange_keeps_only_valid_fresh_contacts_of_its_network(tmp_
             assert a.links  # invalid records are ignored; the sender keeps its link
 
             def stored() -> set[str]:
-                return {row.node_id for row in a.store.store.peers("main")}
+                return {row.node_id for row in a.persistence.store.store.peers("main")}
 
             await until(lambda: str(node_id_of(good)) in stored(), "the contact stored")
             assert str(node_id_of(foreign)) not in stored()
@@ -523,8 +525,8 @@ async def test_a_discovered_peer_is_dialed_and_a_disconnected_one_backs_off(tmp_
 
 
 # --- the same service over memory links, on trio's virtual clock ---------------------------------------
-# A MemoryConnection stands in for a transport Connection (same surface: run, send, iteration, aclose),
-# so the link logic runs under autojump_clock with the production settings and no waiting.
+# A MemoryConnection stands in for a transport Connection (peering.LinkConnection: run, send, iteration,
+# aclose), so the link logic runs under autojump_clock with the production settings and no waiting.
 
 
 class MemoryConnection:
@@ -538,6 +540,7 @@ class MemoryConnection:
         self.peer_key = peer_key
         self.initiator = initiator
         self.remote_address = ("127.0.0.1", 1)
+        self.local_address = ("", 0)
         self.close_reason: str | None = None
         self._inbox, self._outbox = inbox, outbox
         self._closed = trio.Event()
@@ -606,7 +609,7 @@ async def test_a_silent_peer_is_suspect_after_two_missed_heartbeats_and_dropped_
     kinds: list[str] = []
     suspect_at = None
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(partial(a._run_link, mine, outbound=True))  # type: ignore[arg-type]
+        nursery.start_soon(partial(a.run_link, mine, outbound=True))
 
         async def listen() -> None:
             async for raw in theirs:
@@ -631,8 +634,6 @@ async def test_two_linked_services_stay_linked_for_an_hour_and_share_what_they_k
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     a, b = service(tmp_path, "a"), service(tmp_path, "b")
-    a.listen = b.listen = "127.0.0.1:7531"  # gives each a contact record to advertise
-    a._listen_port = b._listen_port = 7531
     third = SigningKey.generate()
     record = contact(third, "192.0.2.7:7531", expires_in=7200)
     a.table.learn(
@@ -642,12 +643,12 @@ async def test_two_linked_services_stay_linked_for_an_hour_and_share_what_they_k
         contact=record,
         contact_expires=int((time.time() + 7200) * 1000),
     )
-    a._refresh_contact()
-    b._refresh_contact()
+    for s in (a, b):
+        s.contact.bind("127.0.0.1", 7531)  # as `run` does once listening: gives each a record to advertise
     mine, theirs = memory_pair(a.local, b.local)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(partial(a._run_link, mine, outbound=True))  # type: ignore[arg-type]
-        nursery.start_soon(partial(b._run_link, theirs, outbound=False))  # type: ignore[arg-type]
+        nursery.start_soon(partial(a.run_link, mine, outbound=True))
+        nursery.start_soon(partial(b.run_link, theirs, outbound=False))
         await trio.sleep(3600)
         assert b.local in a.links and a.local in b.links
         assert a.links[b.local].liveness.missed == 0 and a.links[b.local].liveness.rtt is not None
