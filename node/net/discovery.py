@@ -19,7 +19,8 @@ import ipaddress
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 from e31.protocol.errors import ProtocolError
@@ -27,6 +28,10 @@ from e31.protocol.ids import NodeId
 
 from ..errors import PeerError, Unavailable
 from ..logs import logger
+
+if TYPE_CHECKING:  # imported where used: zeroconf is loaded only when discovery starts
+    from ifaddr import Adapter
+    from zeroconf import ServiceBrowser, ServiceInfo, ServiceStateChange, Zeroconf
 
 SERVICE_TYPE = "_e31._tcp.local."
 PROTOCOL_VERSION = "1"
@@ -43,6 +48,8 @@ log = logger("discovery")
 HostPort = tuple[str, int]
 OnFound = Callable[[str, str, list[HostPort]], object]
 OnLost = Callable[[str], object]
+BrowseHandler = Callable[["Zeroconf", str, str, "ServiceStateChange"], None]
+"""Called by zeroconf's browser (on its thread) with zeroconf, service_type, name and state_change."""
 
 
 class DiscoveryError(Unavailable):
@@ -142,7 +149,7 @@ def _host_addresses(interfaces: Sequence[str] | None) -> tuple[list[str], list[s
 
     adapters = ifaddr.get_adapters()
 
-    def ips(adapter: Any) -> list[str]:
+    def ips(adapter: Adapter) -> list[str]:
         return [ip.ip if isinstance(ip.ip, str) else ip.ip[0] for ip in adapter.ips]
 
     if interfaces is None:
@@ -214,7 +221,7 @@ class _Zeroconf:
         published = advertised_addresses(_resolve_listen(listen), host_addresses)
         # DNS-SD carries one port per record: addresses listening on other ports are not published.
         self.published = [(a, p) for a, p in published if p == published[0][1]] if published else []
-        self.info: Any = None
+        self.info: ServiceInfo | None = None
         if self.published:
             self.info = ServiceInfo(
                 SERVICE_TYPE,
@@ -224,7 +231,7 @@ class _Zeroconf:
                 server=f"{node_id}.local.",
                 parsed_addresses=[a for a, _ in self.published],
             )
-        self.browser: Any = None
+        self.browser: ServiceBrowser | None = None
         self.registered = False
         try:
             self.zc = Zeroconf() if interfaces is None else Zeroconf(interfaces=zc_interfaces)
@@ -232,7 +239,7 @@ class _Zeroconf:
             where = "the default interfaces" if interfaces is None else ", ".join(zc_interfaces)
             raise DiscoveryError(f"cannot open mDNS sockets on {where}: {e}") from None
 
-    def browse(self, handler: Callable[..., None]) -> None:
+    def browse(self, handler: BrowseHandler) -> None:
         from zeroconf import ServiceBrowser
 
         try:
@@ -241,6 +248,8 @@ class _Zeroconf:
             raise DiscoveryError(f"cannot browse for {SERVICE_TYPE}: {e or type(e).__name__}") from None
 
     def register(self) -> None:
+        if self.info is None:
+            raise DiscoveryError("no address to publish")
         self.zc.register_service(self.info, allow_name_change=True)
         self.registered = True
 
@@ -255,8 +264,8 @@ class _Zeroconf:
         steps: list[tuple[str, Callable[[], object]]] = []
         if self.browser is not None:
             steps.append(("stop browsing", self.browser.cancel))
-        if self.registered:
-            steps.append(("withdraw the record", lambda: self.zc.unregister_service(self.info)))
+        if self.registered and self.info is not None:
+            steps.append(("withdraw the record", partial(self.zc.unregister_service, self.info)))
         steps.append(("close", self.zc.close))
         for what, step in steps:
             try:
@@ -394,7 +403,7 @@ async def run_discovery(
     zc = await trio.to_thread.run_sync(_Zeroconf, interfaces, list(addresses), node_id, network)
     browser = _Browser(zc, node_id, network, on_found, on_lost)
 
-    def handler(zeroconf: object, service_type: str, name: str, state_change: Any) -> None:
+    def handler(zeroconf: Zeroconf, service_type: str, name: str, state_change: ServiceStateChange) -> None:
         removed = state_change.name == "Removed"
         with contextlib.suppress(trio.RunFinishedError):
             trio.from_thread.run_sync(browser.note, name, removed, trio_token=token)

@@ -1,6 +1,6 @@
 """The gossip service: runs a GossipEngine (protocol/gossip.py) over pluggable peer links.
 
-The service is a LinkListener of the peering service (node/peering.py): `link_up(peer, send)`
+The service is a LinkListener of the peering service (peering.py): `link_up(peer, send)`
 when a link opens, `link_down(peer)` when it closes, `message(peer, raw)` for each envelope that
 arrives; it takes the gossip kinds and ignores the rest (they are for other services). It can also
 be driven without peering: `run(incoming)` with a channel of (peer, bytes), `add_peer(peer, send)`.
@@ -10,7 +10,7 @@ bounded channel, drained by one sender task per peer (so a slow peer loses messa
 the others; a send that fails or takes longer than `send_timeout` ends the link); deliveries go
 into each subscriber's bounded channel (a full one loses the message, counted). A peer the engine
 disconnects, or whose link died, is reported through `on_disconnect(peer, reason)`, for peering
-to close the connection (`PeeringService.disconnect` fits).
+to close the connection (`PeerService.disconnect` fits).
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import trio
 from e31.protocol.envelope import VerifiedEnvelope, claimed_kind
 from e31.protocol.gossip import Deliver, Disconnect, Forward, GossipEngine, Penalise, Rng
-from e31.protocol.messages import AnyMessage
+from e31.protocol.messages import AnyMessage, Message
 
 from .transport import TransportError
 
 P = TypeVar("P", bound=Hashable)
+M = TypeVar("M", bound=Message)
 
 Verified = VerifiedEnvelope[AnyMessage]
 Send = Callable[[bytes], Awaitable[None]]
@@ -166,7 +167,7 @@ class GossipService(Generic[P]):
         self._subscribers.setdefault(kind, []).append(send)
         return receive
 
-    def publish(self, message: bytes | VerifiedEnvelope[Any]) -> int:
+    def publish(self, message: bytes | VerifiedEnvelope[M]) -> int:
         """Send one of our own signed messages (its bytes, or the envelope `sign_verified` made); returns
         the number of peers it was queued for. Raises ProtocolError if it is not a valid, fresh gossip
         message of our network."""

@@ -36,7 +36,6 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import nacl.signing
 import trio
@@ -411,7 +410,8 @@ async def _establish(
     )
 
 
-def _sock_address(get: Callable[[], Any]) -> Address | None:
+def _sock_address(get: Callable[[], tuple[str, int] | tuple[str, int, int, int]]) -> Address | None:
+    """An IPv4 socket names (host, port), an IPv6 one (host, port, flowinfo, scope_id)."""
     try:
         name = get()
     except OSError:  # reset in the meantime
