@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
+from .units import parse_duration, parse_size
 
 # The data directory's layout (docs/operating.md).
 CONFIG_FILE = "config.toml"
@@ -120,42 +121,15 @@ class NodeConfig:
 
 # --- value parsers: each takes (value, from_text) and returns the typed value or raises ValueError ---
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "kib": 1 << 10,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "mib": 1 << 20,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "gib": 1 << 30,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "tib": 1 << 40,
-}
 _NETWORK_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
 _IFACE_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
 
 
-def parse_size(value: object) -> int:
-    """Bytes from an int or a text like "4GiB", "512MB", "1.5 GiB", "1000"."""
-    if isinstance(value, bool):
-        raise ValueError("expected a size such as 4GiB, 512MB or a number of bytes")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"a size cannot be negative: {value}")
-        return value
-    if not isinstance(value, str):
-        raise ValueError(f"expected a size such as 4GiB, 512MB or a number of bytes, got {_kind(value)}")
-    m = _SIZE_RE.match(value)
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in _SIZE_UNITS:
-        raise ValueError(f"expected a size such as 4GiB, 512MB or a number of bytes, got {value!r}")
-    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+def _parse_size(value: object, from_text: bool) -> int:
+    """Bytes from a TOML integer or a text with a unit (node/units.py: "4GiB", "512MB", "1.5G")."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"expected a size such as 4GiB, 512MB or a number of bytes, got {_show(value)}")
+    return parse_size(value)
 
 
 def parse_address(text: object, *, allow_port_zero: bool = True) -> Address:
@@ -234,9 +208,10 @@ def _parse_fraction(value: object, from_text: bool) -> float:
     return number
 
 
-def _parse_positive(value: object, from_text: bool) -> float:
-    number = _parse_float(value, from_text, low=0.0)
-    if number <= 0.0:
+def _parse_seconds(value: object, from_text: bool, *, positive: bool = False) -> float:
+    """A TOML number of seconds, or a duration as text ("90s", "10m", "1h30m"; node/units.py)."""
+    number = parse_duration(value) if isinstance(value, str) else _parse_float(value, from_text, low=0.0)
+    if positive and number <= 0.0:
         raise ValueError(f"expected a number of seconds above 0, got {_show(value)}")
     return number
 
@@ -288,7 +263,7 @@ _PARSERS: dict[str, Parser] = {
     "listen": lambda v, t: parse_address(v),
     "bootstrap": lambda v, t: _parse_list(parse_bootstrap, v, t),
     "cores": lambda v, t: _parse_int(v, t, low=1),
-    "memory": lambda v, t: parse_size(v),
+    "memory": _parse_size,
     "network": _parse_network,
     "log_level": _parse_log_level,
     "max_connections": lambda v, t: _parse_int(v, t, low=1),
@@ -296,12 +271,12 @@ _PARSERS: dict[str, Parser] = {
     "mdns": _parse_bool,
     "mdns_interfaces": lambda v, t: _parse_list(_parse_interface, v, t),
     "only_when_idle": _parse_bool,
-    "idle_seconds": lambda v, t: _parse_float(v, t, low=0.0),
+    "idle_seconds": _parse_seconds,
     "idle_load": lambda v, t: _parse_fraction(v, t),
-    "capacity_interval": lambda v, t: _parse_positive(v, t),
-    "capacity_raise_after": lambda v, t: _parse_float(v, t, low=0.0),
-    "disk_ceiling": lambda v, t: parse_size(v),
-    "gc_interval": lambda v, t: _parse_positive(v, t),
+    "capacity_interval": lambda v, t: _parse_seconds(v, t, positive=True),
+    "capacity_raise_after": _parse_seconds,
+    "disk_ceiling": _parse_size,
+    "gc_interval": lambda v, t: _parse_seconds(v, t, positive=True),
 }
 FILE_KEYS = tuple(_PARSERS)
 """The keys config.toml may hold (the NodeConfig field names, minus data_dir and config_file)."""
@@ -392,17 +367,20 @@ _FLAG_HELP = {
     "listen": ("HOST:PORT", f"address to listen on (default 0.0.0.0:{DEFAULT_PORT}; port 0 picks one)"),
     "bootstrap": ("[NODEID@]HOST:PORT", "a peer to contact first; NODEID@ pins its identity (repeatable)"),
     "cores": ("N", "cores to offer to jobs (default: all)"),
-    "memory": ("BYTES", "memory to offer to jobs, e.g. 4GiB (default: half of it)"),
+    "memory": ("SIZE", "memory to offer to jobs, e.g. 4G or 4GiB (default: half of it)"),
     "network": ("NAME", f"network name; networks never mix (default {DEFAULT_NETWORK})"),
     "max_connections": ("N", "cap on peer connections in total"),
     "max_connections_per_address": ("N", "cap on peer connections per remote address"),
     "mdns_interfaces": ("IF[,IF...]", "interfaces for mDNS (default: all)"),
-    "idle_seconds": ("S", "owner inactivity before jobs run (with --only-when-idle)"),
+    "idle_seconds": ("DURATION", "owner inactivity before jobs run, e.g. 5m (with --only-when-idle)"),
     "idle_load": ("FRACTION", "owner CPU use (0-1 of the machine) that counts as working (default 0.2)"),
-    "capacity_interval": ("S", "seconds between load samples (default 5)"),
-    "capacity_raise_after": ("S", "seconds a higher capacity must hold before it is offered (default 30)"),
-    "disk_ceiling": ("BYTES", "most disk the blob store may use, e.g. 20GiB"),
-    "gc_interval": ("S", "seconds between garbage collections (default 600)"),
+    "capacity_interval": ("DURATION", "time between load samples (default 5s)"),
+    "capacity_raise_after": (
+        "DURATION",
+        "how long a higher capacity must hold before it is offered (default 30s)",
+    ),
+    "disk_ceiling": ("SIZE", "most disk the blob store may use, e.g. 20G (default 10GiB)"),
+    "gc_interval": ("DURATION", "time between garbage collections (default 10m)"),
 }
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..config import add_data_dir_argument
+from . import options
 from .main import CliError
 
 
@@ -21,8 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     config.add_arguments(run_parser)
     # Timing knobs for tests and local experiments; not part of the configuration file.
-    run_parser.add_argument("--heartbeat", type=_positive_float, metavar="SECONDS", help=argparse.SUPPRESS)
-    run_parser.add_argument("--target-degree", type=_positive_int, metavar="N", help=argparse.SUPPRESS)
+    run_parser.add_argument(
+        "--heartbeat", type=options.positive_duration, metavar=options.DURATION, help=argparse.SUPPRESS
+    )
+    run_parser.add_argument(
+        "--target-degree", type=options.positive_count, metavar=options.COUNT, help=argparse.SUPPRESS
+    )
     run_parser.set_defaults(_node_run=_run)
     status_parser = sub.add_parser(
         "status",
@@ -37,22 +42,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     code: int = args._node_run(args)
     return code
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1: {text!r}")
-    return int(text)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -9,46 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from e31.node.cli.main import CliError
+from . import options
+from .main import CliError
 
 if TYPE_CHECKING:
-    from e31.sandbox.limits import RunResult
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def _size(text: str) -> int:
-    """Bytes: a plain integer or one with a binary suffix (64M, 1GiB)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 1048576, 64M, 2G)")
-    return int(m.group(1)) * _UNITS[(m.group(2) or "")[:1].lower()]
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number: {text!r}")
-    return value
+    from e31.sandbox.limits import Limits, RunResult
 
 
 def _env(text: str) -> tuple[str, str]:
@@ -113,17 +82,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="directory where the guest's /output files are written after the run",
     )
-    p.add_argument("--fuel", type=_count, metavar="N", help="fuel budget (default 10_000_000_000)")
-    p.add_argument("--memory", type=_size, metavar="BYTES", help="linear memory limit (default 256M)")
-    p.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="wall-clock limit (default 60)")
+    p.add_argument("--fuel", type=options.count, metavar=options.COUNT, help="fuel budget (default 10G)")
+    p.add_argument(
+        "--memory", type=options.size, metavar=options.SIZE, help="linear memory limit (default 256MiB)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=options.duration,
+        metavar=options.DURATION,
+        help="wall-clock limit, e.g. 90s or 10m (default 60s)",
+    )
     p.add_argument(
         "--max-output",
-        type=_size,
-        metavar="BYTES",
-        help="cap on stdout + stderr + /output bytes (default 64M)",
+        type=options.size,
+        metavar=options.SIZE,
+        help="cap on stdout + stderr + /output bytes (default 64MiB)",
     )
     p.add_argument("--seed", type=_seed, metavar="HEX", help="32-byte seed for random_get (default zeros)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    """The job limits the options ask for, the sandbox's defaults for the rest (raises JobSpecError)."""
+    from e31.sandbox.limits import Limits
+
+    chosen = {
+        k: v
+        for k, v in (
+            ("fuel", args.fuel),
+            ("memory_bytes", args.memory),
+            ("wall_seconds", args.timeout),
+            ("max_output_bytes", args.max_output),
+        )
+        if v is not None
+    }
+    return Limits(**chosen)
 
 
 def _read_module(path: Path) -> bytes:
@@ -141,7 +134,6 @@ def _read_module(path: Path) -> bytes:
 def run(args: argparse.Namespace) -> int:
     from e31.sandbox.errors import InvalidModule, JobSpecError, SandboxError
     from e31.sandbox.job import JobSpec, input_files_from_dir
-    from e31.sandbox.limits import Limits
     from e31.sandbox.profile import PROFILE
     from e31.sandbox.runner import invalid_result, run, wat_to_wasm
 
@@ -152,18 +144,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--stdin {str(args.stdin)!r}: no such file", 2)
     if args.input is not None and not args.input.is_dir():
         raise CliError(f"--input {str(args.input)!r}: not a directory", 2)
-    chosen = {
-        k: v
-        for k, v in (
-            ("fuel", args.fuel),
-            ("memory_bytes", args.memory),
-            ("wall_seconds", args.timeout),
-            ("max_output_bytes", args.max_output),
-        )
-        if v is not None
-    }
     try:
-        limits = Limits(**chosen)
+        limits = limits_from(args)
         inputs = input_files_from_dir(args.input) if args.input is not None else {}
     except JobSpecError as e:
         raise CliError(str(e), 2) from e

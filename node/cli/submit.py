@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..config import add_data_dir_argument, parse_size
+from ..config import add_data_dir_argument
+from ..units import UnitError, parse_duration
+from . import options
 from .main import CliError
 
 if TYPE_CHECKING:
     from ..api.client import ApiClient
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_NOT_A_DEADLINE = "not a duration (90s, 10m, 2h, 1d, 1h30m) nor an ISO-8601 time (2026-12-01T08:00:00Z)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,17 +45,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--env", action="append", default=[], metavar="K=V", help="an environment variable")
     parser.add_argument("--stdin", type=Path, metavar="FILE", help="a file to feed as standard input")
-    parser.add_argument("--fuel", type=_count, metavar="N", help="fuel limit (default 10G)")
-    parser.add_argument("--memory", type=_size, metavar="BYTES", help="memory limit, e.g. 256MiB (default)")
-    parser.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="wall-clock limit (default 60)")
+    parser.add_argument("--fuel", type=options.count, metavar=options.COUNT, help="fuel limit (default 10G)")
+    parser.add_argument(
+        "--memory", type=options.size, metavar=options.SIZE, help="memory limit (default 256MiB)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=options.duration,
+        metavar=options.DURATION,
+        help="wall-clock limit while the job holds a core, e.g. 90s or 10m (default 60s)",
+    )
     parser.add_argument(
         "--max-output",
-        type=_size,
-        metavar="BYTES",
+        type=options.size,
+        metavar=options.SIZE,
         help="cap on stdout + stderr + output files (default 64MiB)",
     )
     parser.add_argument(
         "--deadline",
+        type=_deadline,
         metavar="DURATION|ISO-8601",
         help="when the result is needed: a duration from now (90s, 10m, 2h, 1d) or a time "
         "(2026-12-01T08:00:00Z); default 1h",
@@ -81,51 +89,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--handoff-timeout",
-        type=_seconds,
+        type=options.positive_duration,
         default=300.0,
-        metavar="SECONDS",
+        metavar=options.DURATION,
         help="give up waiting for the hand-off after this long (exit 1; the jobs stay submitted)",
     )
     parser.add_argument("--json", action="store_true", help="print the node's answer as JSON")
     parser.set_defaults(accepts_passthrough=True)
 
 
-def _count(text: str) -> int:
+def _deadline(text: str) -> str:
+    """The text itself, once it is known to be a deadline: it is read against the clock when sent."""
     try:
-        value = parse_size(text.replace("G", "g").replace("M", "m").replace("K", "k"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a count: {text!r} (e.g. 1000000, 5G)") from None
-    return value
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
-    return value
+        parse_deadline(text, 0.0)
+    except CliError:
+        raise argparse.ArgumentTypeError(f"{_NOT_A_DEADLINE}, got {text!r}") from None
+    return text
 
 
 def parse_deadline(text: str, now: float) -> int:
     """Milliseconds since the Unix epoch, from a duration or an ISO-8601 time (naive: local time)."""
-    m = _DURATION.match(text)
-    if m is not None:
-        return round((now + float(m.group(1)) * _UNITS[m.group(2)]) * 1000)
+    try:
+        return round((now + parse_duration(text)) * 1000)
+    except UnitError:
+        pass
     try:
         when = datetime.fromisoformat(text.strip().replace("z", "Z").replace("Z", "+00:00"))
     except ValueError:
-        raise CliError(
-            f"--deadline {text!r}: not a duration (90s, 10m, 2h, 1d) nor an ISO-8601 time"
-        ) from None
+        raise CliError(f"--deadline {text!r}: {_NOT_A_DEADLINE}") from None
     if when.tzinfo is None:
         when = when.astimezone()
     return round(when.astimezone(UTC).timestamp() * 1000)

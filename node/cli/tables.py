@@ -9,19 +9,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-
-def format_duration(seconds: float) -> str:
-    seconds = int(max(0.0, seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h {minutes}m"
-    if hours:
-        return f"{hours}h {minutes}m {secs}s"
-    if minutes:
-        return f"{minutes}m {secs}s"
-    return f"{secs}s"
+from ..units import format_duration
 
 
 def format_bytes(n: int) -> str:

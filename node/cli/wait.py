@@ -16,6 +16,7 @@ from typing import Any
 
 from ..config import add_data_dir_argument
 from ..lifecycle import TERMINAL
+from . import options
 
 POLL = 5.0
 SHOWN = 20
@@ -27,7 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "jobs", nargs="+", metavar="JOB|BATCH", help="job ids (or unique prefixes) or batch ids"
     )
-    parser.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long (exit 1)")
+    parser.add_argument(
+        "--timeout",
+        type=options.duration,
+        metavar=options.DURATION,
+        help="give up after this long, e.g. 90s or 1h (exit 1)",
+    )
     parser.add_argument("--json", action="store_true", help="print the jobs as a JSON list at the end")
 
 

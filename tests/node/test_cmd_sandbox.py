@@ -167,6 +167,10 @@ def test_usage_errors_exit_2(echo: Path, tmp_path: Path, capsys: pytest.CaptureF
         ["sandbox", "run", str(echo), "--memory", "12 parsecs"],
         ["sandbox", "run", str(echo), "--memory", "100"],
         ["sandbox", "run", str(echo), "--timeout", "-1"],
+        ["sandbox", "run", str(echo), "--timeout", "0"],
+        ["sandbox", "run", str(echo), "--timeout", "8d"],
+        ["sandbox", "run", str(echo), "--fuel", "2GiB"],
+        ["sandbox", "run", str(echo), "--memory", "0.1K"],
         ["sandbox", "run", str(echo), "--env", "NOEQUALS"],
         ["sandbox", "run", str(echo), "--stdin", str(tmp_path / "missing")],
         ["sandbox", "run", str(echo), "--input", str(a_file)],
@@ -190,6 +194,17 @@ def test_usage_errors_exit_2(echo: Path, tmp_path: Path, capsys: pytest.CaptureF
 def test_sizes_take_binary_suffixes(echo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     doc = _json(capsys, ["sandbox", "run", str(echo), "--memory", "2M", "--max-output", "1K", "--json"])
     assert doc["status"] == "exited"
+
+
+def test_fuel_takes_a_count_and_the_timeout_a_duration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loop = tmp_path / "loop.wat"
+    loop.write_text(LOOP_WAT)
+    doc = _json(capsys, ["sandbox", "run", str(loop), "--fuel", "20k", "--json"])
+    assert (doc["status"], doc["fuel_used"], doc["fuel_limit"]) == ("out_of_fuel", 20_000, 20_000)
+    doc = _json(capsys, ["sandbox", "run", str(loop), "--fuel", "2G", "--timeout", "300ms", "--json"])
+    assert (doc["status"], doc["fuel_limit"]) == ("timeout", 2_000_000_000)
 
 
 def test_a_real_process_never_prints_a_traceback(tmp_path: Path) -> None:

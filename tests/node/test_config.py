@@ -17,7 +17,6 @@ from e31.node.config import (
     default_data_dir,
     load_config,
     parse_address,
-    parse_size,
     resolve_data_dir,
 )
 
@@ -122,27 +121,92 @@ def test_config_file_is_read_from_the_env_data_dir(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "expected"),
+    ("toml", "expected"),
     [
-        (0, 0),
-        (1234, 1234),
+        ("0", 0),
         ("1234", 1234),
-        ("4GiB", 4 << 30),
-        ("512MB", 512_000_000),
-        ("1.5 KiB", 1536),
-        ("2g", 2_000_000_000),
-        ("3TiB", 3 << 40),
-        ("10b", 10),
+        ('"1234"', 1234),
+        ('"4GiB"', 4 << 30),
+        ('"4G"', 4 << 30),
+        ('"64M"', 64 << 20),
+        ('"64Mi"', 64 << 20),
+        ('"512MB"', 512_000_000),
+        ('"1.5 KiB"', 1536),
+        ('"1.5G"', 3 << 29),
+        ('"2g"', 2 << 30),
+        ('"3TiB"', 3 << 40),
+        ('"10b"', 10),
+        ('"1_000_000"', 1_000_000),
     ],
 )
-def test_sizes(text: object, expected: int) -> None:
-    assert parse_size(text) == expected
+def test_sizes_in_the_file_are_integers_or_texts_with_a_unit(
+    tmp_path: Path, toml: str, expected: int
+) -> None:
+    """K, M, G, T are powers of 1024 here as on every command line; KB, MB, GB, TB powers of 1000."""
+    write(tmp_path, f"memory = {toml}\ndisk_ceiling = {toml}\n")
+    cfg = load_config(tmp_path, environ={})
+    assert (cfg.memory, cfg.disk_ceiling) == (expected, expected)
 
 
-@pytest.mark.parametrize("bad", ["", "GiB", "4 parsecs", "-1", -5, True, 1.5, "1e9", "4GiB extra", None])
-def test_bad_sizes(bad: object) -> None:
-    with pytest.raises(ValueError):
-        parse_size(bad)
+@pytest.mark.parametrize(
+    "toml",
+    ['""', '"GiB"', '"4 parsecs"', '"-1"', "-5", "true", "1.5", '"1e9"', '"4GiB extra"', '"0.1K"', "[1]"],
+)
+def test_bad_sizes_in_the_file(tmp_path: Path, toml: str) -> None:
+    write(tmp_path, f"memory = {toml}\n")
+    with pytest.raises(ConfigError, match="'memory': expected a size"):
+        load_config(tmp_path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        ("45", 45.0),
+        ("2.5", 2.5),
+        ('"45"', 45.0),
+        ('"500ms"', 0.5),
+        ('"90s"', 90.0),
+        ('"10m"', 600.0),
+        ('"1h30m"', 5400.0),
+        ('"1d"', 86400.0),
+    ],
+)
+def test_durations_in_the_file_are_seconds_or_texts_with_units(
+    tmp_path: Path, toml: str, expected: float
+) -> None:
+    keys = ("idle_seconds", "capacity_interval", "capacity_raise_after", "gc_interval")
+    write(tmp_path, "".join(f"{key} = {toml}\n" for key in keys))
+    cfg = load_config(tmp_path, environ={})
+    assert [getattr(cfg, key) for key in keys] == [expected] * 4
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('idle_seconds = "soon"', "'idle_seconds': expected a number of seconds or a duration, got 'soon'"),
+        (
+            'idle_seconds = "-5m"',
+            "'idle_seconds': expected a number of seconds or a duration, got '-5m' (negative)",
+        ),
+        ('gc_interval = "30m1h"', "'gc_interval': expected a number of seconds or a duration"),
+        ('gc_interval = "0s"', "'gc_interval': expected a number of seconds above 0"),
+        ("capacity_interval = 0", "'capacity_interval': expected a number of seconds above 0"),
+        ("capacity_raise_after = true", "'capacity_raise_after': expected a number"),
+    ],
+)
+def test_bad_durations_in_the_file(tmp_path: Path, text: str, fragment: str) -> None:
+    write(tmp_path, text + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path, environ={})
+    assert fragment in str(err.value)
+
+
+def test_flags_take_the_same_units_as_the_file(tmp_path: Path) -> None:
+    args = parse_flags(
+        "--data-dir", str(tmp_path), "--memory", "2G", "--disk-ceiling", "20GB", "--gc-interval", "10m"
+    )
+    cfg = config_from_args(args, environ={})
+    assert (cfg.memory, cfg.disk_ceiling, cfg.gc_interval) == (2 << 30, 20_000_000_000, 600.0)
 
 
 @pytest.mark.parametrize(
@@ -218,6 +282,8 @@ def test_unknown_key_lists_the_known_ones(tmp_path: Path) -> None:
         (["--listen", "1.2.3.4"], "--listen: expected HOST:PORT"),
         (["--bootstrap", "e31nshort@1.2.3.4:5"], "--bootstrap: a node id is 56 characters"),
         (["--idle-seconds", "soon"], "--idle-seconds: expected a number"),
+        (["--memory=-1G"], "--memory: expected a size, got '-1G' (negative)"),
+        (["--gc-interval", "0"], "--gc-interval: expected a number of seconds above 0"),
     ],
 )
 def test_bad_flags_name_the_flag(tmp_path: Path, argv: list[str], fragment: str) -> None:
