@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,88 @@ def test_node_top_level_is_small() -> None:
         p.name for p in NODE.iterdir() if p.is_dir() and (p / "__init__.py").exists()
     }
     assert units <= set(WING_RANK) | FOUNDATION, units - set(WING_RANK) - FOUNDATION
+
+
+# --- SQL stays in node/store/ -----------------------------------------------------------------------
+# The store wing is the only place with SQL (docs/architecture.md): no other module of node/ holds an
+# SQL statement, imports sqlite3, runs one (`.execute(SQL)`, `.executemany`, `.executescript`) or opens
+# the store's connection (`store.reading()`, `store.transaction()`); it calls a store method instead.
+SQL_STATEMENT = re.compile(
+    r"\b(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|REPLACE)\b[\s\S]*?\b(FROM|INTO|SET|TABLE|INDEX)\b"
+    r"|\bPRAGMA\s+\w+"
+)
+RUNS_SQL = {"execute", "executemany", "executescript"}
+OPENS_THE_CONNECTION = {"reading", "transaction"}
+
+
+def _text(node: ast.expr) -> str | None:
+    """The text of a string literal, an f-string's (each placeholder as {}) or a sum of them; else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    if isinstance(node, ast.BinOp):
+        left, right = _text(node.left), _text(node.right)
+        return None if left is None and right is None else (left or "{}") + (right or "{}")
+    return None
+
+
+def _sql_use(node: ast.AST) -> str | None:
+    """What SQL `node` holds or runs, if any."""
+    if isinstance(node, ast.expr) and (text := _text(node)) is not None:
+        return "an SQL statement" if SQL_STATEMENT.search(text) else None
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+        return "imports sqlite3" if "sqlite3" in names and not getattr(node, "level", 0) else None
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return None
+    name = node.func.attr
+    # `.execute` of a string only: other things execute too (market/scheduler.py)
+    if name in RUNS_SQL and (name != "execute" or (node.args and _text(node.args[0]) is not None)):
+        return f"runs SQL (.{name})"
+    return f"opens the store's connection (.{name}())" if name in OPENS_THE_CONNECTION else None
+
+
+def _sql_outside_store(root: Path) -> list[str]:
+    """Every place in the package at `root` (a node/ tree), outside its store/, that holds or runs SQL."""
+    bad = set()
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] == "store":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (use := _sql_use(node)) is not None:
+                bad.add(f"{path.relative_to(root.parent)}:{getattr(node, 'lineno', 0)}: {use}")
+    return sorted(bad)
+
+
+def test_no_sql_outside_the_store() -> None:
+    assert _sql_outside_store(NODE) == []
+
+
+def test_the_sql_checker_catches_a_violation(tmp_path: Path) -> None:
+    node = tmp_path / "node"
+    (node / "api").mkdir(parents=True)
+    (node / "store").mkdir()
+    (node / "store" / "ok.py").write_text('import sqlite3\nQ = "SELECT job_id FROM jobs"\n')
+    (node / "api" / "bad.py").write_text(
+        "import sqlite3\n"
+        "def f(store, c, rows, cols, scheduler, work):\n"
+        "    with store.reading() as c:\n"
+        '        c.execute(f"SELECT {cols} FROM jobs")\n'
+        '    c.executemany("INSERT INTO blob_refs VALUES (?)", rows)\n'
+        '    sql = "DELETE FROM jobs "\n'
+        "    with store.store.transaction(durable=False):\n"
+        "        pass\n"
+        '    scheduler.execute(work, "not SQL")\n'
+        '    return "Delete the job: select it from the list"\n'
+    )
+    assert _sql_outside_store(node) == [
+        "node/api/bad.py:1: imports sqlite3",
+        "node/api/bad.py:3: opens the store's connection (.reading())",
+        "node/api/bad.py:4: an SQL statement",
+        "node/api/bad.py:4: runs SQL (.execute)",
+        "node/api/bad.py:5: an SQL statement",
+        "node/api/bad.py:5: runs SQL (.executemany)",
+        "node/api/bad.py:6: an SQL statement",
+        "node/api/bad.py:7: opens the store's connection (.transaction())",
+    ]

@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..lifecycle import TERMINAL, sql_in
-from .db import JobRow, Store
+from ..lifecycle import TERMINAL, Role, sql_in
+from .db import Store
+from .rows import JobRow, columns
 
 PREFIX = "batch-"
 ID_HEX = 16
@@ -40,35 +41,13 @@ def is_batch_id(text: str) -> bool:
 
 
 def store_batch(store: Store, jobs: Sequence[Mapping[str, Any]], now: float) -> str:
-    """Insert submitted jobs (the fields of Store.add_job) and their batch in one transaction: a sweep
-    of thousands of jobs is one commit, and a crash leaves all of it or none. Returns the batch id."""
+    """Insert submitted jobs (each the arguments of Store.add_job) and their batch in one transaction: a
+    sweep of thousands of jobs is one commit, and a crash leaves all of it or none. Returns the batch id."""
     job_ids = [j["job_id"] for j in jobs]
     bid = batch_id(job_ids)
     with store.transaction() as c:
         for j in jobs:
-            cur = c.execute(
-                "INSERT INTO jobs (job_id, role, manifest, state, submitter, attempt, created, deadline, "
-                "updated, fuel_limit) VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?) "
-                "ON CONFLICT (job_id, role) DO NOTHING",
-                (
-                    j["job_id"],
-                    j["role"],
-                    j["manifest"],
-                    j["state"],
-                    j["submitter"],
-                    j["created"],
-                    j["deadline"],
-                    j["created"],
-                    j["fuel_limit"],
-                ),
-            )
-            if cur.rowcount > 0:
-                owner = f"job:{j['job_id'].hex()}"
-                c.executemany(
-                    "INSERT INTO blob_refs (blob_hash, owner, retain_until) VALUES (?, ?, NULL) "
-                    "ON CONFLICT DO NOTHING",
-                    [(h, owner) for h in j["blobs"]],
-                )
+            store.add_job(**j)
         c.executemany(
             "INSERT OR IGNORE INTO batch_jobs (batch_id, seq, job_id, created) VALUES (?, ?, ?, ?)",
             [(bid, i, j, now) for i, j in enumerate(job_ids)],
@@ -89,12 +68,11 @@ def get_batch(store: Store, bid: str) -> BatchRow | None:
 def batch_jobs(store: Store, bid: str) -> list[JobRow]:
     """The rows of the batch's jobs this node submitted, in batch order (one indexed query: the cost
     follows the batch's size, not the store's)."""
-    columns = ", ".join(f"j.{name}" for name in JobRow.__slots__)  # JobRow's fields are the columns
     with store.reading() as c:
         rows = c.execute(
-            f"SELECT {columns} FROM batch_jobs b JOIN jobs j ON j.job_id = b.job_id AND j.role = 'submitter' "
-            "WHERE b.batch_id = ? ORDER BY b.seq",
-            (bid,),
+            f"SELECT {columns(JobRow, 'j')} FROM batch_jobs b JOIN jobs j ON j.job_id = b.job_id "
+            "AND j.role = ? WHERE b.batch_id = ? ORDER BY b.seq",
+            (Role.SUBMITTER, bid),
         ).fetchall()
     return [JobRow(*r) for r in rows]
 
@@ -103,9 +81,9 @@ def batch_unfinished(store: Store, bid: str) -> int:
     """How many of the batch's jobs have not ended (a count, for waiting on a batch of thousands)."""
     with store.reading() as c:
         row = c.execute(
-            "SELECT count(*) FROM batch_jobs b JOIN jobs j ON j.job_id = b.job_id AND j.role = 'submitter' "
+            "SELECT count(*) FROM batch_jobs b JOIN jobs j ON j.job_id = b.job_id AND j.role = ? "
             f"WHERE b.batch_id = ? AND NOT {sql_in(TERMINAL, 'j.state')}",
-            (bid,),
+            (Role.SUBMITTER, bid),
         ).fetchone()
     return int(row[0])
 

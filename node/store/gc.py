@@ -40,16 +40,18 @@ from e31.protocol.codec import unpack_canonical
 from e31.protocol.errors import ProtocolError
 from e31.protocol.jobs import JobManifest
 
-from ..lifecycle import TERMINAL
+from ..lifecycle import EXECUTOR_TRANSITIONS, TERMINAL, Role
+from .async_store import AsyncStore
 from .batches import forget_pruned_jobs
 from .blobs import BlobStore
-from .db import AsyncStore, Store
+from .db import Store
 
 log = logging.getLogger("e31.gc")
 
 GRACE_SECONDS = 3600.0
 PRUNE_CHUNK = 500
-ACTIVE_RUN_STATES = ("fetching", "queued", "running")
+ACTIVE_RUN_STATES = tuple(sorted(set(EXECUTOR_TRANSITIONS) - TERMINAL))
+"""An executor's states before an end (fetching, queued, running): its run directory is in use."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +141,7 @@ def collect(
 
 
 def _remove_stale_runs(store: Store, runs_dir: Path) -> int:
-    active = {row.job_id.hex() for row in store.jobs(role="executor", states=ACTIVE_RUN_STATES)}
+    active = {row.job_id.hex() for row in store.jobs(role=Role.EXECUTOR, states=ACTIVE_RUN_STATES)}
     removed = 0
     try:
         entries = list(runs_dir.iterdir())

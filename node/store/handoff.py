@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from e31.protocol.envelope import verify
 from e31.protocol.messages import Accepted, Assign
 
-from .db import JobRow, Store
+from ..lifecycle import JobState
+from .db import Store
+from .rows import JobRow
 
 CHUNK = 500
 """Job ids per query (SQLite limits the parameters of one statement)."""
@@ -17,8 +19,8 @@ CHUNK = 500
 
 def handed_off(store: Store, rows: Sequence[JobRow]) -> set[bytes]:
     """The job ids among `rows` (submitter rows) that no longer need their submitter online."""
-    out = {r.job_id for r in rows if r.state == "done"}
-    current = {r.job_id: r for r in rows if r.state == "assigned"}
+    out = {r.job_id for r in rows if r.state == JobState.DONE}
+    current = {r.job_id: r for r in rows if r.state == JobState.ASSIGNED}
     if not current:
         return out
     ids = list(current)

@@ -24,14 +24,6 @@ from e31.protocol.merkle import EMPTY_ROOT, HASH_SIZE, node_hash
 
 from ..errors import StoreError
 
-SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS receipt_log ("
-    " idx INTEGER PRIMARY KEY, receipt_id BLOB NOT NULL UNIQUE, leaf_hash BLOB NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS receipt_log_nodes ("
-    " level INTEGER NOT NULL, idx INTEGER NOT NULL, hash BLOB NOT NULL, PRIMARY KEY (level, idx))"
-    " WITHOUT ROWID",
-)
-
 NodeRow = tuple[int, int, bytes]
 """(level >= 1, index within the level, hash): one row of receipt_log_nodes."""
 

@@ -1,11 +1,11 @@
 """The executor's receipt log: an append-only RFC 9162 Merkle log of its acknowledged receipts.
 
 An entry is the complete receipt envelope, byte for byte (docs/protocol.md section 9); the log keeps
-only leaf hashes. Durable state lives in the node's SQLite store, in tables this module creates on
-first use (CREATE TABLE IF NOT EXISTS, inside one `Store.transaction()`):
+only leaf hashes. Durable state lives in the node's SQLite store, in these tables (made by migration
+_V8, store/schema.py):
 
     receipt_log        idx (0, 1, 2, ...), receipt_id (message id, unique), leaf_hash
-    receipt_log_nodes  every complete subtree hash above the leaves (node/receipt_tree.py)
+    receipt_log_nodes  every complete subtree hash above the leaves (store/receipt_tree.py)
     receipt_log_heads  size (primary key), the signed `treehead` envelope of that size
 
 Memory holds no per-receipt state, so a node's memory stays flat however long its log grows: the size,
@@ -39,11 +39,6 @@ from ..errors import StoreError
 from . import receipt_tree as tree
 from .db import Store
 
-_SCHEMA = (
-    *tree.SCHEMA,
-    "CREATE TABLE IF NOT EXISTS receipt_log_heads (size INTEGER PRIMARY KEY, raw BLOB NOT NULL)",
-)
-
 
 class ReceiptLogError(StoreError):
     """A receipt the log refuses, a receipt it does not hold, or stored log state that does not add up."""
@@ -67,8 +62,6 @@ class ReceiptLog:
         self._network = network
         self._lock = threading.Lock()
         with store.transaction() as c:
-            for statement in _SCHEMA:
-                c.execute(statement)
             self._tree, self._latest = self._open(c)
 
     @property

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from e31.node.store.async_store import AsyncStore
 from e31.node.store.blobs import BlobStore
-from e31.node.store.db import AsyncStore, Store
+from e31.node.store.db import Store
 from e31.node.store.gc import collect, keep_set, run_gc
 from e31.protocol.blobs import blob_ref
 from e31.protocol.codec import pack

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from e31.node.store import receipt_tree as tree
+from e31.node.store.schema import SCHEMA_VERSION, migrate
 from e31.protocol.merkle import MerkleLog, verify_consistency, verify_inclusion
 
 N = 70
@@ -19,9 +20,8 @@ def leaf(i: int) -> bytes:
 
 @pytest.fixture
 def db() -> Iterator[sqlite3.Connection]:
-    c = sqlite3.connect(":memory:")
-    for statement in tree.SCHEMA:
-        c.execute(statement)
+    c = sqlite3.connect(":memory:", isolation_level=None)
+    migrate(c, SCHEMA_VERSION)
     yield c
     c.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import signal
 import sqlite3
 import subprocess
@@ -19,16 +20,11 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from e31.node.store.db import (
-    APPLICATION_ID,
-    SCHEMA_VERSION,
-    STORE_FILE,
-    AsyncStore,
-    Store,
-    StoreError,
-    call,
-    migrate,
-)
+from e31.node.config import STORE_FILE
+from e31.node.errors import StoreError
+from e31.node.store.async_store import AsyncStore
+from e31.node.store.db import Store, call
+from e31.node.store.schema import APPLICATION_ID, SCHEMA_VERSION, migrate
 from e31.protocol.blobs import PUSH_MAX
 
 ALICE = "e31n" + "a" * 52
@@ -247,7 +243,7 @@ def test_an_envelope_shared_by_jobs_is_kept_once_and_found_for_each(store: Store
 
 
 def test_the_envelopes_of_a_job_are_found_through_indexes(store: Store) -> None:
-    from e31.node.store.db import _ENVELOPES_FOR_JOB
+    from e31.node.store.envelopes import _ENVELOPES_FOR_JOB
 
     for kind in (None, "offer"):
         with store.reading() as c:
@@ -260,7 +256,7 @@ def test_the_envelopes_of_a_job_are_found_through_indexes(store: Store) -> None:
 
 def test_pruning_finds_ended_jobs_and_the_referrers_of_envelopes_without_a_scan(store: Store) -> None:
     from e31.node.lifecycle import PRUNABLE, sql_in
-    from e31.node.store.db import _ENDED
+    from e31.node.store.pruning import _ENDED
 
     assert sql_in(PRUNABLE) == _ENDED == "state IN ('cancelled', 'done', 'expired', 'failed')"
     with store.reading() as c:
@@ -279,6 +275,24 @@ def test_pruning_finds_ended_jobs_and_the_referrers_of_envelopes_without_a_scan(
         ]
     assert plans[0] == ["SEARCH jobs USING INDEX jobs_ended (updated<?)"]
     assert not [step for plan in plans for step in plan if step.startswith("SCAN")], plans
+
+
+def test_the_latest_schema_lists_exactly_the_lifecycle_sets(store: Store) -> None:
+    """The migrations' text is history, written with literal roles and states: the schema they build
+    must still list exactly lifecycle's sets where it lists them (the jobs' role CHECK, the pruning
+    index), and nowhere else."""
+    from e31.node.lifecycle import PRUNABLE, Role, sql_in
+
+    with store.reading() as c:
+        schema = c.execute("SELECT name, sql FROM sqlite_schema WHERE sql IS NOT NULL").fetchall()
+    lists = {
+        (name, column): {v.strip(" '") for v in values.split(",")}
+        for name, sql in schema
+        for column, values in re.findall(r"(\w+) IN \(('[^)]*)\)", sql)
+    }
+    assert lists == {("jobs", "role"): set(Role), ("jobs_ended", "state"): set(PRUNABLE)}
+    (ended,) = [sql for name, sql in schema if name == "jobs_ended"]
+    assert ended.endswith(f"WHERE {sql_in(PRUNABLE)}")  # the very text a query must use to use the index
 
 
 def test_results_receipts_and_acks(store: Store) -> None:
@@ -538,12 +552,12 @@ def test_migration_to_version_6_drops_acks_of_the_old_form(tmp_path: Path) -> No
 
 
 def test_a_failing_migration_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import e31.node.store.db as store_module
+    import e31.node.store.schema as schema
 
     path = tmp_path / STORE_FILE
     Store(path).close()
-    broken = (*store_module.MIGRATIONS, "CREATE TABLE extra (a INTEGER);\nTHIS IS NOT SQL;\n")
-    monkeypatch.setattr(store_module, "MIGRATIONS", broken)
+    broken = (*schema.MIGRATIONS, "CREATE TABLE extra (a INTEGER);\nTHIS IS NOT SQL;\n")
+    monkeypatch.setattr(schema, "MIGRATIONS", broken)
     conn = sqlite3.connect(path, isolation_level=None)
     with pytest.raises(sqlite3.OperationalError):
         migrate(conn, SCHEMA_VERSION + 1)
@@ -724,6 +738,18 @@ async def test_short_calls_run_on_the_event_loop_durable_ones_included(
         await db.aclose()
 
 
+def test_the_inline_names_are_store_methods_found_on_store_itself() -> None:
+    """AsyncStore runs a call inline by its name and `getattr(Store, name) is method`: every name it
+    lists is a method Store gets from one of its table families, the very function passed as Store.NAME."""
+    from e31.node.store.async_store import INLINE_READS, INLINE_WRITES, _short_write
+    from e31.node.store.blob_refs import BlobRefs
+
+    for name in INLINE_READS | INLINE_WRITES:
+        assert callable(getattr(Store, name, None)), name
+    assert Store.small_blobs is BlobRefs.small_blobs
+    assert _short_write(Store.put_small_blob) and not _short_write(Store.live_blobs)
+
+
 async def test_an_inline_call_never_waits_on_a_store_busy_in_another_thread(tmp_path: Path) -> None:
     """While another thread holds the store (as during a durable commit's fsync), a point read runs at
     once on its own connection and sees every earlier commit; a short write goes to the worker thread
@@ -780,7 +806,7 @@ def _count_checkpoints(db: AsyncStore, taking: float = 0.0) -> list[int]:
 
 
 async def test_the_wal_is_checkpointed_off_the_event_loop(tmp_path: Path) -> None:
-    from e31.node.store.db import CHECKPOINT_EVERY
+    from e31.node.store.async_store import CHECKPOINT_EVERY
 
     db = await AsyncStore.open(tmp_path / STORE_FILE)
     wal = tmp_path / (STORE_FILE + "-wal")
@@ -833,7 +859,7 @@ async def test_a_short_write_waits_for_the_thread_to_let_go_and_writes_on_the_ev
 
 
 async def test_writers_arriving_during_a_wal_checkpoint_do_not_checkpoint_again(tmp_path: Path) -> None:
-    from e31.node.store.db import CHECKPOINT_EVERY
+    from e31.node.store.async_store import CHECKPOINT_EVERY
 
     db = await AsyncStore.open(tmp_path / STORE_FILE)
     try:

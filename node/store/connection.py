@@ -1,0 +1,110 @@
+"""Opening the node's database file, and sqlite3's errors as StoreError naming it.
+
+Opening refuses a file that is not SQLite, is another program's database, fails quick_check, or has a
+newer schema, with a StoreError, and never writes to such a file; a file that passes is set up (WAL
+journal, synchronous=FULL, foreign_keys=ON) and migrated forward (store/schema.py). Settings and why:
+- WAL journal: readers never block the writer, and a crash (kill -9, power loss) leaves the database at
+  its last committed transaction.
+- foreign_keys=ON, and every write method is one transaction (BEGIN IMMEDIATE ... COMMIT; store/db.py).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from ..errors import StoreError
+from .schema import APPLICATION_ID, SCHEMA_VERSION, migrate
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """Connect, check the file is ours and intact, set it up, migrate it; StoreError otherwise."""
+    if path.is_dir():
+        raise StoreError(f"{path}: is a directory, expected the node's database file")
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"{path.parent}: cannot create the data directory: {e.strerror or e}") from None
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
+    except sqlite3.Error as e:
+        raise StoreError(f"{path}: cannot open: {e}") from None
+    try:
+        conn.row_factory = sqlite3.Row
+        _check_and_setup(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _check_and_setup(conn: sqlite3.Connection, path: Path) -> None:
+    with translate(path):
+        # Reading the header first: a non-database file fails here, before anything is written.
+        conn.execute("PRAGMA schema_version").fetchone()
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        has_tables = conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0] > 0
+        if app_id != APPLICATION_ID and (app_id != 0 or has_tables):
+            raise StoreError(f"{path}: an SQLite database, but not an e31 store (left untouched)")
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{path}: written by a newer e31 (schema version {version}; this e31 knows up to "
+                f"{SCHEMA_VERSION}); upgrade e31 to use this data dir"
+            )
+        if has_tables:
+            problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+            if problems != ["ok"]:
+                raise StoreError(
+                    f"{path}: the database is corrupt ({'; '.join(problems[:3])}); it was left untouched"
+                )
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode != "wal":
+            raise StoreError(f"{path}: cannot use write-ahead logging here (journal mode {mode})")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        migrate(conn, SCHEMA_VERSION)
+
+
+def connect_reader(path: Path) -> sqlite3.Connection:
+    """A read-only connection to an opened store (for Store.reader)."""
+    with translate(path):
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
+class translate:
+    """Turn sqlite3's errors inside the block into StoreError naming the file (an IntegrityError goes
+    through: callers handle it). A class, not a generator: it wraps every store call, several times, and a
+    @contextmanager costs about 8 µs a use against under 1."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
+        raise_as_store_error(self.path, e)
+
+
+def raise_as_store_error(path: Path, e: BaseException | None) -> None:
+    """Raise a StoreError naming `path` for sqlite3's error `e` (a closed store's ProgrammingError too),
+    except an IntegrityError, which callers handle; do nothing for anything else."""
+    if e is not None and isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.IntegrityError):
+        raise StoreError(f"{path}: {_describe(e)}") from e
+
+
+def _describe(e: sqlite3.Error) -> str:
+    text = str(e)
+    if "not a database" in text:
+        return "not an SQLite database (left untouched)"
+    if "malformed" in text or "corrupt" in text:
+        return f"the database is corrupt ({text}); it was left untouched"
+    if "locked" in text or "busy" in text:
+        return f"the database is locked by another process ({text})"
+    return text
