@@ -2,7 +2,7 @@
 
 Everything here is synchronous and pure: time (`now`, seconds on trio's clock) and randomness (an
 rng with `random()`) come in as parameters, so the rules are tested deterministically. The trio
-side that carries the decisions out is `e31.node.net.peering`.
+side that carries the decisions out is `e31.node.net.peering` (with its dialer, `e31.node.net.dialer`).
 
 - A known peer has a node id, the addresses it accepts connections on (from its signed contact
   record or from the bootstrap address that reached it), a source and a failure count. After a failed

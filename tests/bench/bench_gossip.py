@@ -9,7 +9,7 @@ the default GossipConfig:
 - rounds: bare GossipEngines driven in synchronous rounds: in round r every node processes the
   envelopes sent to it in round r - 1 (a round stands for one network hop). "time" is the CPU
   time the whole network spent until then, all nodes on this one core (a sum, not a latency).
-- trio: one GossipService per node (node/gossip.py: per-peer sender tasks and bounded channels)
+- trio: one GossipService per node (node/net/gossip.py: per-peer sender tasks and bounded channels)
   over trio memory channels, every link delaying each envelope by one hop of 50 ms on trio's
   virtual clock (MockClock, autojump), so rounds = arrival time / 50 ms. "time" is the real
   time the simulation took until then (also every node on one core).

@@ -16,6 +16,8 @@ import trio
 import trio.testing
 from e31.node.config import Address, NodeConfig
 from e31.node.net.addresses import split_address
+from e31.node.net.contact import OwnContact
+from e31.node.net.exchange import Learned, PeerExchange
 from e31.node.net.peering import PeerService
 from e31.node.net.peers import (
     Backoff,
@@ -319,6 +321,63 @@ def test_connection_bookkeeping_over_many_random_events_stays_consistent() -> No
                 t.on_disconnected(key, now, rng, failed=rng.random() < 0.5)
         assert t.connected_count() <= 2
         assert not any(p.connected and p.dialing for p in t.peers.values())
+
+
+# --- this node's contact record and peer exchange, without links ---------------------------------------
+
+
+def test_a_wildcard_listener_advertises_the_hosts_peers_reached_most_recent_first_loopback_last() -> None:
+    key = SigningKey.generate()
+    now = [1000.0]
+    own = OwnContact(identity=key, network="main", listen_host="0.0.0.0", ttl=600.0, wall=lambda: now[0])
+    own.observe("192.0.2.1")
+    assert own.record is None and own.addresses() == ()  # nothing before the listener is bound
+    assert own.bind("0.0.0.0", 7531) == "0.0.0.0:7531"
+    for host in ("127.0.0.1", "2001:db8::1", "192.0.2.1"):
+        own.observe(host)
+    assert own.addresses() == ("192.0.2.1:7531", "[2001:db8::1]:7531", "127.0.0.1:7531")
+    first = own.record
+    assert first is not None and verify(first, Contact).message.addresses == own.addresses()
+    now[0] += 299  # within half the record's life and the same addresses: not signed again
+    own.refresh()
+    assert own.record == first
+    now[0] += 2
+    own.refresh()
+    assert own.record != first and verify(own.record or b"", Contact).message.expires == (1301 + 600) * 1000
+
+
+def test_a_named_listener_advertises_its_bound_address_only() -> None:
+    own = OwnContact(
+        identity=SigningKey.generate(), network="main", listen_host="127.0.0.1", ttl=600.0, wall=time.time
+    )
+    own.bind("127.0.0.1", 7531)
+    own.observe("192.0.2.1")
+    assert own.addresses() == ("127.0.0.1:7531",)
+
+
+def test_peer_exchange_sends_its_own_record_first_and_reports_what_it_learned() -> None:
+    key, sender, other = SigningKey.generate(), SigningKey.generate(), SigningKey.generate()
+    local, them = bytes(key.verify_key), bytes(sender.verify_key)
+    table = PeerTable(local, PeerSettings())
+    mine = contact(key, "127.0.0.1:1")
+    exchange = PeerExchange(
+        identity=key,
+        network="main",
+        table=table,
+        settings=PeerSettings(),
+        own_contact=lambda: mine,
+        wall=time.time,
+        rng=random.Random(1),
+    )
+    message = verify(exchange.message_for(them) or b"", Peers).message
+    assert message.contacts == (mine,)
+    records = (contact(sender, "127.0.0.1:2"), contact(other, "127.0.0.1:3"), mine)
+    peers = Peers("main", node_id_of(sender), records, int((time.time() + 60) * 1000))
+    learned = exchange.receive(them, True, peers)
+    assert learned == Learned((them, bytes(other.verify_key)), 2)
+    assert table.peers[them].source == "inbound" and table.peers[bytes(other.verify_key)].source == "exchange"
+    assert local not in table.peers
+    assert exchange.receive(them, True, peers) == Learned((), 0)  # the same records again teach nothing
 
 
 # --- the peering service over real links on 127.0.0.1 ------------------------------------------------
