@@ -43,11 +43,12 @@ _SIZE_RE = re.compile(rf"({_NUMBER})\s*([a-z]*)", re.IGNORECASE | re.ASCII)
 _COUNT_RE = re.compile(rf"({_NUMBER})(?:e([+-]?[0-9]+))?\s*([a-z]?)", re.IGNORECASE | re.ASCII)
 _PART_RE = re.compile(rf"({_NUMBER})\s*(ms|s|m|h|d)\s*", re.IGNORECASE | re.ASCII)
 
-_SIZE_UNITS = {"": 1, "b": 1}
-for _i, _letter in enumerate("kmgt", 1):
-    for _spelling in (_letter, _letter + "i", _letter + "ib"):
-        _SIZE_UNITS[_spelling] = 1024**_i
-    _SIZE_UNITS[_letter + "b"] = 1000**_i
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    **{letter + tail: 1024**i for i, letter in enumerate("kmgt", 1) for tail in ("", "i", "ib")},
+    **{letter + "b": 1000**i for i, letter in enumerate("kmgt", 1)},
+}
 _COUNT_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
 _SECONDS = {
     "d": Decimal(86400),
