@@ -33,6 +33,7 @@ from e31.protocol.ids import DIGEST_SIZE, KEY_SIZE, NodeId
 from e31.protocol.messages import InclusionProof, Offer, TreeHead, UsageReceipt
 
 from ..errors import UsageError
+from ..store.blobs import BlobCorrupt, BlobNotFound
 
 if TYPE_CHECKING:
     from ..store.blobs import BlobStore
@@ -210,16 +211,23 @@ class Export:
     envelopes: int
     blobs: int
     missing_blobs: tuple[str, ...]
-    """Roots (hex) of blobs needed to re-run that this node does not hold."""
+    """Roots (hex) of blobs needed to re-run that this node does not hold (corrupt ones included)."""
+    corrupt_blobs: tuple[str, ...] = ()
+    """Those of them that were here but failed their hash check (now in the blob store's quarantine)."""
 
 
-def _read_blob(blobs: BlobStore, ref: BlobRef) -> bytes | None:
-    """The blob named by `ref` (the store names blobs by their blob root), or None if it is not whole here."""
+def _read_blob(blobs: BlobStore, ref: BlobRef) -> bytes | str | None:
+    """The blob named by `ref` (the store names blobs by their blob root, and checks it on reading); None
+    if it is not here, or why it cannot be exported (it failed its check, or cannot be read)."""
     try:
         data = blobs.read(ref.root.raw)
-    except Exception:  # absent, corrupt (quarantined by the store) or unreadable: not available to export
+    except BlobNotFound:
         return None
-    return data if len(data) == ref.size else None
+    except BlobCorrupt as e:
+        return str(e)
+    except OSError as e:
+        return f"blob {ref.root.hex()} cannot be read: {e.strerror or e}"
+    return data if len(data) == ref.size else f"blob {ref.root.hex()} has {len(data)} bytes, not {ref.size}"
 
 
 def all_job_ids(store: Store) -> list[bytes]:
@@ -267,15 +275,18 @@ def export_bundle(
     consistency = _consistency(verified, receipt_log) if receipt_log is not None else ()
     found: dict[bytes, bytes] = {}
     missing: list[str] = []
+    corrupt: list[str] = []
     if with_blobs:
         for ref in _needed_blobs(verified, set(ids)):
             data = _read_blob(blobs, ref) if blobs is not None else None
-            if data is None:
-                missing.append(ref.root.hex())
-            else:
+            if isinstance(data, bytes):
                 found[ref.root.raw] = data
+                continue
+            missing.append(ref.root.hex())
+            if data is not None:
+                corrupt.append(ref.root.hex())
     bundle = Bundle(tuple(envelopes), found, consistency)
-    return Export(encode_bundle(bundle), len(ids), len(envelopes), len(found), tuple(missing))
+    return Export(encode_bundle(bundle), len(ids), len(envelopes), len(found), tuple(missing), tuple(corrupt))
 
 
 def _verified(envelopes: Iterable[bytes]) -> list[Any]:

@@ -73,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
     missing = answer.get("missing_blobs") or []
     counts = ", ".join(_count(answer.get(k), k) for k in ("jobs", "envelopes", "blobs", "bytes"))
     print(f"wrote {answer.get('path', out)}: {counts}")
+    corrupt = answer.get("corrupt_blobs") or []
+    if corrupt:
+        print(
+            f"warning: {len(corrupt)} blob(s) needed to re-run failed their hash check on this node and "
+            f"were quarantined (left out of the bundle): {', '.join(m[:16] for m in corrupt[:5])}",
+            file=sys.stderr,
+        )
     if missing:
         print(
             f"warning: the node lacks {len(missing)} blob(s) needed to re-run; `e31 audit --reexecute` "

@@ -16,6 +16,14 @@ directory is fsynced: after a crash a blob is either whole under its name or abs
 keep each verified chunk as its own fsynced file, so they resume after a restart with only the missing
 chunks; the blob is assembled once every chunk is there and kept only if the whole hash matches.
 
+Nothing is used, served or exported unchecked. A blob's bytes are hashed on its first use after the
+store opens (and whenever its file changes), then trusted while the file keeps the identity it had
+when they were last seen to match: device, inode, size, mtime and ctime (`checked_path`), so a sweep of
+a thousand jobs over one input hashes it once, and a byte changed on disk by anything but a silent
+media fault is caught at the next use. A blob that fails is moved to quarantine and reported as
+BlobCorrupt; putting the same bytes again (the user's file, a peer's chunks) replaces it. A reader that
+holds a path across a long use (a sandbox run) asks `unchanged` afterwards, before it signs anything.
+
 Blobs are split into CHUNK_SIZE chunks for transfer; a chunk's hash is SHA-256 of its bytes, and a blob
 of n bytes has ceil(n / CHUNK_SIZE) chunks (none when empty). The methods are synchronous and
 thread-safe; the node calls them through trio.to_thread.
@@ -102,6 +110,14 @@ class _BlobName:
         return self._h.finish().root.hex()
 
 
+_Stamp = tuple[int, int, int, int, int]
+
+
+def _stamp(st: os.stat_result) -> _Stamp:
+    """A file's identity: any write, truncation or replacement changes it (ctime moves on every one)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -116,6 +132,8 @@ class BlobStore:
         self.ceiling = ceiling
         self._lock = threading.Lock()
         self._total: int | None = None
+        self._checked: dict[str, _Stamp] = {}
+        """Blobs whose bytes matched their name, with the identity their file had then."""
         try:
             for sub in ("", "partial", "quarantine"):
                 (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -162,8 +180,12 @@ class BlobStore:
         name = _BlobName()
         name.update(data)
         digest = name.hexdigest()
-        if self.has(digest) and self.size(digest) == len(data):
-            return digest
+        if self.has(digest):
+            try:
+                self.checked_path(digest)
+                return digest
+            except BlobError:  # corrupt (now quarantined) or gone meanwhile: these bytes replace it
+                pass
         digest, _ = self.put_stream([data], expected=digest)
         return digest
 
@@ -207,6 +229,7 @@ class BlobStore:
             if final.exists():
                 return
             os.replace(tmp, final)
+            self._checked[digest] = _stamp(os.stat(final))
             if self._total is not None:
                 self._total += size
         _fsync_dir(final.parent)
@@ -214,23 +237,44 @@ class BlobStore:
     # --- reading ---
 
     def open(self, digest: str | bytes, *, verify: bool = True) -> BinaryIO:
-        """Open a blob for reading; with `verify` (the default) its hash is checked first.
+        """Open a blob for reading; with `verify` (the default) its bytes are known to match its name
+        (checked now, unless they were since the file last changed: `checked_path`).
 
         A blob that fails the check is quarantined and BlobCorrupt raised: a corrupt blob is never served.
         """
-        p = self.path(digest)
+        h = hash_hex(digest)
         try:
-            f = open(p, "rb")  # noqa: SIM115 -- returned to the caller
+            f = open(self.path(h), "rb")  # noqa: SIM115 -- returned to the caller
         except FileNotFoundError:
-            raise BlobNotFound(f"no blob {hash_hex(digest)}") from None
+            raise BlobNotFound(f"no blob {h}") from None
         if verify:
             try:
-                self._check_file(f, hash_hex(digest))
+                stamp = _stamp(os.fstat(f.fileno()))
+                if self._checked.get(h) != stamp:
+                    self._check_file(f, h)
+                    self._checked[h] = stamp
+                    f.seek(0)
             except BaseException:
                 f.close()
                 raise
-            f.seek(0)
         return f
+
+    def checked_path(self, digest: str | bytes) -> Path:
+        """The path of a blob whose bytes match its name, for a reader that opens the file itself (the
+        sandbox's inputs). Hashes it unless it was checked since its file last changed; a corrupt blob
+        is quarantined (BlobCorrupt). The stamp is taken before the hash, so a write during the hash
+        makes the next call hash again."""
+        with self.open(digest):
+            return self.path(digest)
+
+    def unchanged(self, digest: str | bytes) -> bool:
+        """Whether a blob's file is still the one `checked_path` last found whole (not written, replaced
+        or removed since): asked after a long use of the path, before anything is signed over it."""
+        h = hash_hex(digest)
+        try:
+            return self._checked.get(h) == _stamp(os.stat(self.path(h)))
+        except FileNotFoundError:
+            return False
 
     def read(self, digest: str | bytes) -> bytes:
         """A whole (verified) blob's bytes."""
@@ -238,10 +282,10 @@ class BlobStore:
             return f.read()
 
     def read_chunk(self, digest: str | bytes, index: int) -> bytes:
-        """Chunk `index` of a stored blob, for serving to a peer (who checks the chunk's hash)."""
-        size = self.size(digest)
-        length = chunk_length(size, index)
-        with self.open(digest, verify=False) as f:
+        """Chunk `index` of a stored (checked) blob, for serving to a peer, who checks the chunk's hash
+        too: a corrupt blob is quarantined here, not blamed on the peer there."""
+        with self.open(digest) as f:
+            length = chunk_length(os.fstat(f.fileno()).st_size, index)
             f.seek(index * CHUNK_SIZE)
             return f.read(length)
 
@@ -249,16 +293,22 @@ class BlobStore:
         """The SHA-256 of each chunk of a stored blob, after checking the whole hash."""
         out: list[bytes] = []
         whole = _BlobName()
-        with self.open(digest, verify=False) as f:
+        h = hash_hex(digest)
+        with self.open(h, verify=False) as f:
+            stamp = _stamp(os.fstat(f.fileno()))
             while chunk := f.read(CHUNK_SIZE):
                 whole.update(chunk)
                 out.append(hashlib.sha256(chunk).digest())
-        self._judge(hash_hex(digest), whole.hexdigest())
+        self._judge(h, whole.hexdigest())
+        self._checked[h] = stamp
         return out
 
     def verify(self, digest: str | bytes) -> None:
-        """Rehash a stored blob; quarantine it and raise BlobCorrupt if it does not match."""
-        with self.open(digest, verify=True):
+        """Rehash a stored blob now, whatever its stamp; quarantine it and raise BlobCorrupt if it does
+        not match."""
+        h = hash_hex(digest)
+        self._checked.pop(h, None)
+        with self.open(h, verify=True):
             pass
 
     def _check_file(self, f: BinaryIO, want: str) -> None:
@@ -274,6 +324,7 @@ class BlobStore:
 
     def quarantine(self, digest: str | bytes) -> Path:
         h = hash_hex(digest)
+        self._checked.pop(h, None)
         src = self.path(h)
         dest = self.root / "quarantine" / f"{h}.{int(time.time())}.{secrets.token_hex(4)}"
         with self._lock:
@@ -288,6 +339,7 @@ class BlobStore:
 
     def delete(self, digest: str | bytes) -> bool:
         """Remove a blob; returns False if it was not there."""
+        self._checked.pop(hash_hex(digest), None)
         p = self.path(digest)
         with self._lock:
             try:

@@ -147,20 +147,43 @@ async def test_an_unasked_chunk_is_never_used(pair: Pair) -> None:
     assert pair.stores["b"].read(ref.root.raw) == data
 
 
-async def test_a_single_chunk_blob_that_does_not_hash_to_its_root_is_refused(pair: Pair) -> None:
+async def test_a_single_chunk_blob_that_does_not_hash_to_its_root_is_refused(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data, other = b"the real bytes", b"other bytes!!!"
     ref = blob_ref(data)
-    pair.stores["a"].put(other)
-    shard = pair.stores["a"].path(ref.root.raw)
-    shard.parent.mkdir(exist_ok=True)
-    shard.write_bytes(other)  # a peer's store serving the wrong bytes under the root asked for
+    pair.stores["a"].put(data)
+    lying = pair.stores["a"]  # a peer serving the wrong bytes under the root asked for
+    monkeypatch.setattr(lying, "read_chunk", lambda digest, index: other)
     with pytest.raises(FetchError, match="bad chunk"):
         await pair.fetch(ref)
     assert not pair.stores["b"].has(ref.root.raw)
     assert list(pair.stores["b"].root.glob("*/.tmp-*")) == []
 
 
-async def test_a_corrupt_chunk_is_refused_and_nothing_unverified_is_kept(pair: Pair) -> None:
+async def test_a_corrupt_chunk_is_refused_and_nothing_unverified_is_kept(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = blob(2 * CHUNK_SIZE + 10)
+    root = pair.stores["a"].put(data)
+    ref = blob_ref(data)
+    real = pair.stores["a"].read_chunk
+
+    def lying(digest: bytes | str, index: int) -> bytes:  # a peer that flips a byte of chunk 1
+        chunk = bytearray(real(digest, index))
+        if index == 1:
+            chunk[5] ^= 0xFF
+        return bytes(chunk)
+
+    monkeypatch.setattr(pair.stores["a"], "read_chunk", lying)
+    with pytest.raises(FetchError, match="bad chunk"):
+        await pair.fetch(ref)
+    assert not pair.stores["b"].has(root)
+    partial = pair.stores["b"].partial(root, ref.size)
+    assert 1 not in [i for i in range(partial.chunk_count) if partial.have(i)]
+
+
+async def test_a_blob_damaged_on_the_serving_disk_is_quarantined_there_not_served(pair: Pair) -> None:
     data = blob(2 * CHUNK_SIZE + 10)
     root = pair.stores["a"].put(data)
     ref = blob_ref(data)
@@ -169,11 +192,11 @@ async def test_a_corrupt_chunk_is_refused_and_nothing_unverified_is_kept(pair: P
     corrupt = bytearray(path.read_bytes())
     corrupt[CHUNK_SIZE + 5] ^= 0xFF
     path.write_bytes(bytes(corrupt))
-    with pytest.raises(FetchError, match="bad chunk"):
+    with pytest.raises(FetchError):
         await pair.fetch(ref)
+    assert not pair.stores["a"].has(root), "the damaged copy is quarantined where it lies"
+    assert list((pair.stores["a"].root / "quarantine").iterdir())
     assert not pair.stores["b"].has(root)
-    partial = pair.stores["b"].partial(root, ref.size)
-    assert 1 not in [i for i in range(partial.chunk_count) if partial.have(i)]
 
 
 async def test_a_wrong_chunk_list_is_refused(pair: Pair) -> None:
