@@ -274,7 +274,7 @@ class Node:
 
     async def _start_gc(self, nursery: trio.Nursery) -> None:
         """Collect expired blobs and the leftovers of finished jobs every `gc_interval` seconds."""
-        from .market.router import MarketSettings
+        from .market.context import MarketSettings
         from .market.service import RUNS_DIR
         from .store.gc import run_gc
 

@@ -51,8 +51,9 @@ from e31.protocol.receipts import UsageReceipt
 from e31.protocol.results import outputs_of
 
 from ..lifecycle import TERMINAL
-from ..market.router import MarketContext
-from ..market.submitter import Submitter, UnknownJob, outcome_text
+from ..market.context import MarketContext
+from ..market.outcomes import outcome_text
+from ..market.submitter import Submitter, UnknownJob
 from ..store import batches as batch
 from ..store.blobs import BlobError, BlobStore
 from ..store.db import JobRow, Store

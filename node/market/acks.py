@@ -26,7 +26,7 @@ from e31.protocol.receipts import MAX_ACKED, Ack
 
 from ..errors import StoreError
 from ..store.db import Store
-from .router import MarketContext
+from .context import MarketContext
 from .rules import backoff
 
 log = logging.getLogger(__name__)

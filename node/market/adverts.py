@@ -7,7 +7,7 @@
   fuel do not change (the sandbox is deterministic and its wall clock excludes the pause). With
   only-when-idle the node starts suspended, until the owner is seen idle.
 - While suspended, every interval the executor hands back the jobs that would now miss their deadline
-  (Executor.give_back_late), so their submitters reassign them.
+  (held.HeldJobs.give_back_late), so their submitters reassign them.
 - Bids use the offered cores and memory (`for_bids`): with only-when-idle, a node offering 0 cores
   declines ("busy"); without it the owner's use lowers the cores bids count on, down to one.
 - A signed `capacity` advertisement goes out through gossip at start, whenever the offer changes, and
@@ -42,7 +42,9 @@ ADVERT_DELAY = 0.5
 """Seconds to wait after a change or a new link before advertising (they come in bursts)."""
 
 
-class Executor(Protocol):
+class LateJobs(Protocol):
+    """The jobs held here that can be handed back (held.HeldJobs)."""
+
     async def give_back_late(self) -> int: ...
 
 
@@ -78,6 +80,7 @@ class CapacityService:
         sampler: Callable[[Sequence[int]], Sample],
         clock: Callable[[], int],
         publish: Callable[[bytes], object] | None = None,
+        late: LateJobs | None = None,
     ) -> None:
         self.identity = identity
         self.node = NodeId(bytes(identity.verify_key))
@@ -90,7 +93,7 @@ class CapacityService:
         self.sampler = sampler
         self.clock = clock
         self.publish = publish
-        self.executor: Executor | None = None
+        self.late = late
         if policy.only_when_idle:
             self.current = Capacity(0, 0, State.WAITING)
         else:
@@ -210,8 +213,8 @@ class CapacityService:
     async def _deadline_loop(self) -> None:
         while True:
             await trio.sleep(self.interval)
-            if self.scheduler.suspended and self.executor is not None:
-                handed = await self.executor.give_back_late()
+            if self.scheduler.suspended and self.late is not None:
+                handed = await self.late.give_back_late()
                 if handed:
                     log.info("handed back %d job(s) that would miss their deadline while suspended", handed)
 

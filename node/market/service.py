@@ -1,9 +1,12 @@
-"""Assembles the job path of a running node: scheduler, blob transfer, submitter, executor, market,
-and the jobs endpoints of the local API. The daemon starts it with one `nursery.start(run_jobs, ...)`.
+"""Assembles the job path of a running node: scheduler, blob transfer, capacity, executor, submitter
+and market. `build_job_path` makes them, each given what it needs at construction, in dependency order
+(tests build their in-memory nodes with it too); the daemon starts them with one
+`nursery.start(run_jobs, ...)`.
 
 Wiring: the market is a LinkListener of the peering service (direct job messages); offers come from
 gossip's `offer` subscription and go out through `gossip.publish`; the executor's acknowledged
-receipts are appended to the receipt log when one is given.
+receipts are appended to the receipt log when one is given. The net wing is seen through the `Peers`
+and `Gossip` protocols, so the job path runs over the in-memory network of the tests as well.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import nacl.signing
 import trio
@@ -20,12 +24,18 @@ from e31.protocol.receipts import UsageReceipt
 
 from ..config import NodeConfig
 from ..host.capacity import CapacityPolicy, sampler_from_env
+from ..net.peering import LinkListener
+from ..store.async_store import AsyncStore
 from ..store.blobs import BlobStore
-from ..store.db import AsyncStore, Store
+from ..store.db import Store
 from ..store.receiptlog import ReceiptLog, ReceiptLogError
 from .adverts import CapacityService
-from .executor import Executor, Prover
-from .router import Market, MarketContext, MarketSettings
+from .context import MarketContext, MarketSettings
+from .delivery import OnAcked, Prover
+from .executor import Executor
+from .held import HeldJobs
+from .offering import Publish
+from .router import Market
 from .scheduler import Scheduler
 from .submitter import Submitter
 from .transfer import BlobTransfer, SmallBlobs
@@ -40,43 +50,66 @@ ENGINE_OVERHEAD = 512 << 20
 """RLIMIT_DATA of a worker beyond the job's memory and output: Python, wasmtime and compilation."""
 
 
-async def run_jobs(
+class Peers(Protocol):
+    """The links the job path speaks over (net.peering.PeerService; an in-memory fake in tests)."""
+
+    async def send(self, peer: bytes, envelope: bytes) -> bool: ...
+    def connected(self) -> list[bytes]: ...
+    def add_listener(self, listener: LinkListener) -> None: ...
+
+
+class Gossip(Protocol):
+    """Dissemination of offers and capacity advertisements (net.gossip.GossipService)."""
+
+    def publish(self, message: bytes | VerifiedEnvelope[Any]) -> int: ...
+    def subscribe(self, kind: str, buffer: int = 256) -> trio.MemoryReceiveChannel[VerifiedEnvelope[Any]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class JobPath:
+    """The job path's objects, each built with what it needs (`build_job_path`)."""
+
+    ctx: MarketContext
+    transfer: BlobTransfer
+    scheduler: Scheduler
+    held: HeldJobs
+    capacity: CapacityService
+    executor: Executor
+    submitter: Submitter
+    market: Market
+
+
+def build_job_path(
     *,
     identity: nacl.signing.SigningKey,
     config: NodeConfig,
     store: AsyncStore,
     blobs: BlobStore,
-    peering: Any,
-    gossip: Any = None,
-    receipt_log: Any = None,
+    peers: Peers,
+    publish: Publish | None = None,
+    receipt_log: ReceiptLog | None = None,
     settings: MarketSettings | None = None,
-    on_capacity: Callable[[CapacityService], object] | None = None,
-    adverts: Any = None,
-    task_status: trio.TaskStatus[Market] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Run the job path until cancelled; `nursery.start` returns the Market once it is ready.
-
-    `peering` is the PeerService (send, connected, add_listener); `gossip` a GossipService or None
-    (offers then reach only this node's own executor); `receipt_log` a ReceiptLog or None;
-    `on_capacity` is handed the node's CapacityService (for the status document); `adverts` is gossip's
-    `capacity` subscription when the caller opened it early (so no advertisement is missed at start)."""
+    on_acked: OnAcked | None = None,
+) -> JobPath:
+    """Build the job path in dependency order, nothing started: the context, the blob transfer, the
+    scheduler and its worker pool, the jobs held (which the capacity service may hand back while the
+    node is suspended), the capacity service (what bids count on), the executor, the submitter and the
+    market over them. `publish` gossips offers and advertisements (None: offers reach only this node's
+    own executor); the executor's acknowledged receipts go to `on_acked`, else to `receipt_log`."""
     from e31.sandbox.limits import Limits as SandboxLimits
     from e31.sandbox.pool import WorkerPool
     from e31.sandbox.profile import PROFILE
 
     settings = settings or MarketSettings()
-    if adverts is None and gossip is not None:
-        adverts = gossip.subscribe("capacity")
     ctx = MarketContext(
         identity=identity,
         network=config.network,
         store=store,
         blobs=blobs,
         settings=settings,
-        peer_send=peering.send,
-        connected=peering.connected,
+        peer_send=peers.send,
+        connected=peers.connected,
     )
-
     transfer = BlobTransfer(
         identity=identity,
         network=config.network,
@@ -97,37 +130,7 @@ async def run_jobs(
         return WorkerPool(workers, config.data_dir / MODULE_CACHE_DIR, data_limit_bytes=data_limit)
 
     scheduler = Scheduler(workers, pool)
-
-    def append(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
-        assert receipt_log is not None  # marks each receipt's row with its log index, in the same commit
-        _all_or_each(
-            receipt_log.append_many,
-            receipt_log.append,
-            receipts,
-            lambda r: f"receipt {r.message_id.hex()[:12]} stays out of the receipt log",
-        )
-
-    async def acked(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
-        if receipt_log is not None:
-            await trio.to_thread.run_sync(append, receipts)
-
-    executor = Executor(
-        ctx,
-        transfer=transfer,
-        scheduler=scheduler,
-        runs_dir=config.data_dir / RUNS_DIR,
-        profile=PROFILE.digest,
-        memory_bytes=config.memory,
-        on_acked=acked,
-        prover=None if receipt_log is None else log_prover(receipt_log),
-    )
-    submitter = Submitter(
-        ctx,
-        transfer=transfer,
-        publish=None if gossip is None else gossip.publish,
-        local_offer=executor.on_offer,
-    )
-    market = Market(ctx, submitter=submitter, executor=executor, transfer=transfer)
+    held = HeldJobs(ctx.clock)
     capacity = CapacityService(
         identity=identity,
         network=config.network,
@@ -140,21 +143,88 @@ async def run_jobs(
         worker_pids=lambda: [os.getpid(), *scheduler.worker_pids()],
         sampler=sampler_from_env(),
         clock=ctx.clock,
-        publish=None if gossip is None else gossip.publish,
+        publish=publish,
+        late=held,
     )
-    capacity.executor = executor
-    executor.capacity = lambda: capacity.for_bids
+    executor = Executor(
+        ctx,
+        transfer=transfer,
+        scheduler=scheduler,
+        held=held,
+        runs_dir=config.data_dir / RUNS_DIR,
+        profile=PROFILE.digest,
+        memory_bytes=config.memory,
+        capacity=capacity,
+        on_acked=on_acked or log_appender(receipt_log),
+        prover=None if receipt_log is None else log_prover(receipt_log),
+    )
+    submitter = Submitter(ctx, transfer=transfer, publish=publish, local_offer=executor.on_offer)
+    market = Market(ctx, submitter=submitter, executor=executor, transfer=transfer)
+    return JobPath(ctx, transfer, scheduler, held, capacity, executor, submitter, market)
+
+
+async def run_jobs(
+    *,
+    identity: nacl.signing.SigningKey,
+    config: NodeConfig,
+    store: AsyncStore,
+    blobs: BlobStore,
+    peering: Peers,
+    gossip: Gossip | None = None,
+    receipt_log: ReceiptLog | None = None,
+    settings: MarketSettings | None = None,
+    on_capacity: Callable[[CapacityService], object] | None = None,
+    adverts: trio.MemoryReceiveChannel[VerifiedEnvelope[Any]] | None = None,
+    task_status: trio.TaskStatus[Market] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the job path until cancelled; `nursery.start` returns the Market once it is ready.
+
+    `gossip` None: offers reach only this node's own executor; `on_capacity` is handed the node's
+    CapacityService (for the status document); `adverts` is gossip's `capacity` subscription when the
+    caller opened it early (so no advertisement is missed at start)."""
+    if adverts is None and gossip is not None:
+        adverts = gossip.subscribe("capacity")
+    path = build_job_path(
+        identity=identity,
+        config=config,
+        store=store,
+        blobs=blobs,
+        peers=peering,
+        publish=None if gossip is None else gossip.publish,
+        receipt_log=receipt_log,
+        settings=settings,
+    )
     if on_capacity is not None:
-        on_capacity(capacity)
+        on_capacity(path.capacity)
     offers = None if gossip is None else gossip.subscribe("offer")
     async with trio.open_nursery() as nursery:
-        await nursery.start(market.run, offers)
-        peering.add_listener(market)
-        await nursery.start(capacity.run)
-        peering.add_listener(capacity)
+        await nursery.start(path.market.run, offers)
+        peering.add_listener(path.market)
+        await nursery.start(path.capacity.run)
+        peering.add_listener(path.capacity)
         if adverts is not None:
-            nursery.start_soon(capacity.listen, adverts)
-        task_status.started(market)
+            nursery.start_soon(path.capacity.listen, adverts)
+        task_status.started(path.market)
+
+
+def log_appender(receipt_log: ReceiptLog | None) -> OnAcked:
+    """The executor's OnAcked over this node's receipt log (none: acknowledged receipts are not logged).
+    Each receipt's row is marked with its log index in the same commit."""
+
+    def append(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
+        assert receipt_log is not None
+        _all_or_each(
+            receipt_log.append_many,
+            receipt_log.append,
+            receipts,
+            lambda r: f"receipt {r.message_id.hex()[:12]} stays out of the receipt log",
+        )
+
+    async def acked(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
+        if receipt_log is not None:
+            await trio.to_thread.run_sync(append, receipts)
+
+    return acked
 
 
 def small_blob_reader(store: AsyncStore) -> SmallBlobs:

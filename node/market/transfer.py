@@ -31,7 +31,7 @@ from e31.protocol.ids import Digest, NodeId
 from e31.protocol.messages import BlobChunk, BlobRequest
 
 from ..errors import Unavailable
-from ..nursery import own_nursery
+from ..nursery import TaskSlot
 from ..store.blobs import BlobError, BlobStore, PartialBlob
 
 log = logging.getLogger("e31.transfer")
@@ -89,26 +89,27 @@ class BlobTransfer:
         self._locks: dict[bytes, trio.Lock] = {}
         self._lists: OrderedDict[bytes, bytes] = OrderedDict()
         self._serve_limit = trio.CapacityLimiter(self.settings.serve_concurrency)
-        self._nursery: trio.Nursery | None = None
+        self._tasks = TaskSlot()
         self.served_chunks = 0
         self.fetched_chunks = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with own_nursery(self):
+        async with self._tasks.open():
             task_status.started()
             await trio.sleep_forever()
 
     # --- incoming messages (called from the market's link listener; never block) ---
 
     def on_request(self, peer: bytes, env: VerifiedEnvelope[BlobRequest]) -> None:
-        if env.signer.raw != peer or self._nursery is None:
+        nursery = self._tasks.nursery
+        if env.signer.raw != peer or nursery is None:
             return
         try:
             check_fresh(env, self.wall_ms(), network=self.network)
         except ProtocolError as e:
             log.debug("ignoring a blob request from %s: %s", NodeId(peer), e)
             return
-        self._nursery.start_soon(self._serve, peer, env.message)
+        nursery.start_soon(self._serve, peer, env.message)
 
     def on_chunk(self, peer: bytes, env: VerifiedEnvelope[BlobChunk]) -> None:
         msg = env.message

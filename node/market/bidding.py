@@ -1,0 +1,198 @@
+"""An executor's answers to offers: a signed `bid` for the jobs it can finish in time, a `decline` per
+reason for the others, and the live bids kept until assigned or lapsed.
+
+An offer (from gossip, or from this node's own submitter) gets its answers (rules.plan_bid) sent
+straight to the submitter. The offer is remembered under the bid's id until the bid expires, so an
+`assign` naming the bid can be matched to the exact manifest (`live`, `assigned`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from e31.protocol.envelope import VerifiedEnvelope, check_fresh, sign_verified
+from e31.protocol.errors import ProtocolError
+from e31.protocol.ids import Digest
+from e31.protocol.jobs import JobManifest
+from e31.protocol.messages import REASON_TEXT_MAX, Bid, BidItem, Decline, Offer
+
+from ..store.db import Store
+from .context import MarketContext
+from .rules import DeclinePlan, ExecutorView, OfferView, plan_bid
+from .scheduler import Scheduler
+
+log = logging.getLogger("e31.executor")
+
+ROLE = "executor"
+PROMISED_BYTES_MAX = 16 << 20
+"""Bytes of offers that this node's live bids may keep (each keeps the offer it answers, decoded, for
+the assignment): past it, offers are declined `busy` until bids lapse or are assigned. A set of 64 tiny
+jobs is about 20 KiB, so this is hundreds of open bids; it bounds what a signer gossiping large offers
+that it never assigns can make every executor hold."""
+ANSWERED_PRUNE_MIN = 1024
+"""Answered offers held before the expired ones are first forgotten (an expired offer is refused anyway)."""
+
+
+class BidCapacity(Protocol):
+    """What this node offers now (adverts.CapacityService)."""
+
+    @property
+    def for_bids(self) -> tuple[int, int]:
+        """(cores, memory) bids are made with."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Promise:
+    """A live bid of this node: the offer it answers and the jobs of it the bid names (each leaves
+    when it is assigned: one assignment per job of a bid)."""
+
+    offer: VerifiedEnvelope[Offer]
+    bid_expires: int
+    jobs: dict[bytes, JobManifest]
+
+
+class Bids:
+    def __init__(
+        self,
+        ctx: MarketContext,
+        *,
+        scheduler: Scheduler,
+        profile: bytes,
+        memory_bytes: int,
+        capacity: BidCapacity | None,
+    ) -> None:
+        self.ctx = ctx
+        self.scheduler = scheduler
+        self.profile = profile
+        self.memory_bytes = memory_bytes
+        self.capacity = capacity
+        """What this node offers now; None: the configured ceiling."""
+        self._promises: dict[bytes, Promise] = {}
+        self._promised_bytes = 0
+        """The offers' bytes the live bids keep (at most PROMISED_BYTES_MAX)."""
+        self._answered: dict[bytes, int] = {}
+        """Offers (message id) answered, with their expiry: an offer heard again is not answered twice."""
+        self._answered_prune_at = ANSWERED_PRUNE_MIN
+
+    def first_hearing(self, env: VerifiedEnvelope[Offer]) -> bool:
+        """Whether the offer is new here (then it is remembered as answered, and is to be `answer`ed)."""
+        if env.message_id.raw in self._answered:
+            return False
+        self._answered[env.message_id.raw] = env.message.expires
+        if len(self._answered) >= self._answered_prune_at:  # amortized: the live set at least doubles
+            now = self.ctx.clock()
+            self._answered = {o: exp for o, exp in self._answered.items() if exp > now}
+            self._answered_prune_at = max(ANSWERED_PRUNE_MIN, 2 * len(self._answered))
+        return True
+
+    def live(self, bid_id: bytes) -> Promise | None:
+        """The live bid of ours with that id, if any (only a live bid can be assigned)."""
+        promise = self._promises.get(bid_id)
+        if promise is not None and promise.bid_expires <= self.ctx.clock():
+            return None
+        return promise
+
+    def assigned(self, bid_id: bytes, promise: Promise, job_id: bytes) -> None:
+        """A job of the bid was assigned (and stored): the bid keeps its other jobs, or goes."""
+        promise.jobs.pop(job_id, None)
+        if not promise.jobs and self._promises.get(bid_id) is promise:
+            self._drop_promise(bid_id)  # (its bid may have lapsed and gone meanwhile)
+
+    async def answer(self, env: VerifiedEnvelope[Offer]) -> None:
+        """Answer an offer with one `bid` for the jobs this node can finish in time (each planned as if
+        offered alone: against the queue as it is now) and a `decline` per reason for the others."""
+        now = self.ctx.clock()
+        try:
+            check_fresh(env, now, network=self.ctx.network)
+        except ProtocolError:
+            return
+        offer = env.message
+        held = await self.ctx.store.run(Store.jobs_held, [m.job_id.raw for m in offer.manifests], ROLE)
+        cores, memory = self.scheduler.workers, self.memory_bytes
+        if self.capacity is not None:
+            offered_cores, offered_memory = self.capacity.for_bids
+            cores, memory = min(cores, offered_cores), min(memory, offered_memory)
+        me = ExecutorView(
+            self.profile,
+            0 if self.scheduler.suspended else cores,
+            memory,
+            self.scheduler.backlog_ms,
+            self.scheduler.queue_length,
+            cores * self.ctx.settings.max_queue_per_core,
+            self.scheduler.fuel_rate,
+        )
+        items: list[BidItem] = []
+        manifests: dict[bytes, JobManifest] = {}
+        bid_expires = None
+        declined: dict[str, tuple[list[Digest], str, int]] = {}
+        self._forget_old_promises(now)
+        room = self._promised_bytes + len(env.raw) <= PROMISED_BYTES_MAX
+        reserved = len(env.raw) if room else 0  # taken now: answers to other offers run meanwhile
+        self._promised_bytes += reserved
+        full = DeclinePlan(
+            "busy", "this node holds as many open bids as it keeps", now + self.ctx.settings.bid_ttl_ms
+        )
+        for manifest in offer.manifests:
+            job_id = manifest.job_id
+            if job_id.raw in held:
+                continue
+            limits = manifest.limits
+            view = OfferView(
+                manifest.profile.raw,
+                limits.fuel,
+                limits.memory_bytes,
+                limits.wall_ms,
+                manifest.deadline,
+                offer.expires,
+            )
+            # every live bid keeps its offer: their memory is bounded (PROMISED_BYTES_MAX)
+            plan = plan_bid(view, me, now, bid_ttl_ms=self.ctx.settings.bid_ttl_ms) if room else full
+            if isinstance(plan, DeclinePlan):
+                ids, text, expires = declined.get(plan.reason, ([], plan.text, plan.expires))
+                ids.append(job_id)
+                # one text for all: the first job's, unless another job's differs (then the code says it)
+                declined[plan.reason] = (ids, text if text == plan.text else "", min(expires, plan.expires))
+                continue
+            items.append(BidItem(job_id, plan.expected_start, plan.expected_finish))
+            manifests[job_id.raw] = manifest
+            # the latest any item allows: a job near its deadline does not cut the others' bids short
+            # (the submitter assigns no job after its deadline, whatever the bid's expiry)
+            bid_expires = plan.expires if bid_expires is None else max(bid_expires, plan.expires)
+        answers: list[Bid | Decline] = [
+            Decline(self.ctx.network, tuple(ids), env.message_id, self.ctx.node, expires, reason, clip(text))
+            for reason, (ids, text, expires) in declined.items()
+        ]
+        if bid_expires is not None:
+            answers.append(Bid(self.ctx.network, env.message_id, self.ctx.node, bid_expires, tuple(items)))
+        else:
+            self._promised_bytes -= reserved  # no bid keeps this offer
+        for answer in answers:  # bid items and declined ids are in the offer's (job id) order already
+            signed = sign_verified(answer, self.ctx.identity)
+            if isinstance(answer, Bid):
+                self._promises[signed.message_id.raw] = Promise(env, answer.expires, manifests)
+            await self.ctx.send_to(offer.submitter.raw, signed.raw)
+
+    def _forget_old_promises(self, now: int) -> None:
+        """Drop lapsed bids from the front: bids are made with one TTL (or expire earlier, with their
+        jobs' deadline), so the dict, in insertion order, is nearly in expiry order, and this costs O(1)
+        a bid instead of a scan of every live one. A lapsed bid kept a little longer (behind a live one,
+        or after a clock step) is refused by `live` all the same."""
+        promises = self._promises
+        while promises:
+            bid_id = next(iter(promises))
+            if promises[bid_id].bid_expires > now:
+                return
+            self._drop_promise(bid_id)
+
+    def _drop_promise(self, bid_id: bytes) -> None:
+        promise = self._promises.pop(bid_id, None)
+        if promise is not None:
+            self._promised_bytes -= len(promise.offer.raw)
+
+
+def clip(text: str) -> str:
+    """`text` cut to fit a decline's reason text (REASON_TEXT_MAX bytes of UTF-8)."""
+    return text.encode("utf-8", "replace")[:REASON_TEXT_MAX].decode("utf-8", "ignore")

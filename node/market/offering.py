@@ -1,0 +1,253 @@
+"""The line of jobs waiting to be offered, the signed offers that take them, and the answers.
+
+Each job's driver (submitter.py) joins the line for a round; `run` takes the waiting jobs as many to
+one signed offer as fit (MAX_SET, the gossip size cap), paced by a token bucket under what every node
+accepts from one signer, gossips it and shows it to this node's own executor, and opens each job's
+round. Bids and declines for that offer land in the round they answer (`on_answer`), where the driver
+waits for them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+from e31.protocol.envelope import VerifiedEnvelope, sign_verified
+from e31.protocol.errors import ProtocolError
+from e31.protocol.gossip import message_cost
+from e31.protocol.messages import MAX_SET, Bid, Decline, Offer
+
+from ..net.peers import TokenBucket
+from ..store.db import Store, call
+from .context import MarketContext
+from .rules import BidView
+from .submitted import Jobs, Joining, Round, in_round
+
+log = logging.getLogger("e31.submitter")
+
+Publish = Callable[[bytes | VerifiedEnvelope[Any]], int]
+"""Gossip a signed message; returns how many peers it went to."""
+LocalOffer = Callable[[VerifiedEnvelope[Offer]], None]
+"""Show an offer to this node's own executor."""
+
+OFFER_RATE = 135.0
+OFFER_BURST = 540.0
+"""Offers gossiped per second, and at once: under what each node accepts from one signer (GossipConfig:
+150 per second, burst 600), so none is dropped at the first hop. Rounds wait in line for a token, so a
+sweep of thousands of jobs is offered at this pace instead of spinning."""
+OFFER_BYTES = 240 * 1024
+"""Manifest bytes in one offer at most: under the gossip cap of an offer (256 KiB) with room for its
+envelope. A manifest alone over it is still offered, alone (gossip refuses it; this node may run it)."""
+EXPIRIES_PRUNE_MIN = 4096
+"""Expiries of offers signed here held before the past ones are first forgotten (no two live offers of
+this node share an expiry, so none is the same message as another)."""
+
+
+class OfferLine:
+    def __init__(
+        self,
+        ctx: MarketContext,
+        jobs: Jobs,
+        *,
+        publish: Publish | None,
+        local_offer: LocalOffer | None,
+        notify: Callable[[bytes], None],
+    ) -> None:
+        self.ctx = ctx
+        self.jobs = jobs
+        self.publish = publish
+        self.local_offer = local_offer
+        self.notify = notify
+        self._offers = TokenBucket(OFFER_RATE, OFFER_BURST)
+        self._offer_line = trio.Lock()
+        self._joining: list[Joining] = []
+        self._offer_wake = trio.Event()
+        self._expiries: set[int] = set()
+        self._expiries_prune_at = EXPIRIES_PRUNE_MIN
+
+    @property
+    def local(self) -> bool:
+        """Whether offers are shown to this node's own executor (it runs its own jobs)."""
+        return self.local_offer is not None and self.ctx.settings.execute_own_jobs
+
+    def join(self, entry: Joining) -> None:
+        """Put a job in line for the next offer (the offer sets `entry.done`)."""
+        self._joining.append(entry)
+        self._offer_wake.set()
+
+    def leave(self, entry: Joining) -> None:
+        """Take a job out of line (its driver was cancelled before an offer took it)."""
+        if entry in self._joining:
+            self._joining.remove(entry)
+
+    async def _gossip_tokens(self, cost: int) -> None:
+        """Wait in line until `cost` tokens of the offer pace are there, and take them."""
+        cost = min(cost, int(OFFER_BURST))
+        async with self._offer_line:
+            while True:
+                if self._offers.allow(trio.current_time(), cost):
+                    return
+                await trio.sleep(max(0.0, cost - self._offers.tokens) / OFFER_RATE)
+
+    async def run(self) -> None:
+        """Offer the jobs waiting for a round, as many in one signed offer as fit (MAX_SET, and the
+        gossip size cap). Each offer waits for its gossip tokens (OFFER_RATE, one per started 16 KiB),
+        and the jobs that join meanwhile go together in the next, so a lone job goes at once and a
+        sweep goes in sets. A store failure ends the market (as any store call's would)."""
+        while True:
+            while not self._joining:
+                await self._offer_wake.wait()
+                self._offer_wake = trio.Event()
+            taken = self._take_set()
+            if not taken:
+                continue
+            env = self._offer_of(taken)
+            if env is None:
+                continue
+            gossip = self.publish is not None and bool(self.ctx.connected())
+            if gossip:
+                await self._gossip_tokens(message_cost(len(env.raw)))
+                live = [entry for entry in taken if not entry.job.finished.is_set()]
+                if len(live) < len(taken):  # some ended while the offer waited for its tokens
+                    for entry in taken:
+                        if entry.job.finished.is_set():
+                            entry.done.set()
+                    taken = live
+                    env = self._offer_of(taken) if taken else None
+                    if env is None:
+                        continue
+            moving = [e for e in taken if e.to_offered is not None]
+            await self.ctx.store.atomically(  # the offer, and its jobs `offered`, in one commit
+                call(
+                    Store.put_shared_envelope,
+                    env.message_id.raw,
+                    env.kind,
+                    env.raw,
+                    self.ctx.now_s(),
+                    [e.job_id for e in taken],
+                ),
+                *(e.to_offered for e in moving if e.to_offered is not None),
+                durable=False,  # neither the offer nor `offered` is a promise
+            )
+            for entry in moving:
+                self.notify(entry.job_id)
+            opened = trio.current_time()
+            for entry in taken:
+                entry.job.round = Round(env.message_id.raw, opened)
+            if gossip and self.publish is not None:
+                try:
+                    self.publish(env)
+                except ProtocolError as e:
+                    gossip = False
+                    log.warning("cannot gossip an offer of %d jobs: %s", len(taken), e)
+            if self.local_offer is not None and self.local:
+                self.local_offer(env)
+            for entry in taken:
+                entry.gossiped = gossip
+                entry.done.set()
+
+    def _offer_of(self, taken: list[Joining]) -> VerifiedEnvelope[Offer] | None:
+        """The signed offer of the taken jobs; a job whose manifest cannot be offered is told why (its
+        driver ends it) and left out. None when no job is left."""
+        try:
+            return self._sign_offer(taken)
+        except ProtocolError:  # one job's manifest may be at fault: it alone fails, the others go
+            taken[:] = [entry for entry in taken if self._signable(entry)]
+        if not taken:
+            return None
+        try:
+            return self._sign_offer(taken)
+        except ProtocolError as e:  # each goes alone, but not together (never expected): none goes
+            for entry in taken:
+                entry.error = e
+                entry.done.set()
+            return None
+
+    def _signable(self, entry: Joining) -> bool:
+        """Whether the job can be offered alone; if not, its driver is told why (and ends it)."""
+        try:
+            self._sign_offer([entry])
+        except ProtocolError as e:
+            entry.error = e
+            entry.done.set()
+            return False
+        return True
+
+    def _take_set(self) -> list[Joining]:
+        """The jobs of the next offer, in the order they joined: at most MAX_SET, one round per job
+        (replica lanes of one job go in different offers), within OFFER_BYTES."""
+        taken: list[Joining] = []
+        rest: list[Joining] = []
+        ids: set[bytes] = set()
+        size = 0
+        slack = int(self.ctx.settings.window.max_wait * 1000)
+        soon = self.ctx.clock() + slack
+        low = high = 0
+        for entry in self._joining:
+            if entry.job.finished.is_set():
+                entry.done.set()  # its driver sees the job finished and leaves the round
+                continue
+            # The offer expires with its shortest-lived job: a job whose offer must expire soon goes
+            # only with jobs whose offers expire about as soon (not to cut the others' rounds short).
+            lo, hi = (
+                (entry.expires, entry.expires)
+                if not taken
+                else (min(low, entry.expires), max(high, entry.expires))
+            )
+            close = lo >= soon or hi - lo <= slack
+            fits = (size + entry.job.size <= OFFER_BYTES and close) or not taken
+            if len(taken) < MAX_SET and entry.job_id not in ids and fits:
+                low, high = lo, hi
+                taken.append(entry)
+                ids.add(entry.job_id)
+                size += entry.job.size
+            else:
+                rest.append(entry)
+        self._joining = rest
+        return taken
+
+    def _sign_offer(self, taken: list[Joining]) -> VerifiedEnvelope[Offer]:
+        """One offer of the taken jobs (job id order). Its expiry is the earliest any of them allows,
+        moved a millisecond earlier while a live offer signed here has it: no two offers of this node
+        are the same message, however the same jobs come together again."""
+        expires = min(e.expires for e in taken)
+        while expires in self._expiries:
+            expires -= 1
+        self._expiries.add(expires)
+        if len(self._expiries) >= self._expiries_prune_at:  # amortized: the live ones at least double
+            now = self.ctx.clock()
+            self._expiries = {x for x in self._expiries if x > now}
+            self._expiries_prune_at = max(EXPIRIES_PRUNE_MIN, 2 * len(self._expiries))
+        manifests = tuple(e.job.manifest for e in sorted(taken, key=lambda e: e.job_id))
+        return sign_verified(Offer(self.ctx.network, expires, self.ctx.node, manifests), self.ctx.identity)
+
+    def on_answer(self, env: VerifiedEnvelope[Any]) -> None:
+        """A bid or decline: each job it names whose current round is that offer's hears from it."""
+        msg: Bid | Decline = env.message
+        executor = msg.executor.raw
+        offer_id = msg.offer_id.raw
+        if isinstance(msg, Bid):
+            live = msg.expires > self.ctx.clock()
+            for item in msg.items:
+                holder = in_round(self.jobs, item.job_id.raw, offer_id)
+                if holder is None or (rnd := holder.round) is None:
+                    continue
+                rnd.answered.add(executor)
+                if live:
+                    rnd.bids[executor] = BidView(
+                        env.message_id.raw, executor, item.expected_start, item.expected_finish, msg.expires
+                    )
+                    rnd.raw[env.message_id.raw] = env.raw
+                rnd.wake.set()
+            return
+        why = f"{msg.reason}: {msg.text}" if msg.text else msg.reason
+        for job_id in msg.job_ids:
+            holder = in_round(self.jobs, job_id.raw, offer_id)
+            if holder is None or (rnd := holder.round) is None:
+                continue
+            rnd.answered.add(executor)
+            holder.declined = why
+            log.debug("job %s: %s declined (%s)", job_id.hex()[:12], msg.executor, why)
+            rnd.wake.set()

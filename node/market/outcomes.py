@@ -1,0 +1,326 @@
+"""The submitter's outcomes: a `result` checked and taken in, its outputs collected, the job ended.
+
+An outcome is a `result` carrying the signed `receipt` and the small outputs (protocol/results.py).
+The receipt is checked against the manifest and the assignment it names (protocol/receipts.py), the
+output blobs it lists that the result did not carry are fetched from the executor (every chunk
+verified), and only then is the job `done`, in one commit with the receipt and the carried outputs
+(kept in the database). The receipt is countersigned with the next `ack` to its executor, one per
+executor for the receipts verified over a short while (acks.py). A repeated outcome for a finished job
+gets the stored ack again (or, lost in a stop, a new one), so an executor that missed it stops
+retrying. A refused receipt is stored as evidence; only one from the current assignment's executor,
+for that assignment, ends the attempt. With replicas, each lane takes in its own receipt, and the job
+ends when all are in: `done` when they agree, `disputed` when not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+from e31.protocol.blobs import BlobRef
+from e31.protocol.envelope import VerifiedEnvelope, reopen_stored
+from e31.protocol.errors import Mismatch, ProtocolError
+from e31.protocol.messages import Assign, Result
+from e31.protocol.receipts import UsageReceipt, check_receipt_assignment, check_receipt_manifest
+from e31.protocol.results import carried_outputs, open_result, outputs_of
+
+from ..lifecycle import TERMINAL
+from ..store.db import Call, Store, call
+from ..store.rows import JobRow
+from .acks import Acknowledger
+from .context import MarketContext
+from .submitted import (
+    ROLE,
+    Jobs,
+    SubmittedJob,
+    names_our_assignment,
+    set_submitted_state,
+    submitted_transition,
+)
+from .transfer import BlobTransfer, FetchError
+
+log = logging.getLogger("e31.submitter")
+
+ACKS_RESENT_KEPT = 1024
+"""Stored acks remembered as sent again (the oldest forgotten first: it may then go once more)."""
+
+
+class Outcomes:
+    def __init__(
+        self,
+        ctx: MarketContext,
+        jobs: Jobs,
+        *,
+        transfer: BlobTransfer,
+        acks: Acknowledger,
+        notify: Callable[[bytes], None],
+    ) -> None:
+        self.ctx = ctx
+        self.jobs = jobs
+        self.transfer = transfer
+        self.acks = acks
+        self.notify = notify
+        self._acks_resent: dict[tuple[bytes, bytes], float] = {}
+        """(executor, ack id) -> when that stored ack was last sent again (ACKS_RESENT_KEPT at most)."""
+
+    def admit(self, env: VerifiedEnvelope[Result]) -> bool:
+        """Whether a `result` is to be taken in (`take`). One carrying a receipt already taken in for a
+        job still under way is dropped at once: executors deliver again until acknowledged, and each
+        copy would otherwise cost a signature check and store work while the first is being verified.
+        Copies for ended jobs go through (they get the ack again)."""
+        job = self.jobs.get(env.message.job_id.raw)
+        if job is not None:
+            key = outcome_key(env)
+            if key in job.outcomes:
+                return False
+            job.outcomes.add(key)
+        return True
+
+    async def take(self, env: VerifiedEnvelope[Result]) -> None:
+        msg = env.message
+        job_id = msg.job_id.raw
+        try:
+            receipt_env = open_result(env)  # a receipt that does not open never will: its copies stay out
+        except ProtocolError as e:
+            log.warning("job %s: dropping a result from %s: %s", job_id.hex()[:12], env.signer, e)
+            return
+        try:
+            carried = carried_outputs(msg, receipt_env.message)
+        except Mismatch as e:  # the receipt may come again without them: the outputs are fetched then
+            log.warning("job %s: dropping a result from %s: %s", job_id.hex()[:12], env.signer, e)
+            self._forget_outcome(job_id, env)
+            return
+        row = await self.ctx.store.run(Store.job, job_id, ROLE)
+        if row is None:
+            return
+        if not await names_our_assignment(
+            self.ctx, self.jobs, msg
+        ):  # nothing a node that holds no assignment sends is kept
+            log.info(
+                "ignoring a result for job %s from %s, which holds no assignment of it",
+                job_id.hex()[:12],
+                msg.executor,
+            )
+            return
+        if row.state in TERMINAL:  # done, or disputed with this receipt verified: its ack again
+            await self._resend_ack(receipt_env)
+            return
+        job = self.jobs.get(job_id)
+        if job is not None and job.lanes is not None:
+            signer = receipt_env.signer.raw
+            job = next((lane for lane in job.lanes if lane.holder == signer and lane.receipt is None), None)
+        if job is not None and job.completing:
+            self._forget_outcome(job_id, env)  # another outcome is being verified: take a copy later
+            return
+        if job is None:
+            return
+        job.completing, job.settled = True, trio.Event()
+        try:
+            await self._complete(job_id, job, row, receipt_env, carried)
+        except (Mismatch, ProtocolError, FetchError) as e:
+            log.warning(
+                "job %s: the outcome from %s is refused: %s", job_id.hex()[:12], receipt_env.signer, e
+            )
+            # kept as evidence (not durably: a power cut loses only that)
+            await self.ctx.store.run(
+                Store.put_envelope,
+                receipt_env.message_id.raw,
+                "receipt",
+                receipt_env.raw,
+                self.ctx.now_s(),
+                job_id,
+            )
+            signer = receipt_env.signer.raw
+            job.rejected.add(signer)
+            # Only the current assignment's executor, with an outcome for that assignment, ends the
+            # attempt: a stranger (or an earlier attempt's executor) sending a bad one must not take
+            # the job away. (Checked on the assignment, which outlives the wait for its lease.)
+            current = job.assign_env
+            if (
+                current is not None
+                and receipt_env.message.assignment_id == current.message_id
+                and signer == current.message.executor.raw
+            ):
+                job.refusal = f"its outcome was refused: {e}"
+                job.outcome_failed.set()
+        finally:
+            job.completing = False
+            job.settled.set()
+
+    def _forget_outcome(self, job_id: bytes, env: VerifiedEnvelope[Result]) -> None:
+        """Let a later copy of this result's receipt, from its signer, in again."""
+        top = self.jobs.get(job_id)
+        if top is not None:
+            top.outcomes.discard(outcome_key(env))
+
+    async def _complete(
+        self,
+        job_id: bytes,
+        job: SubmittedJob,
+        row: JobRow,
+        receipt_env: VerifiedEnvelope[UsageReceipt],
+        carried: dict[bytes, bytes],
+    ) -> None:
+        receipt = receipt_env.message
+        assign_env = job.assign_env
+        if assign_env is None or assign_env.message_id != receipt.assignment_id:  # an earlier attempt's
+            assign_row = await self.ctx.store.run(Store.envelope, receipt.assignment_id.raw)
+            if assign_row is None or assign_row.kind != "assign":
+                raise Mismatch("the receipt names an assignment this node never made")
+            assign_env = reopen_stored(assign_row.raw, Assign)
+        check_receipt_manifest(receipt, job.manifest)
+        check_receipt_assignment(receipt, assign_env.message, assign_env.message_id)
+        if receipt.network != self.ctx.network:
+            raise Mismatch("the receipt is for another network")
+        executor = receipt.executor.raw
+        outputs = outputs_of(receipt)
+        small = await self._collect(executor, outputs, carried)
+        recorded = call(
+            Store.record_verified_receipt,
+            receipt_digest=receipt_env.message_id.raw,
+            job_id=job_id,
+            attempt=assign_env.message.attempt,
+            executor=str(receipt.executor),
+            now=self.ctx.now_s(),
+            blobs=[ref.root.hex() for ref in outputs],
+        )
+        kept = call(
+            Store.put_envelope,
+            receipt_env.message_id.raw,
+            "receipt",
+            receipt_env.raw,
+            self.ctx.now_s(),
+            job_id,
+        )
+        if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)
+            await self.ctx.store.atomically(*small, kept, recorded)
+            job.receipt = receipt_env
+            job.finished.set()
+            self.acks.add(executor, receipt_env.message_id.raw, job_id)
+            return
+        outcome = receipt.outcome
+        await self.ctx.store.atomically(  # one commit: the receipt, outputs and ack, with the job's end
+            *small,
+            kept,
+            recorded,
+            submitted_transition(
+                self.ctx,
+                job_id,
+                row.state,
+                "done",
+                executor=str(receipt.executor),
+                started=receipt.started_at / 1000,
+                finished=receipt.finished_at / 1000,
+                fuel_used=receipt.fuel_used,
+                reason=outcome_text(outcome.status, outcome.exit_code, outcome.trap),
+            ),
+        )
+        self.notify(job_id)
+        job.finished.set()
+        log.info(
+            "job %s done on %s: %s, %d fuel",
+            job_id.hex()[:12],
+            receipt.executor,
+            outcome_text(outcome.status, outcome.exit_code, outcome.trap),
+            receipt.fuel_used,
+        )
+        self.acks.add(executor, receipt_env.message_id.raw, job_id)
+
+    async def _collect(
+        self, executor: bytes, outputs: Sequence[BlobRef], carried: dict[bytes, bytes]
+    ) -> list[Call]:
+        """Make every output of a receipt present here: those its result carried (already checked
+        against their BlobRefs) are returned as store calls, to keep them in the database in the commit
+        that ends the job; the others are fetched from the executor into the blob store."""
+        keep: list[Call] = []
+        for ref in outputs:
+            root = ref.root.raw
+            if root in carried:
+                if not self.ctx.blobs.has(root):
+                    keep.append(call(Store.put_small_blob, ref.root.hex(), carried[root]))
+            else:
+                await self.transfer.fetch(executor, ref)
+        return keep
+
+    async def _resend_ack(self, receipt_env: VerifiedEnvelope[UsageReceipt]) -> None:
+        """A result came again for a finished job: send its receipt's stored ack (at most once per
+        `delivery_interval` to each executor: an ack names a batch, whose receipts all come again when
+        it is lost), or acknowledge it with the next batch when it was verified here and its ack is not
+        stored (lost in a stop)."""
+        receipt_id = receipt_env.message_id.raw
+        ack = await self.ctx.store.run(Store.ack_for, receipt_id)
+        if ack is not None:
+            signer = receipt_env.signer.raw
+            now = trio.current_time()
+            key = (signer, ack.message_id)
+            if now < self._acks_resent.get(key, -math.inf) + self.ctx.settings.delivery_interval:
+                return
+            self._acks_resent[key] = now
+            while len(self._acks_resent) > ACKS_RESENT_KEPT:
+                del self._acks_resent[next(iter(self._acks_resent))]
+            await self.ctx.send_to(signer, ack.raw)
+            return
+        row = await self.ctx.store.run(Store.receipt, receipt_id)
+        if row is not None and row.delivered is not None:  # verified (never a receipt only seen)
+            self.acks.add(receipt_env.signer.raw, receipt_id, row.job_id)
+
+    async def judge_replicas(self, job_id: bytes, job: SubmittedJob) -> None:
+        """Once every lane of a job with replicas is over, compare their verified receipts: the same
+        outcome, fuel and output hashes make it `done`; anything else makes it `disputed`, every receipt
+        kept as evidence."""
+        assert job.lanes is not None
+        k = job.manifest.replicas
+        receipts = [lane.receipt for lane in job.lanes if lane.receipt is not None]
+        row = await self.ctx.store.run(Store.job, job_id, ROLE)
+        if row is None or row.state in TERMINAL or len(receipts) < k:
+            return
+        claims = {_claim(r.message) for r in receipts}
+        first = receipts[0].message
+        if len(claims) == 1:
+            await set_submitted_state(
+                self.ctx,
+                self.notify,
+                job_id,
+                row.state,
+                "done",
+                executor=str(first.executor),
+                started=first.started_at / 1000,
+                finished=first.finished_at / 1000,
+                fuel_used=first.fuel_used,
+                reason=outcome_text(first.outcome.status, first.outcome.exit_code, first.outcome.trap),
+            )
+            log.info("job %s done: %d replicas agree", job_id.hex()[:12], k)
+        else:
+            why = "replicas disagree: " + "; ".join(_describe(r) for r in receipts)
+            await set_submitted_state(self.ctx, self.notify, job_id, row.state, "disputed", reason=why[:500])
+            log.warning("job %s disputed: %s", job_id.hex()[:12], why)
+        job.finished.set()
+
+
+def outcome_key(env: VerifiedEnvelope[Result]) -> bytes:
+    """A delivered receipt, as the submitter dedupes it: its signer's result carrying those bytes (a
+    node that wraps another's receipt in a result of its own does not keep the real one out)."""
+    return env.signer.raw + hashlib.sha256(env.message.receipt).digest()
+
+
+def _claim(r: UsageReceipt) -> tuple[Any, ...]:
+    """What replicas must agree on: the outcome, the fuel, and every output by hash."""
+    return (r.outcome, r.fuel_used, r.stdout, r.stderr, r.outputs)
+
+
+def _describe(env: VerifiedEnvelope[UsageReceipt]) -> str:
+    r = env.message
+    text = outcome_text(r.outcome.status, r.outcome.exit_code, r.outcome.trap)
+    return f"{str(r.executor)[:16]} says {text}, {r.fuel_used} fuel, stdout {r.stdout.root.hex()[:12]}"
+
+
+def outcome_text(status: str, exit_code: int | None, trap: str | None) -> str:
+    if status == "exited":
+        return f"exited {exit_code}"
+    if status == "trap":
+        return f"trap {trap}"
+    return status

@@ -1,0 +1,199 @@
+"""What the submitter keeps in memory for each job under way, and the reads its parts share.
+
+A `SubmittedJob` lives while the job's driver runs (submitter.Submitter): its open round of answers
+(`Round`), its place in the line for the next offer (`Joining`), its current assignment as signed here,
+and with replicas one lane (a SubmittedJob of its own) per replica. The submitter, the offer line
+(offering.py), the hand-off (handoff.py) and the outcomes (outcomes.py) all read the one `Jobs` table.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from e31.protocol.codec import pack
+from e31.protocol.envelope import VerifiedEnvelope, reopen_stored
+from e31.protocol.errors import ProtocolError
+from e31.protocol.ids import NodeId
+from e31.protocol.jobs import JobManifest
+from e31.protocol.messages import Accepted, Assign, Release, Result
+from e31.protocol.receipts import UsageReceipt
+
+from ..store.db import Call, Store
+from .context import MarketContext, transition
+from .rules import BidView
+
+log = logging.getLogger("e31.submitter")
+
+ROLE = "submitter"
+
+
+@dataclass(eq=False)
+class Round:
+    offer_id: bytes
+    opened: float
+    bids: dict[bytes, BidView] = field(default_factory=dict)
+    answered: set[bytes] = field(default_factory=set)
+    raw: dict[bytes, bytes] = field(default_factory=dict)
+    """The signed bids by message id (the chosen one is stored with the job)."""
+    wake: trio.Event = field(default_factory=trio.Event)
+
+
+@dataclass(eq=False)
+class Joining:
+    """A job waiting for the next offer (the OfferLine takes it, signs and sends the offer, opens the
+    job's round and sets `done`)."""
+
+    job_id: bytes
+    job: SubmittedJob
+    expires: int
+    """The latest expiry this round of the job allows (market_rules.offer_expiry)."""
+    to_offered: Call | None = None
+    """The store call moving the job to `offered`, made in the commit that stores the offer (None: the
+    job is there already)."""
+    done: trio.Event = field(default_factory=trio.Event)
+    gossiped: bool = False
+    error: Exception | None = None
+
+
+@dataclass(eq=False)
+class SubmittedJob:
+    manifest: JobManifest
+    round: Round | None = None
+    finished: trio.Event = field(default_factory=trio.Event)
+    rejected: set[bytes] = field(default_factory=set)
+    """Executors whose assignment failed (lease ran out, or their outcome failed verification)."""
+    outcome_failed: trio.Event = field(default_factory=trio.Event)
+    completing: bool = False
+    rounds: int = 0
+    round_step: int = 1
+    """Rounds of one job's replica lanes interleave (lane i uses i, i + K, ...): no two offers are equal."""
+    assigned_to: bytes | None = None
+    assign_env: VerifiedEnvelope[Assign] | None = None
+    """The current assignment as this node signed it: re-sent until its executor accepts it, and an
+    outcome for it needs no store read and no re-verify."""
+    accepted: bytes | None = None
+    """The assignment (message id) its executor has accepted."""
+    released: dict[bytes, str] = field(default_factory=dict)
+    """Assignments (message ids) their executor gave back with a `release`, and its reason."""
+    forgiven: set[bytes] = field(default_factory=set)
+    """Executors whose one retryable release of this job was not held against them."""
+    refusal: str | None = None
+    """Why the last executor gave the job back or had its outcome refused."""
+    settled: trio.Event = field(default_factory=trio.Event)
+    """Set when the outcome being verified (while `completing`) has been accepted or refused."""
+    declined: str | None = None
+    """The last decline heard for this job's offers (it explains an expiry)."""
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    """The driver's scope: a cancel stops the driver through it."""
+    lanes: list[SubmittedJob] | None = None
+    """With replicas: one lane (a SubmittedJob of its own) per replica, each with its own executor."""
+    holder: bytes | None = None
+    """A lane's executor, from the moment its bid is chosen (other lanes avoid it)."""
+    receipt: VerifiedEnvelope[UsageReceipt] | None = None
+    """A lane's verified receipt."""
+    outcomes: set[bytes] = field(default_factory=set)
+    """The receipts taken in for this job, by signer and SHA-256 of their bytes (outcomes.outcome_key):
+    results from that signer carrying one of them again are dropped."""
+
+    @functools.cached_property
+    def size(self) -> int:
+        """The manifest's encoded size (what it adds to an offer)."""
+        return len(pack(self.manifest.to_wire()))
+
+    @property
+    def assignment(self) -> bytes | None:
+        """The current assignment's `assign` message id."""
+        return None if self.assign_env is None else self.assign_env.message_id.raw
+
+
+Jobs = dict[bytes, SubmittedJob]
+"""The jobs under way here, by job id."""
+
+
+def submitted_transition(ctx: MarketContext, job_id: bytes, old: str, new: str, **changes: Any) -> Call:
+    """`transition` of one of our submitted jobs (whoever runs it notifies waiters after)."""
+    return transition(ROLE, job_id, old, new, ctx.now_s(), **changes)
+
+
+async def set_submitted_state(
+    ctx: MarketContext, notify: Callable[[bytes], None], job_id: bytes, old: str, new: str, **changes: Any
+) -> bool:
+    """Move one of our submitted jobs from `old` to `new` (compare-and-set), then wake its waiters."""
+    method, args, kwargs = submitted_transition(ctx, job_id, old, new, **changes)
+    ok: bool = await ctx.store.run(method, *args, **kwargs)
+    notify(job_id)
+    return ok
+
+
+def holders(jobs: Jobs, job_id: bytes) -> list[SubmittedJob]:
+    """What runs a job under way here: the job itself, or with replicas its lanes (none if ended)."""
+    job = jobs.get(job_id)
+    return [] if job is None else [job] if job.lanes is None else job.lanes
+
+
+def in_round(jobs: Jobs, job_id: bytes, offer_id: bytes) -> SubmittedJob | None:
+    """The job (or replica lane) whose round is open with that offer, if any."""
+    lanes = holders(jobs, job_id)
+    return next((h for h in lanes if h.round is not None and h.round.offer_id == offer_id), None)
+
+
+async def names_our_assignment(ctx: MarketContext, jobs: Jobs, msg: Accepted | Release | Result) -> bool:
+    """Whether an executor's message names an assignment this node made, of that job, to it."""
+    current = next(
+        (
+            h.assign_env
+            for h in holders(jobs, msg.job_id.raw)
+            if h.assign_env is not None and h.assign_env.message_id == msg.assignment_id
+        ),
+        None,
+    )
+    if current is not None:
+        assign = current.message  # one in flight, as signed here
+    else:
+        stored = await ctx.store.run(Store.envelope, msg.assignment_id.raw)
+        if stored is None or stored.kind != "assign":
+            return False
+        assign = reopen_stored(stored.raw, Assign).message
+    if assign.job_id != msg.job_id or assign.executor != msg.executor:
+        log.info("ignoring a %s from %s that does not match its assignment", msg.KIND, msg.executor)
+        return False
+    return True
+
+
+async def stored_assigns(ctx: MarketContext, job_id: bytes) -> list[VerifiedEnvelope[Assign]]:
+    rows = await ctx.store.run(Store.envelopes_for_job, job_id, "assign")
+    return [reopen_stored(r.raw, Assign) for r in rows]
+
+
+def new_job(manifest: JobManifest, now: float) -> dict[str, Any]:
+    """The fields of Store.add_job for a job this node submits."""
+    refs = [manifest.module.root, *(f.blob.root for f in manifest.inputs)]
+    if manifest.stdin is not None:
+        refs.append(manifest.stdin.root)
+    return {
+        "job_id": manifest.job_id.raw,
+        "role": ROLE,
+        "manifest": pack(manifest.to_wire()),
+        "state": "queued",
+        "submitter": str(manifest.submitter),
+        "created": now,
+        "deadline": manifest.deadline / 1000,
+        "fuel_limit": manifest.limits.fuel,
+        "blobs": [r.hex() for r in refs],
+    }
+
+
+def executor_key(executor: NodeId | str | None) -> bytes | None:
+    if executor is None:
+        return None
+    if isinstance(executor, NodeId):
+        return executor.raw
+    try:
+        return NodeId.parse(executor).raw
+    except ProtocolError:
+        return None
