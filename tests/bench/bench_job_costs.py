@@ -3,7 +3,7 @@
     .venv/bin/python tests/bench/bench_job_costs.py [--jobs N]
 
 Runs a submitting node and an executing node in one process (the market harness of
-tests/node/test_market.py: real stores, blob stores, sandbox pool and signatures; messages handed
+tests/node/market_nodes.py: real stores, blob stores, sandbox pool and signatures; messages handed
 over in memory), first N jobs one after another, then N at once, and prints per job how many times
 each costly operation happened. Unlike timings on a shared machine these counts do not drift with the
 host's load, so they show what a change to the job path saved (docs/benchmarks.md, "Jobs at scale").
@@ -30,8 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "node"))
 
 import e31.protocol.envelope as envelope  # noqa: E402
-import test_market as harness  # noqa: E402
-from e31.node.store.db import AsyncStore, Store  # noqa: E402
+import market_nodes as harness  # noqa: E402
+from e31.node.store.async_store import AsyncStore  # noqa: E402
+from e31.node.store.db import Store  # noqa: E402
 
 COUNTS: collections.Counter[str] = collections.Counter()
 

@@ -13,9 +13,10 @@ import pytest
 import trio
 from e31.node.errors import StoreError
 from e31.node.market.acks import Acknowledger
-from e31.node.market.router import MarketContext, MarketSettings
+from e31.node.market.context import MarketContext, MarketSettings
+from e31.node.store.async_store import AsyncStore
 from e31.node.store.blobs import BlobStore
-from e31.node.store.db import AsyncStore, Store
+from e31.node.store.db import Store
 from e31.protocol.envelope import verify
 from e31.protocol.ids import NodeId
 from e31.protocol.receipts import MAX_ACKED, Ack

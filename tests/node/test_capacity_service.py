@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 from e31.node.host.capacity import CapacityPolicy, State, SyntheticOwnerLoad, sampler_from_env
-from e31.node.market.adverts import ADVERT_TTL_MS, CapacityService
+from e31.node.market.adverts import ADVERT_TTL_MS, CapacityService, LateJobs
 from e31.node.market.scheduler import Scheduler
 from e31.protocol.envelope import sign_message, verify
 from e31.protocol.ids import Digest, NodeId
@@ -30,7 +30,7 @@ class Pool:
         pass
 
 
-class Executor:
+class Late:
     def __init__(self) -> None:
         self.calls = 0
 
@@ -39,7 +39,9 @@ class Executor:
         return 0
 
 
-def service(tmp_path: Path, *, only_when_idle: bool, published: list[bytes]) -> tuple[CapacityService, Path]:
+def service(
+    tmp_path: Path, *, only_when_idle: bool, published: list[bytes], late: LateJobs | None = None
+) -> tuple[CapacityService, Path]:
     load = tmp_path / "load"
     load.write_text("0")
     policy = CapacityPolicy(
@@ -56,6 +58,7 @@ def service(tmp_path: Path, *, only_when_idle: bool, published: list[bytes]) -> 
         sampler=SyntheticOwnerLoad(load, cpus=2),
         clock=lambda: T0 + int(trio.current_time() * 1000),
         publish=published.append,
+        late=late,
     )
     return svc, load
 
@@ -68,8 +71,8 @@ async def test_only_when_idle_suspends_while_the_owner_works(
     tmp_path: Path, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     published: list[bytes] = []
-    svc, load = service(tmp_path, only_when_idle=True, published=published)
-    svc.executor = executor = Executor()
+    late = Late()
+    svc, load = service(tmp_path, only_when_idle=True, published=published, late=late)
     await nursery.start(svc.run)
     assert svc.scheduler.suspended and svc.for_bids == (0, 0)  # until the owner is seen away
     await trio.sleep(1.5)
@@ -78,9 +81,9 @@ async def test_only_when_idle_suspends_while_the_owner_works(
     load.write_text("2")
     await trio.sleep(1.0)
     assert svc.current.state is State.OWNER_BUSY and svc.scheduler.suspended and svc.offered == (0, 0)
-    calls = executor.calls
+    calls = late.calls
     await trio.sleep(3.0)
-    assert executor.calls > calls  # late jobs are looked for while suspended
+    assert late.calls > calls  # late jobs are looked for while suspended
     load.write_text("0")
     await trio.sleep(1.0)
     assert not svc.scheduler.suspended

@@ -9,7 +9,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from e31.node.market.executor import JobFailed, _put_checked
+from e31.node.market.outputs import JobFailed, put_checked
 from e31.node.store.blobs import BlobStore
 from e31.protocol.blobs import PUSH_MAX, BlobRef, blob_ref
 from e31.sandbox.limits import RunResult, Status
@@ -40,7 +40,7 @@ def _result(
 def test_a_small_stream_held_whole_is_handed_back_and_written_nowhere(tmp_path: Path) -> None:
     blobs = BlobStore(tmp_path / "blobs")
     small: list[tuple[BlobRef, bytes]] = []
-    ref = _put_checked(blobs, tmp_path / "no-such-dir", "stdout", _result(TEXT), small)
+    ref = put_checked(blobs, tmp_path / "no-such-dir", "stdout", _result(TEXT), small)
     assert ref == blob_ref(TEXT) and small == [(ref, TEXT)]
     assert not blobs.has(ref.root.raw) and list(blobs.hashes()) == []
 
@@ -49,7 +49,7 @@ def test_a_larger_stream_held_whole_is_stored_as_a_blob(tmp_path: Path) -> None:
     blobs = BlobStore(tmp_path / "blobs")
     big = b"x" * (PUSH_MAX + 1)
     small: list[tuple[BlobRef, bytes]] = []
-    ref = _put_checked(blobs, tmp_path / "no-such-dir", "stdout", _result(big), small)
+    ref = put_checked(blobs, tmp_path / "no-such-dir", "stdout", _result(big), small)
     assert blobs.read(ref.root.raw) == big and ref == blob_ref(big) and small == []
 
 
@@ -57,7 +57,7 @@ def test_a_spilled_stream_is_stored_from_its_file(tmp_path: Path) -> None:
     blobs = BlobStore(tmp_path / "blobs")
     (tmp_path / "stdout").write_bytes(TEXT)
     pushed: list[tuple[BlobRef, bytes]] = []
-    ref = _put_checked(blobs, tmp_path, "stdout", _result(TEXT, held=TEXT[:4]), pushed)
+    ref = put_checked(blobs, tmp_path, "stdout", _result(TEXT, held=TEXT[:4]), pushed)
     assert blobs.read(ref.root.raw) == TEXT and ref.size == len(TEXT)
     assert pushed == []
 
@@ -66,24 +66,24 @@ def test_a_stream_that_differs_from_what_the_run_reported_fails_the_job(tmp_path
     blobs = BlobStore(tmp_path / "blobs")
     other = hashlib.sha256(b"other").hexdigest()
     with pytest.raises(JobFailed, match="does not match"):
-        _put_checked(blobs, tmp_path, "stdout", _result(TEXT, sha=other), [])
+        put_checked(blobs, tmp_path, "stdout", _result(TEXT, sha=other), [])
     (tmp_path / "stdout").write_bytes(b"changed after the run")
     with pytest.raises(JobFailed, match="do not match"):  # the file is longer than reported
-        _put_checked(blobs, tmp_path, "stdout", _result(TEXT, held=TEXT[:4]), [])
+        put_checked(blobs, tmp_path, "stdout", _result(TEXT, held=TEXT[:4]), [])
     with pytest.raises(JobFailed, match="do not match"):
-        _put_checked(blobs, tmp_path, "stdout", _result(b"changed after the run", held=b"c", sha=other), [])
+        put_checked(blobs, tmp_path, "stdout", _result(b"changed after the run", held=b"c", sha=other), [])
     with pytest.raises(JobFailed, match="left no"):
-        _put_checked(blobs, tmp_path / "gone", "stdout", _result(TEXT, held=TEXT[:4]), [])
+        put_checked(blobs, tmp_path / "gone", "stdout", _result(TEXT, held=TEXT[:4]), [])
 
 
 def test_a_small_stream_already_held_is_not_written_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     blobs = BlobStore(tmp_path / "blobs")
-    first = _put_checked(blobs, tmp_path, "stderr", _result(TEXT), [])
+    first = put_checked(blobs, tmp_path, "stderr", _result(TEXT), [])
 
     def no_write(*args: object, **kwargs: object) -> None:
         raise AssertionError("an empty stream already held was written again")
 
     monkeypatch.setattr(blobs, "put_stream", no_write)
-    assert _put_checked(blobs, tmp_path, "stderr", _result(TEXT), []) == first
+    assert put_checked(blobs, tmp_path, "stderr", _result(TEXT), []) == first

@@ -4,7 +4,7 @@ suspends and resumes a job, and capacity advertisements that reach every node.
 
 Nodes run with one worker, short heartbeats and no mDNS (helpers from test_jobs_e2e). Two cases that
 need a stop at an exact moment (acks that never arrive; a stop between signing a receipt and marking the
-job done) run in memory on test_market's harness. Every wait is bounded; nothing here asserts timing.
+job done) run in memory on market_nodes' harness. Every wait is bounded; nothing here asserts timing.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from e31.protocol.receipts import UsageReceipt
 from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import Limits
 from e31.sandbox.runner import run
+from market_nodes import Net, RealNode, start, wait_state
 from test_jobs_e2e import MONTECARLO, ROOT, Node, e31, wait_for
 
 WORDFREQ = ROOT / "sandbox" / "workloads" / "wordfreq.wasm"
@@ -343,14 +344,13 @@ def test_owner_activity_suspends_and_resumes_a_job_with_identical_fuel(
 async def test_an_unacknowledged_receipt_is_retried_until_its_retention_ends(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    """In memory (test_market's harness): the submitter's acks never reach the executor, which keeps
+    """In memory (market_nodes): the submitter's acks never reach the executor, which keeps
     delivering until the outputs' retention is over, then stops; the receipt stays unacknowledged."""
     from dataclasses import replace
 
     from e31.node.store.db import Store
-    from test_market import Net, RealNode, start, wait_state
 
-    net = Net()
+    net = Net()  # (this module's `net` fixture is its network of processes)
     net.nursery = nursery
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     deliveries: list[bytes] = []
@@ -387,9 +387,8 @@ async def test_a_receipt_signed_just_before_a_stop_is_not_run_again(
     """The node stopped after storing the receipt but before marking the job done: on resume the job is
     marked done from its receipt and delivered, and no second receipt is signed."""
     from e31.node.store.db import Store
-    from test_market import Net, RealNode, start, wait_state
 
-    net = Net()
+    net = Net()  # (this module's `net` fixture is its network of processes)
     net.nursery = nursery
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)

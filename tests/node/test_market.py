@@ -7,9 +7,6 @@ submitter must end every job done with a receipt it verified, and never accept C
 
 from __future__ import annotations
 
-import inspect
-import secrets
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -18,143 +15,18 @@ from typing import Any
 import nacl.signing
 import pytest
 import trio
-from e31.node.market.executor import ACCEPT_DELAY, Executor
-from e31.node.market.router import Market, MarketContext, MarketSettings
-from e31.node.market.rules import WindowSettings
-from e31.node.market.scheduler import Scheduler
-from e31.node.market.service import small_blob_reader
-from e31.node.market.submitter import Submitter, UnknownJob
-from e31.node.market.transfer import BlobTransfer, TransferSettings
+from e31.node.market.executor import ACCEPT_DELAY
+from e31.node.market.submitter import UnknownJob
 from e31.node.store.blobs import BlobStore
-from e31.node.store.db import AsyncStore, Store
+from e31.node.store.db import Store
 from e31.protocol.blobs import BlobRef, blob_ref
 from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest, Limits
 from e31.protocol.messages import Accepted, Assign, Bid, BidItem, Cancel, Decline, Offer, Release, Result
 from e31.protocol.receipts import Ack, Outcome, UsageReceipt
-from e31.sandbox.pool import WorkerPool
 from e31.sandbox.profile import PROFILE
-
-NETWORK = "test"
-WORKLOADS = Path(__file__).resolve().parents[2] / "sandbox" / "workloads"
-SETTINGS = MarketSettings(
-    window=WindowSettings(window=0.3, max_wait=2.0),
-    lease_slack_ms=1500,
-    reoffer_delay=0.1,
-    delivery_interval=0.2,
-    execute_own_jobs=False,
-    transfer=TransferSettings(request_timeout=2.0),
-)
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-class Net:
-    def __init__(self) -> None:
-        self.handlers: dict[bytes, Callable[[bytes, bytes], Any]] = {}
-        self.offer_sinks: dict[bytes, Callable[[VerifiedEnvelope[Any]], None]] = {}
-        self.nursery: trio.Nursery | None = None
-
-    def sender(self, me: bytes) -> Callable[[bytes, bytes], Any]:
-        async def send(peer: bytes, raw: bytes) -> bool:
-            handler = self.handlers.get(peer)
-            if handler is None or self.nursery is None:
-                return False
-            self.nursery.start_soon(handler, me, raw)
-            return True
-
-        return send
-
-    def publisher(self, me: bytes) -> Callable[[bytes | VerifiedEnvelope[Any]], int]:
-        def publish(message: bytes | VerifiedEnvelope[Any]) -> int:
-            raw = message.raw if isinstance(message, VerifiedEnvelope) else message
-            env = verify(raw, Offer)  # the others get it off the "wire", checked
-            for key, sink in self.offer_sinks.items():
-                if key != me:
-                    sink(env)
-            return len(self.offer_sinks) - 1
-
-        return publish
-
-
-class RealNode:
-    def __init__(self, net: Net, tmp: Path, name: str, seed: int) -> None:
-        self.key = nacl.signing.SigningKey(bytes([seed]) * 32)
-        self.id = bytes(self.key.verify_key)
-        self.store = AsyncStore(Store(tmp / f"{name}.sqlite"))
-        self.blobs = BlobStore(tmp / f"{name}-blobs")
-        self.acked: list[bytes] = []
-        self.ctx = MarketContext(
-            identity=self.key,
-            network=NETWORK,
-            store=self.store,
-            blobs=self.blobs,
-            settings=SETTINGS,
-            peer_send=net.sender(self.id),
-            connected=lambda: [k for k in net.handlers if k != self.id],
-        )
-        self.transfer = BlobTransfer(
-            identity=self.key,
-            network=NETWORK,
-            blobs=self.blobs,
-            send=self.ctx.send_to,
-            wall_ms=wall_ms,
-            settings=SETTINGS.transfer,
-            small_blobs=small_blob_reader(self.store),
-        )
-        scheduler = Scheduler(1, lambda: WorkerPool(1, tmp / "cache"))
-
-        async def acked(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
-            self.acked.extend(r.message_id.raw for r in receipts)
-
-        self.executor = Executor(
-            self.ctx,
-            transfer=self.transfer,
-            scheduler=scheduler,
-            runs_dir=tmp / f"{name}-runs",
-            profile=PROFILE.digest,
-            memory_bytes=1 << 30,
-            on_acked=acked,
-        )
-        self.submitter = Submitter(
-            self.ctx,
-            transfer=self.transfer,
-            publish=net.publisher(self.id),
-            local_offer=self.executor.on_offer,
-        )
-        self.market = Market(
-            self.ctx, submitter=self.submitter, executor=self.executor, transfer=self.transfer
-        )
-        net.handlers[self.id] = self.market.message
-        net.offer_sinks[self.id] = self.executor.on_offer
-
-    def manifest(
-        self, args: tuple[str, ...], deadline_s: float = 60.0, workload: str = "montecarlo"
-    ) -> JobManifest:
-        module = (WORKLOADS / f"{workload}.wasm").read_bytes()
-        self.blobs.put(module)
-        now = wall_ms()
-        return JobManifest(
-            module=blob_ref(module),
-            inputs=(),
-            args=args,
-            env=(),
-            stdin=None,
-            limits=Limits(10**10, 64 << 20, 30_000, 1 << 20),
-            deadline=now + int(deadline_s * 1000),
-            retention_ms=60_000,
-            replicas=1,
-            profile=Digest(PROFILE.digest),
-            submitter=NodeId(self.id),
-            nonce=secrets.token_bytes(16),
-            created_at=now,
-        )
-
-    async def job(self, job_id: bytes) -> Any:
-        return await self.store.run(Store.job, job_id, "submitter")
+from market_nodes import NETWORK, SETTINGS, Net, RealNode, start, until, wait_state, wall_ms
 
 
 class Liar:
@@ -228,18 +100,6 @@ class Liar:
         await self.send(peer, sign_message(result, self.key))
 
 
-@pytest.fixture
-async def net(nursery: trio.Nursery) -> Net:
-    n = Net()
-    n.nursery = nursery
-    return n
-
-
-async def start(nursery: trio.Nursery, *nodes: RealNode) -> None:
-    for node in nodes:
-        await nursery.start(node.market.run)
-
-
 def lose_first(net: Net, node: bytes, kind: type) -> list[bytes]:
     """Make `node` lose the first message of `kind` sent to it; the list it returns gets that message."""
     lost: list[bytes] = []
@@ -272,17 +132,6 @@ def intercept(net: Net, node: bytes, kind: str, drop: Callable[[int], bool]) -> 
     return seen
 
 
-async def wait_state(
-    node: RealNode, job_id: bytes, state: str, seconds: float = 30.0, role: str = "submitter"
-) -> Any:
-    for _ in range(int(seconds / 0.05)):
-        row = await node.store.run(Store.job, job_id, role)
-        if row is not None and row.state == state:
-            return row
-        await trio.sleep(0.05)
-    raise AssertionError(f"job never reached {state}")
-
-
 async def output_bytes(node: RealNode, ref: BlobRef) -> bytes:
     """An output a submitter holds: in its database when the result carried it, else in its blob store."""
     kept = await node.store.run(Store.small_blobs, [ref.root.hex()])
@@ -299,20 +148,8 @@ def receipt_log(node: RealNode) -> Any:
     async def append(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
         await trio.to_thread.run_sync(log.append_many, receipts)
 
-    node.executor.on_acked = append
+    node.executor.delivery.on_acked = append
     return log
-
-
-async def until(check: Callable[[], object], seconds: float = 5.0) -> None:
-    """Poll `check` (a function, or one returning an awaitable) every 50 ms until it is true or
-    `seconds` have passed; the caller asserts what it waited for."""
-    for _ in range(int(seconds / 0.05)):
-        value = check()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return
-        await trio.sleep(0.05)
 
 
 async def test_a_job_runs_on_another_node_and_comes_back_verified_and_acknowledged(
@@ -339,7 +176,7 @@ async def test_a_job_runs_on_another_node_and_comes_back_verified_and_acknowledg
     assert b.blobs.has(receipt.message.module.root.raw)
     # A run whose streams fit in its result and that leaves no /output creates no directory at all (one
     # that does is deleted after it: the next test).
-    assert not (tmp_path / "b-runs").exists()
+    assert not (tmp_path / "b" / "runs").exists()
 
 
 async def test_a_run_that_leaves_files_has_its_directory_deleted_once_they_are_stored(
@@ -356,7 +193,7 @@ async def test_a_run_that_leaves_files_has_its_directory_deleted_once_they_are_s
     assert output.name == "tile.pgm" and (await output_bytes(a, output.blob)).startswith(b"P5\n64 48\n")
     # the run's directory held /output; it is moved aside when the run ends and deleted at the delivery
     # loop's next turn
-    runs = tmp_path / "b-runs"
+    runs = tmp_path / "b" / "runs"
     assert runs.is_dir()
     await until(lambda: not any(runs.iterdir()))
     assert list(runs.iterdir()) == []
@@ -377,15 +214,7 @@ async def test_receipts_acknowledged_but_not_logged_at_a_stop_are_logged_at_the_
     async def acked(receipts: list[VerifiedEnvelope[UsageReceipt]]) -> None:
         relogged.extend(r.message_id.raw for r in receipts)
 
-    restarted = Executor(
-        b.ctx,
-        transfer=b.transfer,
-        scheduler=Scheduler(1, lambda: WorkerPool(1, tmp_path / "cache2")),
-        runs_dir=tmp_path / "b-runs",
-        profile=PROFILE.digest,
-        memory_bytes=1 << 30,
-        on_acked=acked,
-    )
+    restarted = b.build(b.ctx.settings, on_acked=acked).executor
     async with trio.open_nursery() as inner:
         await inner.start(restarted.run)
         await until(lambda: relogged)
@@ -453,7 +282,7 @@ async def test_a_receipt_verified_before_a_stop_without_its_ack_is_acknowledged_
     await wait_state(a, job_id, "done")
     await until(lambda: len(results) > 2, 10)
     assert b.acked == [] and await a.store.run(Store.verified_unacked)
-    restarted = Submitter(a.ctx, transfer=a.transfer, publish=net.publisher(a.id))
+    restarted = a.build(a.ctx.settings).submitter
     async with trio.open_nursery() as inner:
         await inner.start(restarted.run)
         await until(lambda: b.acked, 10)
@@ -825,7 +654,7 @@ async def test_accepted_waits_for_the_sync_and_never_follows_the_result(
 async def test_answered_offers_are_forgotten_once_expired(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    from e31.node.market.executor import ANSWERED_PRUNE_MIN
+    from e31.node.market.bidding import ANSWERED_PRUNE_MIN
 
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, b)
@@ -834,10 +663,10 @@ async def test_answered_offers_are_forgotten_once_expired(
     for i in range(ANSWERED_PRUNE_MIN - 1):
         offer = Offer(NETWORK, past - i, NodeId(a.id), (manifest,))
         b.executor.on_offer(verify(sign_message(offer, a.key), Offer))
-    assert len(b.executor._answered) == ANSWERED_PRUNE_MIN - 1
+    assert len(b.executor.bids._answered) == ANSWERED_PRUNE_MIN - 1
     live = verify(sign_message(Offer(NETWORK, wall_ms() + 60_000, NodeId(a.id), (manifest,)), a.key), Offer)
     b.executor.on_offer(live)  # the one that fills the table: every expired offer is forgotten
-    assert list(b.executor._answered) == [live.message_id.raw]
+    assert list(b.executor.bids._answered) == [live.message_id.raw]
 
 
 async def test_waiting_on_jobs_leaves_no_event_behind(
@@ -950,7 +779,7 @@ async def test_a_job_whose_run_has_ended_is_not_handed_back_while_its_outputs_ar
 
     import e31.node.market.executor as executor_module
 
-    real, storing, release = executor_module._store_outputs, trio.Event(), threading.Event()
+    real, storing, release = executor_module.store_outputs, trio.Event(), threading.Event()
     token = trio.lowlevel.current_trio_token()
 
     def slow(blobs: BlobStore, work: Path, result: Any) -> Any:
@@ -958,7 +787,7 @@ async def test_a_job_whose_run_has_ended_is_not_handed_back_while_its_outputs_ar
         release.wait(30)  # a large output being hashed and stored
         return real(blobs, work, result)
 
-    monkeypatch.setattr(executor_module, "_store_outputs", slow)
+    monkeypatch.setattr(executor_module, "store_outputs", slow)
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
     # estimated at 1 s (its fuel at the default rate) against a deadline 2.5 s away: soon "late"
@@ -990,7 +819,7 @@ async def test_a_receipt_log_append_that_fails_is_tried_again(
             raise OSError("disk full")
         logged.extend(r.message_id.raw for r in receipts)
 
-    b.executor.on_acked = flaky
+    b.executor.delivery.on_acked = flaky
     await start(nursery, a, b)
     job_id = await a.submitter.submit(a.manifest(("5", "1000")))
     await wait_state(a, job_id, "done")
@@ -1009,7 +838,7 @@ async def test_proofs_go_to_every_asker_and_wait_for_a_link_that_is_down(
         proved.extend(wanted.values())
         return {peer: [b"proof of " + r for r in ids] for peer, ids in wanted.items()}
 
-    b.executor.prover = prover
+    b.executor.delivery.prover = prover
     sent: list[tuple[bytes, bytes]] = []
     down = {b"\x01" * 32}
     send = b.ctx.peer_send
@@ -1028,7 +857,7 @@ async def test_proofs_go_to_every_asker_and_wait_for_a_link_that_is_down(
     job_id = await a.submitter.submit(a.manifest(("5", "1000")))
     await wait_state(a, job_id, "done")
     receipt_id = (await a.store.run(Store.receipts_for_job, job_id))[0].message_id
-    b.executor._prove(b"\x01" * 32, receipt_id, None)  # a second asker, whose link is down
+    b.executor.delivery.prove(b"\x01" * 32, receipt_id, None)  # a second asker, whose link is down
     await until(lambda: sent)
     await trio.sleep(0.3)
     assert sent == [(a.id, b"proof of " + receipt_id)], "the submitter gets its proof, once"
@@ -1045,7 +874,7 @@ async def test_a_submitter_asks_again_for_a_proof_it_never_got_when_the_link_com
     from e31.protocol.messages import InclusionProof
 
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
-    b.executor.prover = log_prover(receipt_log(b))
+    b.executor.delivery.prover = log_prover(receipt_log(b))
     lost = lose_first(net, a.id, InclusionProof)
     await start(nursery, a, b)
     job_id = await a.submitter.submit(a.manifest(("5", "1000")))
@@ -1216,14 +1045,14 @@ async def test_jobs_of_one_offer_declined_for_one_reason_share_one_decline(
 async def test_offers_of_the_same_jobs_are_never_the_same_message(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    from e31.node.market.submitter import _Job, _Joining
+    from e31.node.market.submitted import Joining, SubmittedJob
 
     a = RealNode(net, tmp_path, "a", 1)
     manifest = a.manifest(("1", "100"))
-    job = _Job(manifest)
+    job = SubmittedJob(manifest)
     expires = wall_ms() + 60_000
-    first = a.submitter._sign_offer([_Joining(manifest.job_id.raw, job, expires)])
-    again = a.submitter._sign_offer([_Joining(manifest.job_id.raw, job, expires)])
+    first = a.submitter.offers._sign_offer([Joining(manifest.job_id.raw, job, expires)])
+    again = a.submitter.offers._sign_offer([Joining(manifest.job_id.raw, job, expires)])
     assert first.message.manifests == again.message.manifests
     assert first.message.expires == expires and again.message.expires == expires - 1
     assert first.message_id != again.message_id
@@ -1232,7 +1061,7 @@ async def test_offers_of_the_same_jobs_are_never_the_same_message(
 async def test_missing_proofs_are_asked_for_a_page_per_link_up_so_none_starves(
     net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import e31.node.market.submitter as submitter_module
+    import e31.node.market.inclusion as submitter_module
     from e31.protocol.messages import ProofRequest
 
     monkeypatch.setattr(submitter_module, "PROOFS_ASKED", 2)
@@ -1262,7 +1091,7 @@ async def test_missing_proofs_are_asked_for_a_page_per_link_up_so_none_starves(
         )
     total = 0
     for size in (2, 1, 2):  # three link-ups: the two newest, the oldest, then the newest again
-        await a.submitter._ask_proofs(c.id)
+        await a.submitter.proofs.ask(c.id)
         total += size
         await until(lambda: len(c.kinds(ProofRequest)) >= total)  # noqa: B023
     asked = [env.message.receipt_id.raw for env in c.kinds(ProofRequest)]  # each page's in any order
@@ -1273,7 +1102,7 @@ async def test_missing_proofs_are_asked_for_a_page_per_link_up_so_none_starves(
 async def test_open_bids_keep_a_bounded_amount_of_offers_then_offers_are_declined_busy(
     net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import e31.node.market.executor as executor_module
+    import e31.node.market.bidding as executor_module
 
     b, c = await executor_and_peer(net, nursery, tmp_path)
     first = c.offer(foreign_manifest(b, c.id, ("1", "100")))
@@ -1285,7 +1114,7 @@ async def test_open_bids_keep_a_bounded_amount_of_offers_then_offers_are_decline
     decline = await c.only(Decline)
     assert decline.message.reason == "busy" and decline.message.offer_id == second.message_id
     assert set(decline.message.job_ids) == {m.job_id for m in second.message.manifests}
-    assert len(c.kinds(Bid)) == 1 and b.executor._promised_bytes == len(first.raw)
+    assert len(c.kinds(Bid)) == 1 and b.executor.bids._promised_bytes == len(first.raw)
 
 
 async def test_a_bid_lasts_as_long_as_its_longest_lived_job_allows(
@@ -1305,18 +1134,18 @@ async def test_a_bid_lasts_as_long_as_its_longest_lived_job_allows(
 async def test_a_job_whose_offer_must_expire_soon_goes_only_with_jobs_that_expire_about_as_soon(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    from e31.node.market.submitter import _Job, _Joining
+    from e31.node.market.submitted import Joining, SubmittedJob
 
     a = RealNode(net, tmp_path, "a", 1)
     now = wall_ms()  # SETTINGS: a bid window of at most 2 s, so "soon" is within 2 s
     entries = []
     for i, expires in enumerate((now + 60_000, now + 1_000, now + 60_000, now + 60_000, now + 1_500)):
         manifest = a.manifest((str(i), "100"))
-        entries.append(_Joining(manifest.job_id.raw, _Job(manifest), expires))
-    a.submitter._joining = list(entries)
-    assert a.submitter._take_set() == [entries[0], entries[2], entries[3]]
-    assert a.submitter._take_set() == [entries[1], entries[4]]  # the two short-lived ones, together
-    assert a.submitter._joining == []
+        entries.append(Joining(manifest.job_id.raw, SubmittedJob(manifest), expires))
+    a.submitter.offers._joining = list(entries)
+    assert a.submitter.offers._take_set() == [entries[0], entries[2], entries[3]]
+    assert a.submitter.offers._take_set() == [entries[1], entries[4]]  # the two short-lived ones, together
+    assert a.submitter.offers._joining == []
 
 
 async def test_a_job_that_cannot_be_offered_fails_and_the_jobs_offered_with_it_go_on(
