@@ -56,8 +56,9 @@ from ..market.outcomes import outcome_text
 from ..market.submitter import Submitter, UnknownJob
 from ..store import batches as batch
 from ..store.blobs import BlobError, BlobStore
-from ..store.db import JobRow, Store
+from ..store.db import Store
 from ..store.handoff import acked_receipts
+from ..store.rows import JobRow
 from .server import HttpError, Request, Router
 
 MAX_FUEL = 2**63 - 1

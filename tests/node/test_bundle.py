@@ -23,8 +23,9 @@ from e31.node.audit.bundle import (
     write_bundle,
 )
 from e31.node.audit.checks import audit
+from e31.node.store.async_store import AsyncStore
 from e31.node.store.blobs import BlobStore
-from e31.node.store.db import AsyncStore, Store
+from e31.node.store.db import Store
 from e31.node.store.receiptlog import ReceiptLog
 from e31.protocol.blobs import blob_ref
 from e31.protocol.codec import MAX_FRAME, pack

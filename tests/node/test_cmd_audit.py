@@ -16,8 +16,9 @@ from e31.node.api.server import Router, serve_control
 from e31.node.audit.bundle import Bundle, encode_bundle, read_bundle, write_bundle
 from e31.node.cli.main import main
 from e31.node.config import load_config
+from e31.node.store.async_store import AsyncStore
 from e31.node.store.blobs import BlobStore
-from e31.node.store.db import AsyncStore, Store
+from e31.node.store.db import Store
 from e31.node.store.receiptlog import ReceiptLog
 from e31.protocol.envelope import verify
 from receipt_fixtures import NET, T0, key, mandelbrot, mandelbrot_file, montecarlo, resign_receipt
