@@ -136,6 +136,7 @@ class LocalNetwork:
             "--data-dir",
             str(data_dir),
             "--no-mdns",
+            "--dial-private",
             "--network",
             self.network,
             "--heartbeat",

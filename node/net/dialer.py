@@ -1,10 +1,12 @@
 """The dialer: carries out the PeerTable's plan of whom to dial, and forgets whom it gives up on.
 
 Every `dial_tick`, or sooner when woken (a peer was learned, a link went down), it starts a task for
-each Dial the table says is due, pinning the node id whenever one is known, and forgets the peers the
-table has given up on. A dial the connection caps refuse, or one that reaches this node itself, is
-abandoned without counting as a failure; a failed one counts, logged at info only for the first
-failure in a row. A connected dial is handed to `on_connected`, which runs the link until it closes.
+each Dial the table says is due, pinning the node id whenever one is known, and every
+`forget_interval` forgets the peers the table has given up on. A dial the connection caps refuse, or
+one that reaches this node itself, is abandoned without counting as a failure; a failed one counts,
+logged at info only for the first failure in a row. A connected dial is handed to `on_connected`,
+which runs the link until it closes (a probe of a linked peer's address too: the duplicate-link rule
+then keeps one of the two links, the same one at both ends).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Dialer:
         on_connected: Callable[[Connection], Awaitable[None]],
         persistence: PeerPersistence,
         tick: float,
+        forget_interval: float,
         wall: Callable[[], float],
         rng: Random,
     ) -> None:
@@ -46,6 +49,7 @@ class Dialer:
         self._on_connected = on_connected
         self._persistence = persistence
         self._tick = tick
+        self._forget_interval = forget_interval
         self._wall = wall
         self._rng = rng
         self._wake = trio.Event()
@@ -55,21 +59,29 @@ class Dialer:
         self._wake.set()
 
     async def run(self) -> None:
+        next_forget = trio.current_time()
         async with trio.open_nursery() as nursery:
             while True:
                 now = trio.current_time()
                 for d in self._table.due_dials(now, self._rng):
                     nursery.start_soon(self._dial, d)
-                for key in self._table.expired(self._wall()):
-                    self._table.forget(key)
-                    self._persistence.forget(key)
-                    log.info("forgot peer %s after repeated failures", NodeId(key))
+                if now >= next_forget:  # a look at the whole table: not every tick
+                    next_forget = now + self._forget_interval
+                    for key in self._table.expired(self._wall()):
+                        self._table.forget(key)
+                        self._persistence.forget(key)
+                        log.info("forgot peer %s after repeated failures", NodeId(key))
                 with trio.move_on_after(self._tick):
                     await self._wake.wait()
                 self._wake = trio.Event()
 
     async def _dial(self, d: Dial) -> None:
         host, port = split_address(d.address)
+        peer = None if d.node_id is None else self._table.peers.get(d.node_id)
+        if d.node_id is not None and not self._table.allowed(d.address, peer):
+            log.debug("not dialing %s: not an address this node may dial", d.address)
+            self._table.dial_abandoned(d)
+            return
         refusal = self._caps.admit(host)
         if refusal is not None:
             log.debug("not dialing %s: %s", d.address, refusal)
@@ -93,6 +105,9 @@ class Dialer:
 
     def _failed(self, d: Dial, error: Exception) -> None:
         peer = self._table.dial_failed(d, trio.current_time(), self._rng)
+        if d.probe:
+            log.debug("no answer at %s, the address a linked peer's record names: %s", d.address, error)
+            return
         who = d.address if d.node_id is None else f"{NodeId(d.node_id)} at {d.address}"
         target = self._table.targets.get(d.address)
         failures = peer.failures if peer is not None else target.failures if target is not None else 1

@@ -17,6 +17,7 @@ composition of the wing's link pieces: the Dialer (dialer.py), this node's OwnCo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -133,10 +134,14 @@ class PeerService:
         self.node_id = str(NodeId(self.local))
         self.config = config
         self.network = config.network
+        settings = dataclasses.replace(settings, max_peers=config.max_peers)
         self.settings = settings
         self.wall = wall
         self.rng = rng or random.Random()
-        self.table = PeerTable(self.local, settings)
+        self.persistence = PeerPersistence(store, self.network, wall, settings.max_peers)
+        self.table = PeerTable(
+            self.local, settings, dial_private=config.dial_private, on_forget=self.persistence.forget
+        )
         self.links: dict[bytes, Link] = {}
         self._listeners: list[LinkListener] = []
         heartbeat = settings.heartbeat_interval
@@ -157,7 +162,6 @@ class PeerService:
             ttl=settings.contact_ttl,
             wall=wall,
         )
-        self.persistence = PeerPersistence(store, self.network, wall)
         self.exchange = PeerExchange(
             identity=identity,
             network=self.network,
@@ -174,6 +178,7 @@ class PeerService:
             on_connected=partial(self.run_link, outbound=True),
             persistence=self.persistence,
             tick=settings.dial_tick,
+            forget_interval=settings.forget_interval,
             wall=wall,
             rng=self.rng,
         )
@@ -212,6 +217,14 @@ class PeerService:
         if not known:
             self.persistence.save(learned)
             self.dialer.wake()
+
+    def refuse(self, peer: bytes, seconds: float) -> None:
+        """Refuse links with `peer` and do not dial it for `seconds` (gossip banned it)."""
+        self.table.refuse(peer, trio.current_time() + seconds)
+
+    def vouch(self, peer: bytes) -> None:
+        """`peer` did work with this node (a receipt, a job): it is kept before peers that only linked."""
+        self.table.vouch(peer)
 
     def disconnect(self, peer: bytes, reason: str) -> None:
         """Close the link to `peer` as faulty (gossip decided it misbehaves): counted as a failure."""

@@ -5,6 +5,10 @@ dropped with a warning) and one writer task, `run()`, applies them in order, so 
 order and a slow or failing disk costs saved state, never a link. `drain()` applies what is left
 under a short deadline at shutdown. Loading checks every stored contact record again (signature,
 signer, expiry) and keeps only the ones still good; a peer is saved only with an address to redial.
+The stored rows are capped like the table (`max_rows`, the table's `max_peers`): loading reads at
+most that many, most recently seen first, and trims the rest; every new row beyond it evicts the
+store's least useful one; a peer the table evicts is deleted too. An address is stored as a hint:
+whether a handshake confirmed it is not kept, so after a restart it is confirmed again.
 """
 
 from __future__ import annotations
@@ -32,15 +36,17 @@ StoreOp = Callable[[Store], object]
 
 
 class PeerPersistence:
-    def __init__(self, store: AsyncStore, network: str, wall: Callable[[], float]) -> None:
+    def __init__(self, store: AsyncStore, network: str, wall: Callable[[], float], max_rows: int) -> None:
         self.store = store
         self._network = network
         self._wall = wall
+        self._max_rows = max_rows
         self._in, self._out = trio.open_memory_channel[StoreOp](STORE_QUEUE)
 
     async def load(self, table: PeerTable) -> None:
         """Teach `table` the peers stored for this network."""
-        rows = await self.store.run(Store.peers, self._network)
+        await self.store.run(Store.trim_peers, self._network, self._max_rows)
+        rows = await self.store.run(Store.peers, self._network, self._max_rows)
         now_ms = int(self._wall() * 1000)
         for row in rows:
             try:
@@ -56,7 +62,7 @@ class PeerPersistence:
                     env = None
                 if env is not None and env.signer.raw == key and env.message.expires > now_ms:
                     contact, expires = row.contact, env.message.expires
-            table.learn(
+            learned = table.learn(
                 key,
                 row.addresses,
                 row.source,
@@ -65,6 +71,8 @@ class PeerPersistence:
                 contact=contact,
                 contact_expires=expires,
             )
+            if learned is None:  # the table is full of peers worth more
+                await self.store.run(Store.remove_peer, row.node_id)
         if rows:
             log.info("%d known peer(s) loaded from the store", len(rows))
 
@@ -80,6 +88,7 @@ class PeerPersistence:
                 source=peer.source,
                 now=self._wall(),
                 contact=peer.contact,
+                max_rows=self._max_rows,
             )
         )
 

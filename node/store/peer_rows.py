@@ -1,7 +1,9 @@
 """The peers table: every node this one has heard of, with its addresses and how contacts went.
 
 The peer table's policy (which to dial, when to give up) is node/net's; this is its storage. Not durable:
-a peer lost to a power cut is found again.
+a peer lost to a power cut is found again. The rows of one network are capped (`max_rows`): a new row
+beyond the cap evicts the least useful ones first (found only inbound before the others, then the
+least recently seen), never a bootstrap or manual peer, so strangers cannot grow the table.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ class Peers(Tables):
         source: str,
         now: float,
         contact: bytes | None = None,
+        max_rows: int | None = None,
     ) -> None:
         """Record that a peer was seen now at `addresses` (merged in front of those already known).
 
-        A sighting resets its failure count; its source stays the one it was first found by.
+        A sighting resets its failure count; its source stays the one it was first found by. A new
+        row beyond `max_rows` rows of its network evicts others (`trim_peers`).
         """
         if source not in PEER_SOURCES:
             raise ValueError(f"unknown peer source {source!r}")
@@ -59,6 +63,8 @@ class Peers(Tables):
                 "failures = 0, contact = coalesce(excluded.contact, peers.contact)",
                 (node_id, network, json.dumps(merged), source, now, now, contact),
             )
+            if row is None and max_rows is not None:
+                _trim(c, network, max_rows, keep=node_id)
 
     def peer_failed(self, node_id: str, now: float) -> int:
         """Count a failed contact; returns the consecutive failures so far (0 if the peer is unknown)."""
@@ -75,14 +81,27 @@ class Peers(Tables):
             row = c.execute("SELECT * FROM peers WHERE node_id = ?", (node_id,)).fetchone()
         return None if row is None else _peer(row)
 
-    def peers(self, network: str | None = None) -> list[PeerRow]:
-        """Known peers, most recently seen first."""
+    def peers(self, network: str | None = None, limit: int | None = None) -> list[PeerRow]:
+        """Known peers, most recently seen first (at most `limit` of them)."""
         with self.reading() as c:
             rows = c.execute(
-                "SELECT * FROM peers WHERE ?1 IS NULL OR network = ?1 ORDER BY last_seen DESC, node_id",
-                (network,),
+                "SELECT * FROM peers WHERE ?1 IS NULL OR network = ?1 ORDER BY last_seen DESC, node_id "
+                "LIMIT ?2",
+                (network, -1 if limit is None else limit),
             ).fetchall()
         return [_peer(r) for r in rows]
+
+    def count_peers(self, network: str | None = None) -> int:
+        with self.reading() as c:
+            row = c.execute(
+                "SELECT count(*) FROM peers WHERE ?1 IS NULL OR network = ?1", (network,)
+            ).fetchone()
+        return int(row[0])
+
+    def trim_peers(self, network: str, max_rows: int) -> int:
+        """Evict rows of `network` beyond `max_rows`, least useful first; returns how many went."""
+        with self.transaction(durable=False) as c:
+            return _trim(c, network, max_rows)
 
     def remove_peer(self, node_id: str) -> bool:
         with self.transaction(durable=False) as c:
@@ -94,3 +113,20 @@ class Peers(Tables):
             return c.execute(
                 "DELETE FROM peers WHERE last_seen < ? AND failures >= ?", (seen_before, min_failures)
             ).rowcount
+
+
+def _trim(c: sqlite3.Connection, network: str, max_rows: int, keep: str | None = None) -> int:
+    """Delete the rows of `network` beyond `max_rows` (never bootstrap or manual ones, nor `keep`):
+    peers met only inbound first, then those that kept failing, then the least recently seen."""
+    if max_rows < 0:
+        raise ValueError("max_rows must not be negative")
+    (count,) = c.execute("SELECT count(*) FROM peers WHERE network = ?", (network,)).fetchone()
+    excess = int(count) - max_rows
+    if excess <= 0:
+        return 0
+    return c.execute(
+        "DELETE FROM peers WHERE node_id IN (SELECT node_id FROM peers WHERE network = ? "
+        "AND source NOT IN ('bootstrap', 'manual') AND node_id IS NOT ? "
+        "ORDER BY source = 'inbound' DESC, failures > 0 DESC, last_seen, node_id LIMIT ?)",
+        (network, keep, excess),
+    ).rowcount

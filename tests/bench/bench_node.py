@@ -36,6 +36,7 @@ def start(data_dir: Path, log: Path, *args: str) -> tuple[subprocess.Popen[bytes
                 str(data_dir),
                 "--listen",
                 "127.0.0.1:0",
+                "--dial-private",
                 "--mdns-interfaces",
                 "127.0.0.1",
                 "--heartbeat",

@@ -83,6 +83,7 @@ class Node:
                     "--listen",
                     "127.0.0.1:0",
                     "--no-mdns",
+                    "--dial-private",
                     "--heartbeat",
                     "0.5",
                     "--cores",

@@ -43,7 +43,7 @@ LOCAL = bytes([9]) * 32
 
 
 def table(**kw: object) -> PeerTable:
-    return PeerTable(LOCAL, PeerSettings(**kw))  # type: ignore[arg-type]
+    return PeerTable(LOCAL, PeerSettings(**kw), dial_private=True)  # type: ignore[arg-type]
 
 
 # --- backoff -----------------------------------------------------------------------------------------
@@ -132,20 +132,20 @@ def test_a_redialed_link_replaces_the_old_one_from_the_same_side() -> None:
 def test_learning_merges_addresses_and_never_adds_this_node() -> None:
     t = table()
     assert t.learn(LOCAL, ["127.0.0.1:1"], "exchange") is None
-    t.learn(A, ["h:1"], "exchange", last_seen=10.0)
-    peer = t.learn(A, ["h:2", "h:1"], "mdns", last_seen=5.0)
+    t.learn(A, ["127.0.0.8:1"], "exchange", last_seen=10.0)
+    peer = t.learn(A, ["127.0.0.8:2", "127.0.0.8:1"], "mdns", last_seen=5.0)
     assert peer is not None
-    assert peer.addresses == ["h:2", "h:1"]
+    assert peer.addresses == ["127.0.0.8:2", "127.0.0.8:1"]
     assert peer.source == "exchange"  # the first source stays
     assert peer.last_seen == 10.0
 
 
 def test_dials_fill_up_to_the_target_degree_preferring_reliable_recent_peers() -> None:
     t = table(target_degree=3)
-    t.learn(A, ["a:1"], "exchange", last_seen=1.0)
-    t.learn(B, ["b:1"], "exchange", last_seen=5.0)
-    t.learn(C, ["c:1"], "exchange", last_seen=9.0, failures=2)
-    t.learn(D, ["d:1"], "exchange", last_seen=3.0)
+    t.learn(A, ["127.0.0.1:1"], "exchange", last_seen=1.0)
+    t.learn(B, ["127.0.0.2:1"], "exchange", last_seen=5.0)
+    t.learn(C, ["127.0.0.3:1"], "exchange", last_seen=9.0, failures=2)
+    t.learn(D, ["127.0.0.4:1"], "exchange", last_seen=3.0)
     t.learn(E, [], "inbound")  # no address: cannot be dialed
     t.on_connected(A, outbound=True, wall=10.0)
     dials = t.due_dials(0.0, random.Random(1))
@@ -156,21 +156,22 @@ def test_dials_fill_up_to_the_target_degree_preferring_reliable_recent_peers() -
 
 def test_bootstrap_peers_are_dialed_even_above_the_target_degree() -> None:
     t = table(target_degree=1)
-    t.learn(A, ["a:1"], "exchange")
+    t.learn(A, ["127.0.0.1:1"], "exchange")
     t.on_connected(A, outbound=True, wall=1.0)
-    t.add_bootstrap("b:1", B)
+    t.add_bootstrap("127.0.0.2:1", B)
     t.add_bootstrap("x:1", None)
     dials = t.due_dials(0.0, random.Random(1))
-    assert set(dials) == {Dial("x:1", None, True), Dial("b:1", B, True)}
+    assert set(dials) == {Dial("x:1", None, True), Dial("127.0.0.2:1", B, True)}
 
 
 def test_a_failed_dial_backs_off_and_rotates_addresses() -> None:
     t = table(backoff_base=1.0, backoff_max=100.0)
-    t.learn(A, ["a:1", "a:2"], "exchange")
+    t.learn(A, ["127.0.0.1:1", "127.0.0.1:2"], "exchange")
+    t.peers[A].verified.update(["127.0.0.1:1", "127.0.0.1:2"])  # confirmed: no floor on the backoff
     rng = random.Random(3)
     for failures in range(1, 6):
         (dial,) = t.due_dials(1000.0 * failures, rng)
-        assert dial.address == ("a:1" if failures % 2 else "a:2")
+        assert dial.address == ("127.0.0.1:1" if failures % 2 else "127.0.0.1:2")
         peer = t.dial_failed(dial, 1000.0 * failures, rng)
         assert peer is not None and peer.failures == failures
         wait = peer.next_dial - 1000.0 * failures
@@ -207,13 +208,13 @@ def test_a_failing_bootstrap_target_backs_off() -> None:
 
 def test_an_address_that_reached_this_node_is_never_dialed_again() -> None:
     t = table()
-    t.add_bootstrap("self:1", None)
-    t.learn(A, ["self:1", "a:1"], "exchange")
-    t.mark_own_address("self:1")
-    assert t.peers[A].addresses == ["a:1"]
-    t.learn(A, ["self:1"], "exchange")
-    assert t.peers[A].addresses == ["a:1"]
-    assert [d.address for d in t.due_dials(0.0, random.Random(1))] == ["a:1"]
+    t.add_bootstrap("127.0.0.9:1", None)
+    t.learn(A, ["127.0.0.9:1", "127.0.0.1:1"], "exchange")
+    t.mark_own_address("127.0.0.9:1")
+    assert t.peers[A].addresses == ["127.0.0.1:1"]
+    t.learn(A, ["127.0.0.9:1"], "exchange")
+    assert t.peers[A].addresses == ["127.0.0.1:1"]
+    assert [d.address for d in t.due_dials(0.0, random.Random(1))] == ["127.0.0.1:1"]
 
 
 def test_a_bootstrap_dial_is_skipped_while_a_known_peer_at_that_address_is_being_dialed() -> None:
@@ -226,7 +227,7 @@ def test_a_bootstrap_dial_is_skipped_while_a_known_peer_at_that_address_is_being
 
 def test_a_peer_that_misbehaved_is_refused_until_its_backoff_ends() -> None:
     t = table(backoff_base=10.0)
-    t.learn(A, ["a:1"], "exchange")
+    t.learn(A, ["127.0.0.1:1"], "exchange")
     t.on_connected(A, outbound=False, wall=1.0)
     peer = t.on_disconnected(A, 100.0, random.Random(1), failed=True, misbehaved=True)
     assert peer is not None and peer.failures == 1
@@ -239,7 +240,7 @@ def test_a_peer_that_misbehaved_is_refused_until_its_backoff_ends() -> None:
 
 def test_a_lost_link_redials_after_a_delay() -> None:
     t = table(backoff_base=1.0)
-    t.learn(A, ["a:1"], "exchange")
+    t.learn(A, ["127.0.0.1:1"], "exchange")
     t.on_connected(A, outbound=True, wall=1.0)
     rng = random.Random(2)
     peer = t.on_disconnected(A, 10.0, rng, failed=False)
@@ -250,10 +251,20 @@ def test_a_lost_link_redials_after_a_delay() -> None:
 
 def test_contacts_shared_are_unexpired_and_never_the_recipients_own() -> None:
     t = table()
-    for key, expires, connected in ((A, 100, True), (B, 100, False), (C, 5, True), (D, 100, True)):
-        peer = t.learn(key, ["h:1"], "exchange", contact=b"contact-" + key[:1], contact_expires=expires)
+    for key, expires, connected in (
+        (A, 100, True),
+        (B, 100, False),
+        (C, 5, True),
+        (D, 100, True),
+        (E, 100, True),
+    ):
+        peer = t.learn(
+            key, ["127.0.0.8:1"], "exchange", contact=b"contact-" + key[:1], contact_expires=expires
+        )
+        assert peer is not None
+        if key != E:  # E's address was never confirmed by a handshake: not passed on
+            peer.verified.add("127.0.0.8:1")
         if connected:
-            assert peer is not None
             t.on_connected(key, outbound=True, wall=1.0)
     shared = t.contacts_to_share(random.Random(1), now_ms=50, exclude=A, limit=10)
     assert sorted(shared) == [b"contact-\x02", b"contact-\x04"]
@@ -261,30 +272,34 @@ def test_contacts_shared_are_unexpired_and_never_the_recipients_own() -> None:
     assert t.contacts_to_share(random.Random(1), now_ms=50, exclude=A, limit=1) == [b"contact-\x04"]
 
 
-def test_a_full_table_ignores_strangers_met_through_others_only() -> None:
-    t = table(max_peers=2)
-    t.learn(A, ["a:1"], "exchange")
-    t.learn(B, ["b:1"], "exchange")
-    assert t.learn(C, ["c:1"], "exchange") is None and t.learn(C, ["c:1"], "mdns") is None
-    assert t.learn(A, ["a:2"], "exchange") is not None  # known peers still update
-    t.add_bootstrap("d:1", D)
-    t.on_connected(E, outbound=False, wall=1.0)
-    assert set(t.peers) == {A, B, D, E}
+def test_a_full_table_ignores_strangers_met_through_others_and_makes_room_for_the_operators() -> None:
+    forgotten: list[bytes] = []
+    t = PeerTable(LOCAL, PeerSettings(max_peers=2), dial_private=True, on_forget=forgotten.append)
+    t.learn(A, ["127.0.0.1:1"], "exchange")
+    t.learn(B, ["127.0.0.2:1"], "exchange")
+    assert t.learn(C, ["127.0.0.3:1"], "exchange") is None and t.learn(C, ["127.0.0.3:1"], "mdns") is None
+    assert t.learn(A, ["127.0.0.1:2"], "exchange") is not None  # known peers still update
+    t.add_bootstrap("127.0.0.4:1", D)  # the operator's peer displaces the stalest stranger
+    assert set(t.peers) == {A, D} and forgotten == [B]
+    t.on_connected(E, outbound=False, wall=1.0)  # linked: kept over the cap while the link lasts
+    assert set(t.peers) == {A, D, E}
+    t.on_disconnected(E, 2.0, random.Random(1), failed=True)
+    assert set(t.peers) == {A, D} and forgotten == [B, E]
 
 
 def test_a_newer_contact_replaces_an_older_one_only() -> None:
     t = table()
-    t.learn(A, ["h:1"], "exchange", contact=b"new", contact_expires=200)
-    t.learn(A, ["h:1"], "exchange", contact=b"old", contact_expires=100)
+    t.learn(A, ["127.0.0.8:1"], "exchange", contact=b"new", contact_expires=200)
+    t.learn(A, ["127.0.0.8:1"], "exchange", contact=b"old", contact_expires=100)
     assert t.peers[A].contact == b"new"
 
 
 def test_peers_that_keep_failing_are_forgotten_but_bootstrap_peers_never() -> None:
     t = table(forget_after_failures=3, forget_after=100.0)
-    t.learn(A, ["a:1"], "exchange", last_seen=0.0, failures=3)
-    t.learn(B, ["b:1"], "exchange", last_seen=950.0, failures=3)
-    t.learn(C, ["c:1"], "exchange", last_seen=0.0, failures=1)
-    t.add_bootstrap("d:1", D)
+    t.learn(A, ["127.0.0.1:1"], "exchange", last_seen=0.0, failures=3)
+    t.learn(B, ["127.0.0.2:1"], "exchange", last_seen=950.0, failures=3)
+    t.learn(C, ["127.0.0.3:1"], "exchange", last_seen=0.0, failures=1)
+    t.add_bootstrap("127.0.0.4:1", D)
     t.peers[D].failures, t.peers[D].last_seen = 50, 0.0
     assert t.expired(1000.0) == [A]
 
@@ -303,7 +318,7 @@ def test_connection_bookkeeping_over_many_random_events_stays_consistent() -> No
     t = table(target_degree=2, backoff_base=0.5, backoff_max=4.0)
     keys = [bytes([i]) * 32 for i in range(1, 8)]
     for i, key in enumerate(keys):
-        t.learn(key, [f"h:{i + 1}"], "exchange")
+        t.learn(key, [f"127.0.0.8:{i + 1}"], "exchange")
     now = 0.0
     for step in itertools.count():
         if step == 400:
@@ -389,7 +404,9 @@ SAFETY = 15.0
 
 
 def _config(data_dir: Path, network: str = "main") -> NodeConfig:
-    return NodeConfig(data_dir=data_dir, listen=Address("127.0.0.1", 0), network=network, mdns=False)
+    return NodeConfig(
+        data_dir=data_dir, listen=Address("127.0.0.1", 0), network=network, mdns=False, dial_private=True
+    )
 
 
 @asynccontextmanager
@@ -446,7 +463,8 @@ async def test_two_services_link_and_answer_each_others_heartbeats(tmp_path: Pat
         assert a.table.peers[b.local].state(trio.current_time()) is PeerState.CONNECTED
         docs = a.peer_docs()
         assert [d["node_id"] for d in docs] == [b.node_id]
-        assert docs[0]["direction"] == "outbound" and docs[0]["address"] == b.listen
+        # b confirms a's address by dialing it: one of the two links stays, at both ends
+        assert docs[0]["direction"] in ("outbound", "inbound") and docs[0]["address"] == b.listen
         # b learned a's listen address from a's signed contact record
         await until(lambda: b.table.peers[a.local].addresses == [a.listen], "a's contact at b")
         assert a.counts()["connected"] == 1
@@ -694,14 +712,16 @@ async def test_two_linked_services_stay_linked_for_an_hour_and_share_what_they_k
 ) -> None:
     a, b = service(tmp_path, "a"), service(tmp_path, "b")
     third = SigningKey.generate()
-    record = contact(third, "192.0.2.7:7531", expires_in=7200)
-    a.table.learn(
+    record = contact(third, "127.0.0.1:7532", expires_in=7200)
+    known = a.table.learn(
         bytes(third.verify_key),
-        ["192.0.2.7:7531"],
+        ["127.0.0.1:7532"],
         "exchange",
         contact=record,
         contact_expires=int((time.time() + 7200) * 1000),
     )
+    assert known is not None
+    known.verified.add("127.0.0.1:7532")  # a reached it there once: its record is passed on
     for s in (a, b):
         s.contact.bind("127.0.0.1", 7531)  # as `run` does once listening: gives each a record to advertise
     mine, theirs = memory_pair(a.local, b.local)
