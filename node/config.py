@@ -82,6 +82,10 @@ class NodeConfig:
     log_level: str = "info"
     max_connections: int = 64
     max_connections_per_address: int = 8
+    max_peers: int = 1000
+    """Known peers kept at most, in memory and in the store, however they were met."""
+    dial_private: bool = False
+    """Dial loopback, private and special-purpose addresses peers name (a LAN or one-machine network)."""
     mdns: bool = True
     mdns_interfaces: tuple[str, ...] = ()
     only_when_idle: bool = False
@@ -268,6 +272,8 @@ _PARSERS: dict[str, Parser] = {
     "log_level": _parse_log_level,
     "max_connections": lambda v, t: _parse_int(v, t, low=1),
     "max_connections_per_address": lambda v, t: _parse_int(v, t, low=1),
+    "max_peers": lambda v, t: _parse_int(v, t, low=1),
+    "dial_private": _parse_bool,
     "mdns": _parse_bool,
     "mdns_interfaces": lambda v, t: _parse_list(_parse_interface, v, t),
     "only_when_idle": _parse_bool,
@@ -371,6 +377,7 @@ _FLAG_HELP = {
     "network": ("NAME", f"network name; networks never mix (default {DEFAULT_NETWORK})"),
     "max_connections": ("N", "cap on peer connections in total"),
     "max_connections_per_address": ("N", "cap on peer connections per remote address"),
+    "max_peers": ("N", "cap on known peers kept, in memory and on disk (default 1000)"),
     "mdns_interfaces": ("IF[,IF...]", "interfaces for mDNS (default: all)"),
     "idle_seconds": ("DURATION", "owner inactivity before jobs run, e.g. 5m (with --only-when-idle)"),
     "idle_load": ("FRACTION", "owner CPU use (0-1 of the machine) that counts as working (default 0.2)"),
@@ -400,6 +407,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="find peers on the local network (default)",
     )
     parser.add_argument("--no-mdns", dest="mdns", action="store_const", const="false", help="do not use mDNS")
+    parser.add_argument(
+        "--dial-private",
+        dest="dial_private",
+        action="store_const",
+        const="true",
+        help="dial loopback, private and special-purpose addresses peers name (default: only public ones)",
+    )
     parser.add_argument(
         "--only-when-idle",
         dest="only_when_idle",
