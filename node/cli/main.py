@@ -21,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("e31.node.cli.inspect", "verify and decode one signed envelope, print it as JSON"),
     "sandbox": ("e31.node.cli.sandbox", "run a WebAssembly module locally in the e31 sandbox"),
     "node": ("e31.node.cli.node", "run a node, or show the status of a running one"),
+    "recover": (
+        "e31.node.cli.recover",
+        "explain why the node refuses its database, and accept a loss (also `e31 node recover`)",
+    ),
     "peers": ("e31.node.cli.peers", "list the peers a running node knows"),
     "submit": ("e31.node.cli.submit", "submit a job to the network through the local node"),
     "jobs": ("e31.node.cli.jobs", "list the jobs this node submitted, with their state"),

@@ -37,6 +37,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_dir_argument(status_parser)
     status_parser.add_argument("--json", action="store_true", help="print the JSON object the node returns")
     status_parser.set_defaults(_node_run=_status)
+    from . import recover
+
+    recover_parser = sub.add_parser(
+        "recover",
+        help="explain why the node refuses its database, and accept a loss",
+        description="Explain why the node refuses its database (older than its watermark) and, with "
+        "--accept-loss, keep the evidence and let the node start (docs/operating.md).",
+    )
+    recover.add_arguments(recover_parser)
+    recover_parser.set_defaults(_node_run=recover.run)
 
 
 def run(args: argparse.Namespace) -> int:

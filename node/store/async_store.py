@@ -31,7 +31,7 @@ import trio
 
 from ..errors import StoreError
 from .connection import translate
-from .db import Call, Store
+from .db import BUMP_SEQ, Call, Store
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -267,9 +267,13 @@ class AsyncStore:
         try:
             if group.error is None:
                 with translate(store.path):
-                    if store._inner_durable and c.total_changes != group.changes:
+                    bump = store._inner_durable and c.total_changes != group.changes
+                    if bump:
                         store.unsynced += 1  # before COMMIT, as in Store.transaction
+                        c.execute(BUMP_SEQ)
                     c.execute("COMMIT")
+                    if bump:
+                        store.seq += 1
         except BaseException as e:
             group.error = e if isinstance(e, StoreError) else StoreError(f"{store.path}: commit failed: {e}")
             if not isinstance(e, Exception):

@@ -28,6 +28,8 @@ def connect(path: Path) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
     except sqlite3.Error as e:
+        if is_disk_full(e):
+            raise DiskFull(f"{path}: cannot open: the disk is full ({e})") from None
         raise StoreError(f"{path}: cannot open: {e}") from None
     try:
         conn.row_factory = sqlite3.Row
@@ -92,11 +94,28 @@ class translate:
         raise_as_store_error(self.path, e)
 
 
+class DiskFull(StoreError):
+    """The disk holding the store is full (SQLITE_FULL, ENOSPC): the write was not made; reads still work,
+    and writes work again once there is space."""
+
+
 def raise_as_store_error(path: Path, e: BaseException | None) -> None:
     """Raise a StoreError naming `path` for sqlite3's error `e` (a closed store's ProgrammingError too),
-    except an IntegrityError, which callers handle; do nothing for anything else."""
+    DiskFull when the disk is full, except an IntegrityError, which callers handle; do nothing for anything
+    else."""
     if e is not None and isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.IntegrityError):
+        if is_disk_full(e):
+            raise DiskFull(f"{path}: the disk is full ({e}); free space on it: the node retries") from e
         raise StoreError(f"{path}: {_describe(e)}") from e
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether `e` says the disk is full: SQLITE_FULL, or an OSError with ENOSPC or EDQUOT."""
+    import errno
+
+    if isinstance(e, sqlite3.Error):
+        return getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(e)
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _describe(e: sqlite3.Error) -> str:

@@ -28,12 +28,18 @@ the clock.
   waits for one fsync of the WAL that began after it (`sync`), shared by every task waiting meanwhile
   (store/async_store.py says how).
 
+- The watermark. Every durable commit bumps the store's commit sequence (table store_seq) in its own
+  transaction; after each sync (and each signed tree head, and at close) the watermark file next to the
+  database records the sequence and the newest signed head (store/watermark.py). At open a database
+  behind its watermark is refused (StoreBehind) before anything is written to it.
+
 Threads: one connection (check_same_thread=False) guarded by a lock, so a Store is safe to share between
 threads; `reader()` gives a second, read-only one, which AsyncStore uses for its point reads.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -44,8 +50,9 @@ from typing import Any
 
 from ..config import STORE_FILE
 from ..errors import StoreError
+from . import watermark
 from .blob_refs import BlobRefs
-from .connection import connect, connect_reader, raise_as_store_error, translate
+from .connection import DiskFull, connect, connect_reader, is_disk_full, raise_as_store_error, translate
 from .envelopes import Envelopes
 from .jobs import Jobs
 from .kv import Kv
@@ -53,6 +60,11 @@ from .peer_rows import Peers
 from .pruning import Pruning
 from .receipts import Receipts
 from .seen import Seen
+
+log = logging.getLogger("e31.node.store")
+
+BUMP_SEQ = "UPDATE store_seq SET seq = seq + 1"
+"""Run in every durable commit, before its COMMIT (here and in AsyncStore's write groups)."""
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 """A store method with its arguments (`call`), for `Store.many` and `AsyncStore.atomically`."""
@@ -66,10 +78,22 @@ class Store(Kv, Peers, Seen, Jobs, Receipts, Envelopes, BlobRefs, Pruning):
     """Synchronous access to the node's database; safe to share between threads. Its query methods are
     its table families' (the classes it is made of)."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, check_watermark: bool = True) -> None:
+        """Open (or create) the store; StoreBehind when the database is behind its watermark (unless
+        `check_watermark` is False: `e31 node recover` looks at such a store)."""
         self.path = Path(path)
         self._lock = threading.RLock()
+        self.watermark_path = watermark.path_for(self.path)
+        mark = watermark.read(self.watermark_path)
+        if mark is not None and check_watermark:
+            _refuse_missing(self.path, mark)
+            _refuse_behind(self.path, mark)
         self._conn = connect(self.path)
+        try:
+            self.watermark: watermark.Keeper | None = self._open_watermark(mark, check_watermark)
+        except BaseException:
+            self._conn.close()
+            raise
         self._durable = True  # whether the connection's synchronous setting is FULL
         self.deferring = threading.local()
         """`deferring.on` true on a thread: its durable commits are deferred (group commit, see `sync`)."""
@@ -85,9 +109,77 @@ class Store(Kv, Peers, Seen, Jobs, Receipts, Envelopes, BlobRefs, Pruning):
     def in_data_dir(cls, data_dir: Path | str) -> Store:
         return cls(Path(data_dir) / STORE_FILE)
 
+    def _open_watermark(self, mark: watermark.Mark | None, check: bool) -> watermark.Keeper:
+        state = self.state(mark)
+        self.seq = state.seq
+        """The store's commit sequence: its newest commit's (store_seq.seq)."""
+        if mark is None:
+            size, root, raw = self.newest_head() or (0, b"", b"")
+            mark = watermark.Mark(state.store_id, state.seq, size, root, raw)
+            watermark.write(self.watermark_path, mark)
+            log.info(
+                "%s: no store watermark yet: made one from the database (commit %d, receipt log head of "
+                "size %d)",
+                self.watermark_path,
+                state.seq,
+                size,
+            )
+        elif check:
+            found = watermark.behind(mark, state)
+            if found:
+                raise watermark.StoreBehind(
+                    f"{self.path}: the database is older than what this node has promised: "
+                    f"{'; '.join(found)}. It was left untouched; run `e31 node recover` to see what was "
+                    "lost and how to go on"
+                )
+        return watermark.Keeper(self.watermark_path, mark)
+
+    def state(self, mark: watermark.Mark | None) -> watermark.DbState:
+        """What the database holds, to compare with `mark` (store/watermark.py)."""
+        with self.reading() as c:
+            return _state(c, mark)
+
+    def newest_head(self) -> tuple[int, bytes, bytes] | None:
+        """The newest signed tree head stored: its size, the root it signs and its envelope."""
+        from e31.protocol.envelope import verify
+        from e31.protocol.errors import ProtocolError
+        from e31.protocol.messages import TreeHead
+
+        with self.reading() as c:
+            row = c.execute("SELECT size, raw FROM receipt_log_heads ORDER BY size DESC LIMIT 1").fetchone()
+        if row is None:
+            return None
+        try:
+            root = verify(bytes(row[1]), TreeHead).message.root.raw
+        except ProtocolError:
+            root = b""
+        return int(row[0]), root, bytes(row[1])
+
+    def promise_head(self, size: int, root: bytes, raw: bytes) -> None:
+        """Record a tree head just signed (and stored) in the watermark, once it is on disk; before the
+        head is handed out. StoreError (DiskFull when the disk is) when the watermark cannot be written."""
+        self.sync()
+        keeper = self.watermark
+        if keeper is not None and not keeper.advance(seq=self._seq_now(), head=(size, root, raw)):
+            raise keeper.failing or StoreError(f"{self.watermark_path}: cannot write the watermark")
+
+    def _seq_now(self) -> int:
+        with self._lock:
+            return self.seq
+
     def close(self) -> None:
         with self._lock:
+            synced = False
+            if self.watermark is not None:  # not a reader()
+                try:
+                    self._fsync()
+                    synced = True
+                except StoreError:
+                    pass
+            seq = self.seq
             self._conn.close()
+        if synced and self.watermark is not None:
+            self.watermark.advance(seq=seq)
 
     def reader(self) -> Store:
         """A second, read-only view of this store on its own connection (for one thread): in WAL mode
@@ -95,6 +187,7 @@ class Store(Kv, Peers, Seen, Jobs, Receipts, Envelopes, BlobRefs, Pruning):
         conn = connect_reader(self.path)
         view = object.__new__(Store)
         view.path, view._lock, view._conn, view._durable = self.path, threading.RLock(), conn, True
+        view.watermark_path, view.watermark, view.seq = self.watermark_path, None, self.seq
         view.deferring, view.unsynced, view._depth, view._outer_durable = threading.local(), 0, 0, True
         view._inner_durable, view._grouping, view._in_member = False, False, False
         return view
@@ -116,7 +209,13 @@ class Store(Kv, Peers, Seen, Jobs, Receipts, Envelopes, BlobRefs, Pruning):
         the fsync itself needs no lock: the WAL is only appended to (or restarted after a checkpoint that
         synced the database first), so it covers every frame written before it began."""
         with self._lock:
-            covered = self.unsynced
+            covered, seq = self.unsynced, self.seq
+        self._fsync()
+        if self.watermark is not None:
+            self.watermark.advance(seq=seq)  # after the fsync; a failure leaves it behind (still true)
+        return covered
+
+    def _fsync(self) -> None:
         wal = self.path.with_name(self.path.name + "-wal")
         for target in (wal, self.path):
             try:
@@ -128,11 +227,11 @@ class Store(Kv, Peers, Seen, Jobs, Receipts, Envelopes, BlobRefs, Pruning):
             try:
                 os.fsync(fd)
             except OSError as e:
-                raise StoreError(f"{target}: fsync failed: {e.strerror}") from e
+                kind = DiskFull if is_disk_full(e) else StoreError
+                raise kind(f"{target}: fsync failed: {e.strerror}") from e
             finally:
                 os.close(fd)
             break
-        return covered
 
     def checkpoint(self) -> None:
         """Copy the WAL into the database as far as readers allow (a passive checkpoint)."""
@@ -192,9 +291,14 @@ class Store(Kv, Peers, Seen, Jobs, Receipts, Envelopes, BlobRefs, Pruning):
             self._depth, self._outer_durable = 1, durable
             try:
                 yield c
-                if deferred and durable and c.total_changes != changes:
-                    self.unsynced += 1  # before COMMIT: a reader may see the commit as soon as it is made
+                bump = durable and c.total_changes != changes
+                if bump:
+                    if deferred:
+                        self.unsynced += 1  # before COMMIT: a reader may see the commit as soon as it is made
+                    c.execute(BUMP_SEQ)
                 c.execute("COMMIT")
+                if bump:
+                    self.seq += 1
             except BaseException:
                 if c.in_transaction:  # also after a failed COMMIT (disk full), which may leave it open
                     c.execute("ROLLBACK")
@@ -224,3 +328,68 @@ class _Reading:
     def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
         self.store._lock.release()
         raise_as_store_error(self.store.path, e)
+
+
+def _refuse_missing(path: Path, mark: watermark.Mark) -> None:
+    """StoreBehind when the database file the watermark describes is gone or empty (SQLite would make a
+    new, empty database there without a word)."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        size = -1
+    except OSError:
+        return  # connect() says what is wrong with it
+    if size > 0:
+        return
+    what = "is missing" if size < 0 else "is empty"
+    raise watermark.StoreBehind(
+        f"{path}: the database {what}, but its watermark says this node committed up to {mark.seq} and "
+        f"signed a receipt log head of size {mark.log_size}; nothing was written; run `e31 node recover` "
+        "to see what was lost and how to go on"
+    )
+
+
+def _state(c: sqlite3.Connection, mark: watermark.Mark | None) -> watermark.DbState:
+    from . import receipt_tree
+
+    store_id, seq = c.execute("SELECT store_id, seq FROM store_seq WHERE id = 1").fetchone()
+    size = c.execute("SELECT coalesce(max(idx) + 1, 0) FROM receipt_log").fetchone()[0]
+    root: bytes | None = None
+    at = 0 if mark is None else mark.log_size
+    if at <= size:
+        try:
+            root = receipt_tree.root_at(c, at)
+        except receipt_tree.TreeStateError:
+            root = None
+        if mark is not None and mark.log_size and root != mark.log_root:  # stale subtree rows?
+            try:
+                root = receipt_tree.scan(c, at, rewrite=False)[1]  # then from the leaves
+            except receipt_tree.TreeStateError:
+                root = None
+    return watermark.DbState(bytes(store_id), int(seq), int(size), root)
+
+
+def _refuse_behind(path: Path, mark: watermark.Mark) -> None:
+    """StoreBehind when the database, as SQLite reads it with its WAL, is behind `mark`: checked on a
+    read-only connection, so a refused database (and a WAL SQLite found damaged) is not written to, not
+    checkpointed and not deleted on close. A file that is not a usable store is left to connect()."""
+    try:
+        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=10.0)
+    except sqlite3.Error:
+        return
+    try:
+        try:
+            tables = conn.execute(
+                "SELECT count(*) FROM sqlite_schema WHERE name IN ('store_seq', 'receipt_log')"
+            ).fetchone()[0]
+            state = _state(conn, mark) if tables == 2 else None
+        except sqlite3.Error:
+            return
+        found = ["it holds none of the node's tables"] if state is None else watermark.behind(mark, state)
+        if found:
+            raise watermark.StoreBehind(
+                f"{path}: the database is older than what this node has promised: {'; '.join(found)}. "
+                "It was left untouched; run `e31 node recover` to see what was lost and how to go on"
+            )
+    finally:
+        conn.close()

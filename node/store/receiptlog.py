@@ -16,12 +16,17 @@ names a receipt a crash can lose, and a failed write leaves memory and disk as t
 the tree is recomputed from the stored leaves (O(n) time, O(log n) memory) and checked against the
 newest stored head; the stored subtree rows are checked by count and along the right edge, and
 rewritten from the leaves when they are missing (a store from before they existed) or do not add up.
-Appending the same receipt again returns its existing index. One lock serialises appends and head
-signing; the methods are synchronous (the node calls them through trio.to_thread).
+Every head is recorded in the store's watermark (store/watermark.py) before it is handed out, and none
+is signed at or below the watermark's floor: after an accepted loss of the database (`e31 node recover`)
+the log is filled with placeholder leaves up to the largest size signed before it, so it never signs a
+second root at a size it signed once. Appending the same receipt again returns its existing index. One
+lock serialises appends and head signing; the methods are synchronous (the node calls them through
+trio.to_thread).
 """
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -212,6 +217,12 @@ class ReceiptLog:
             return self._latest
         if self._latest is not None and now < self._latest.head.timestamp:
             now = self._latest.head.timestamp  # heads never go back in time, even if the clock does
+        floor = self._floor()
+        if floor and size <= floor:
+            raise ReceiptLogError(
+                f"{self._store.path}: no tree head is signed at size {size}: this node signed heads up to "
+                f"size {floor} before a loss it accepted (`e31 node recover`); the next receipt lifts this"
+            )
         head = TreeHead(self._network, self._node, size, Digest(self._tree.root()), now)
         raw = sign_message(head, self._key)
         with self._store.transaction() as c:
@@ -220,8 +231,15 @@ class ReceiptLog:
                 (size, raw),
             )
             stored = c.execute("SELECT raw FROM receipt_log_heads WHERE size = ?", (size,)).fetchone()
-        self._latest = SignedHead(bytes(stored[0]), verify(bytes(stored[0]), TreeHead).message)
-        return self._latest
+        signed = SignedHead(bytes(stored[0]), verify(bytes(stored[0]), TreeHead).message)
+        # in the watermark before anyone sees it, so a database that later loses it is refused at start
+        self._store.promise_head(size, signed.head.root.raw, signed.raw)
+        self._latest = signed
+        return signed
+
+    def _floor(self) -> int:
+        keeper = self._store.watermark
+        return 0 if keeper is None else keeper.mark.floor
 
     @contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:
@@ -249,6 +267,9 @@ class ReceiptLog:
             raise ReceiptLogError(
                 f"{self._store.path}: the stored log does not match its signed head of size {head_size}"
             )
+        floor = self._floor()
+        if current.size < floor:
+            current = _fill_to(c, current, floor)
         return current, latest
 
     def _load_latest_head(self, c: sqlite3.Connection) -> SignedHead | None:
@@ -265,6 +286,28 @@ class ReceiptLog:
                 f"not to this node ({self._node}); was the key file replaced?"
             )
         return SignedHead(bytes(row[1]), head)
+
+
+LOST_ENTRY = b"e31 receipt log: entry lost before an accepted loss, index "
+"""The prefix of the leaves `_fill_to` writes in place of entries a lost database took with it."""
+
+
+def _fill_to(c: sqlite3.Connection, current: tree.StoredTree, size: int) -> tree.StoredTree:
+    """Extend the log to `size` with placeholder leaves (LOST_ENTRY + the index as decimal ASCII), so
+    the next receipt lands above every size signed before an accepted loss, and the log signs again
+    with it. A placeholder names no receipt: no proof is ever asked for one."""
+    rows: list[tree.NodeRow] = []
+    while current.size < size:
+        entry = LOST_ENTRY + str(current.size).encode()
+        leaf = leaf_hash(entry)
+        c.execute(
+            "INSERT INTO receipt_log (idx, receipt_id, leaf_hash) VALUES (?, ?, ?)",
+            (current.size, hashlib.sha256(entry).digest(), leaf),
+        )
+        current, new_rows = current.extended(leaf)
+        rows += new_rows
+    tree.insert_rows(c, rows)
+    return current
 
 
 def _stored_frontier(c: sqlite3.Connection, size: int) -> tree.StoredTree | None:

@@ -201,7 +201,18 @@ CREATE TABLE IF NOT EXISTS receipt_log_heads (
 like every other table. Stores of v7 and before made them on first use, so they may exist already (a store
 from before receipt_log_nodes existed gets it empty here, and the log rewrites it from the leaves)."""
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+_V9 = """
+CREATE TABLE IF NOT EXISTS store_seq (
+    id       INTEGER PRIMARY KEY CHECK (id = 1),
+    store_id BLOB NOT NULL,                -- random, made once: names this database in its watermark
+    seq      INTEGER NOT NULL              -- bumped by every durable commit (store/db.py)
+);
+INSERT OR IGNORE INTO store_seq (id, store_id, seq) VALUES (1, randomblob(16), 0);
+"""
+"""The store's identity and commit sequence, which its watermark (store/watermark.py) records outside the
+database, so a database older than what the node promised is found at open."""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
