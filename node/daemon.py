@@ -244,7 +244,9 @@ class Node:
         from .store.receiptlog import ReceiptLog
 
         gossip = GossipService(
-            GossipEngine[bytes](GossipConfig(self.config.network)), on_disconnect=self.peering.disconnect
+            GossipEngine[bytes](GossipConfig(self.config.network)),
+            on_disconnect=self.peering.disconnect,
+            on_refuse=self.peering.refuse,
         )
         adverts = gossip.subscribe("capacity")  # before any link can bring one
         await nursery.start(gossip.run)

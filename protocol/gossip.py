@@ -12,15 +12,21 @@ per message and only for a peer within its rate:
   3. message id = SHA-256(signed bytes || signer), computed without verifying anything;
   4. the peer's token bucket (a duplicate costs a fraction of a new message);
   5. the seen-cache: a known id is a duplicate, counted and dropped;
-  6. `envelope.verify` (signature, issuer, message rules); network; expiry against `now`
+  6. the claimed signer's token bucket must hold the message's tokens (nothing spent yet), so a
+     signer over its limit costs no signature check;
+  7. `envelope.verify` (signature, issuer, message rules); network; expiry against `now`
      within the clock skew; expiry no further ahead than the maximum lifetime;
-  7. the signer's token bucket (sender limit);
-  8. remember the id until expiry + skew, deliver, forward to `fanout` random peers other than
-     the one it came from (and its signer, when peers are keyed by NodeId or by key bytes).
-Only a message that passed step 6 enters the seen-cache: otherwise a copy of a real message
-with a broken signature (same id) could shadow the real one. A failure at 1-6 that an honest
+  8. remember the id until expiry + skew; the signer's bucket is charged (only a verified
+     signer's bucket is ever charged or created, so forgeries cannot spend an honest signer's
+     tokens); deliver, forward to `fanout` random peers other than the one it came from (and its
+     signer, when peers are keyed by NodeId or by key bytes).
+Only a message that passed step 7 enters the seen-cache: otherwise a copy of a real message
+with a broken signature (same id) could shadow the real one. A failure at 1-7 that an honest
 peer cannot produce costs the peer score; at or below `disconnect_below` the peer is
-disconnected and banned for `ban_ms`. Scores decay toward 0 with a half-life.
+disconnected and banned: `ban_ms` for a first offence, doubling with each repeat (at most
+`max_ban_ms`; offences are forgotten `offence_memory_ms` after the last). Scores decay toward 0
+with a half-life. Every table is capped: the seen-cache (`seen_capacity`), signer buckets,
+departed scores and bans (`max_senders` each, least recent forgotten first).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from .errors import (
     ProtocolError,
     UnknownKind,
 )
-from .gossip_limits import Score, TokenBucket
+from .gossip_limits import PenaltyBox, Score, TokenBucket
 from .ids import ENVELOPE_VERSION, KEY_SIZE, SIGNATURE_SIZE, Digest
 from .messages import REGISTRY, AnyMessage
 
@@ -98,10 +104,12 @@ class Penalise(Generic[P]):
 
 @dataclass(frozen=True, slots=True)
 class Disconnect(Generic[P]):
-    """Close the connection to `peer`; the engine has already forgotten and banned it."""
+    """Close the connection to `peer` and refuse it until `until` (ms, the clock of `now`); the
+    engine has already forgotten and banned it."""
 
     peer: P
     reason: Reason
+    until: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,26 +167,32 @@ class GossipConfig:
     clock_skew_ms: int = 30_000
     max_ttl_ms: int = 24 * 3600 * 1000
     seen_capacity: int = 100_000
-    peer_rate: float = 200.0
-    """Sustained new messages per second accepted from one peer (each costs a signature check, about
-    0.1 ms: one flooding peer can take at most 2% of a core before it is cut off)."""
-    peer_burst: float = 800.0
+    peer_rate: float = 100.0
+    """Sustained tokens per second accepted from one peer. A new message costs this node about
+    0.6 ms of CPU in all (decryption, parse, signature check, delivery, forwarding; measured by
+    tests/bench/bench_flood.py), so one peer at its limit costs at most about 6% of a core, and a
+    peer over it is cut off within about `peer_burst / peer_rate` seconds."""
+    peer_burst: float = 200.0
     duplicate_cost: float = 0.1
     """Tokens a duplicate costs, as a fraction of a new message."""
     token_bytes: int = TOKEN_BYTES
     """A message costs one token (of both buckets) per started `token_bytes` of its envelope, so the
     limits bound bytes as well as messages: a 256 KiB offer costs 16."""
-    sender_rate: float = 150.0
-    """Sustained new messages per second accepted from one signer: a submitter's sweep of tiny jobs
-    offers them at up to this rate (node/market_submitter.py paces under it), below `peer_rate`."""
-    sender_burst: float = 600.0
+    sender_rate: float = 50.0
+    """Sustained tokens per second accepted from one signer: a submitter offers its job sets at up
+    to this rate (node/market/offering.py paces under it), below `peer_rate`."""
+    sender_burst: float = 100.0
     max_senders: int = 4096
     """Signers whose buckets are tracked, and departed peers whose negative scores are kept
     (least recently used forgotten first)."""
     penalties: Mapping[Reason, float] = field(default_factory=_default_penalties)
     disconnect_below: float = -100.0
     score_half_life_ms: int = 10 * 60 * 1000
-    ban_ms: int = 60 * 60 * 1000
+    ban_ms: int = 10 * 60 * 1000
+    """How long a first offence (score at `disconnect_below`) bans a peer; each repeat doubles it."""
+    max_ban_ms: int = 24 * 3600 * 1000
+    offence_memory_ms: int = 24 * 3600 * 1000
+    """Offences are forgotten this long after a peer's last one."""
 
     def __post_init__(self) -> None:
         for kind, cap in self.kinds.items():
@@ -210,8 +224,12 @@ class GossipConfig:
                 raise LocalProtocolError(f"gossip {name} must be positive, got {value}")
         if type(self.token_bytes) is not int or self.token_bytes < 1:
             raise LocalProtocolError("token_bytes must be a positive int")
-        if self.clock_skew_ms < 0 or self.ban_ms < 0 or self.duplicate_cost < 0:
-            raise LocalProtocolError("clock_skew_ms, ban_ms and duplicate_cost cannot be negative")
+        if self.clock_skew_ms < 0 or self.ban_ms < 0 or self.duplicate_cost < 0 or self.offence_memory_ms < 0:
+            raise LocalProtocolError(
+                "clock_skew_ms, ban_ms, offence_memory_ms and duplicate_cost cannot be negative"
+            )
+        if self.max_ban_ms < self.ban_ms:
+            raise LocalProtocolError("max_ban_ms cannot be below ban_ms")
         if self.peer_burst < 1 or self.sender_burst < 1:
             raise LocalProtocolError("a burst below 1 would refuse every message")
         if self.disconnect_below >= 0:
@@ -284,7 +302,9 @@ class GossipEngine(Generic[P]):
         self.config = config
         self.counters: Counter[str] = Counter()
         self._peers: dict[P, _Peer] = {}
-        self._banned: dict[P, int] = {}
+        self._banned = PenaltyBox(
+            config.ban_ms, config.max_ban_ms, config.offence_memory_ms, config.max_senders
+        )
         self._seen: dict[bytes, int] = {}
         self._deadlines: list[tuple[int, bytes]] = []
         self._senders: OrderedDict[bytes, TokenBucket] = OrderedDict()
@@ -317,8 +337,26 @@ class GossipEngine(Generic[P]):
                 self._departed.popitem(last=False)
 
     def is_banned(self, peer: P, now: int) -> bool:
-        until = self._banned.get(peer)
-        return until is not None and now < until
+        return self._banned.until(peer, now) is not None
+
+    def banned_until(self, peer: P, now: int) -> int | None:
+        """The end of `peer`'s ban (ms), or None if it is not banned at `now`."""
+        return self._banned.until(peer, now)
+
+    def offences(self, peer: P) -> int:
+        """How many times `peer` was disconnected within the offence memory."""
+        return self._banned.offences(peer)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """How many entries each of the engine's tables holds (each is capped by the config)."""
+        return {
+            "peers": len(self._peers),
+            "seen": len(self._seen),
+            "senders": len(self._senders),
+            "departed": len(self._departed),
+            "banned": len(self._banned),
+        }
 
     def score(self, peer: P, now: int) -> float:
         state = self._peers.get(peer)
@@ -356,8 +394,7 @@ class GossipEngine(Generic[P]):
             _, mid = heappop(self._deadlines)
             del self._seen[mid]
             pruned += 1
-        for peer in [p for p, until in self._banned.items() if until <= now]:
-            del self._banned[peer]
+        self._banned.prune(now)
         return pruned
 
     # -- messages -----------------------------------------------------------------------------
@@ -390,6 +427,9 @@ class GossipEngine(Generic[P]):
             return self._fault(peer, state, Reason.FLOODING, now)
         if duplicate:
             return self._drop(Reason.DUPLICATE, peer)
+        sender = self._senders.get(head.signer)
+        if sender is not None and not sender.has(float(cost), now):
+            return self._drop(Reason.SENDER_RATE, peer)
         try:
             env = verify(raw, max_len=self._max_size)
         except BadSignature:
@@ -484,9 +524,9 @@ class GossipEngine(Generic[P]):
             actions.append(Penalise(peer, reason, score))
             if score <= self.config.disconnect_below:
                 del self._peers[peer]
-                self._banned[peer] = now + self.config.ban_ms
+                until = self._banned.offend(peer, now)
                 self.counters["disconnected"] += 1
-                actions.append(Disconnect(peer, reason))
+                actions.append(Disconnect(peer, reason, until))
         return actions
 
 

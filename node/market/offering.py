@@ -32,10 +32,10 @@ Publish = Callable[[bytes | VerifiedEnvelope[Any]], int]
 LocalOffer = Callable[[VerifiedEnvelope[Offer]], None]
 """Show an offer to this node's own executor."""
 
-OFFER_RATE = 135.0
-OFFER_BURST = 540.0
+OFFER_RATE = 45.0
+OFFER_BURST = 90.0
 """Offers gossiped per second, and at once: under what each node accepts from one signer (GossipConfig:
-150 per second, burst 600), so none is dropped at the first hop. Rounds wait in line for a token, so a
+50 per second, burst 100), so none is dropped at the first hop. Rounds wait in line for a token, so a
 sweep of thousands of jobs is offered at this pace instead of spinning."""
 OFFER_BYTES = 240 * 1024
 """Manifest bytes in one offer at most: under the gossip cap of an offer (256 KiB) with room for its

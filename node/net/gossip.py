@@ -10,7 +10,14 @@ bounded channel, drained by one sender task per peer (so a slow peer loses messa
 the others; a send that fails or takes longer than `send_timeout` ends the link); deliveries go
 into each subscriber's bounded channel (a full one loses the message, counted). A peer the engine
 disconnects, or whose link died, is reported through `on_disconnect(peer, reason)`, for peering
-to close the connection (`PeerService.disconnect` fits).
+to close the connection (`PeerService.disconnect` fits); a peer the engine banned is also reported
+through `on_refuse(peer, seconds)` first, for peering to refuse its redials and reconnects for the
+ban (`PeerService.refuse` fits).
+
+Each link's sender paces what it sends with the receiver's own per-peer limit (GossipConfig
+`peer_rate` and `peer_burst`, at `pace` of them), so an honest node never looks like a flooder
+to a peer that applies the same defaults: what does not fit waits in the link's queue, bounded by
+count (`send_buffer`) and bytes (`send_buffer_bytes`), and beyond that is dropped.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Generic, TypeVar
 import trio
 from e31.protocol.envelope import VerifiedEnvelope, claimed_kind
 from e31.protocol.gossip import Deliver, Disconnect, Forward, GossipEngine, Penalise, Rng
+from e31.protocol.gossip_limits import TokenBucket
 from e31.protocol.messages import AnyMessage, Message
 
 from .transport import TransportError
@@ -43,10 +51,16 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _trio_ms() -> int:
+    """trio's clock in ms: pacing needs a clock that never steps (and MockClock drives it in tests)."""
+    return int(trio.current_time() * 1000)
+
+
 @dataclass(slots=True)
 class _Link:
     channel: trio.MemorySendChannel[bytes]
     scope: trio.CancelScope
+    queued_bytes: int = 0
 
 
 class GossipService(Generic[P]):
@@ -57,20 +71,28 @@ class GossipService(Generic[P]):
         clock: Callable[[], int] = wall_clock_ms,
         rng: Rng | None = None,
         send_buffer: int = 1024,
+        send_buffer_bytes: int = 4 << 20,
         send_timeout: float = 10.0,
         prune_interval: float = 5.0,
+        pace: float = 0.9,
         on_disconnect: Callable[[P, str], None] | None = None,
+        on_refuse: Callable[[P, float], None] | None = None,
     ) -> None:
-        """`clock` gives milliseconds since the Unix epoch (expiry is wall-clock time). `send_buffer`:
-        messages queued per link before more are dropped, above a signer's burst (GossipConfig), so a
-        burst one signer may send is forwarded whole."""
+        """`clock` gives milliseconds since the Unix epoch (expiry is wall-clock time). `send_buffer`
+        and `send_buffer_bytes`: messages and bytes queued per link before more are dropped, above a
+        signer's burst (GossipConfig), so a burst one signer may send is forwarded whole. `pace`: the
+        share of the peers' limit (`peer_rate`, `peer_burst`) each link's sender keeps to (None or 0:
+        no pacing)."""
         self.engine = engine
         self._clock = clock
         self._rng: Rng = rng if rng is not None else random.Random()
         self._send_buffer = send_buffer
         self._send_timeout = send_timeout
         self._prune_interval = prune_interval
+        self._send_buffer_bytes = send_buffer_bytes
+        self._pace = pace
         self._on_disconnect = on_disconnect
+        self._on_refuse = on_refuse
         self._links: dict[P, _Link] = {}
         self._waiting: dict[P, Send] = {}
         self._subscribers: dict[str, list[trio.MemorySendChannel[Verified]]] = {}
@@ -140,8 +162,10 @@ class GossipService(Generic[P]):
         self._drop_link(peer)
 
     def link_up(self, peer: P, send: Send) -> None:
-        """LinkListener: a link opened. A peer gossip has banned is asked to be disconnected."""
+        """LinkListener: a link opened. A peer gossip has banned is refused and disconnected."""
         if not self.add_peer(peer, send):
+            now = self._clock()
+            self._refuse(peer, self.engine.banned_until(peer, now), now)
             self._report(peer, "banned by gossip")
 
     def link_down(self, peer: P) -> None:
@@ -186,6 +210,7 @@ class GossipService(Generic[P]):
                 self._deliver(action.envelope)
             elif isinstance(action, Disconnect):
                 self._drop_link(action.peer)
+                self._refuse(action.peer, action.until, self._clock())
                 self._report(action.peer, action.reason.value)
             elif isinstance(action, Penalise):
                 self._counters["penalties"] += 1
@@ -194,6 +219,9 @@ class GossipService(Generic[P]):
         link = self._links.get(peer)
         if link is None:
             return 0
+        if link.queued_bytes + len(raw) > self._send_buffer_bytes:
+            self._counters["send_dropped"] += 1
+            return 0
         try:
             link.channel.send_nowait(raw)
         except trio.WouldBlock:
@@ -201,6 +229,7 @@ class GossipService(Generic[P]):
             return 0
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return 0
+        link.queued_bytes += len(raw)
         return 1
 
     def _deliver(self, env: Verified) -> None:
@@ -223,12 +252,32 @@ class GossipService(Generic[P]):
         if self._on_disconnect is not None:
             self._on_disconnect(peer, reason)
 
+    def _refuse(self, peer: P, until: int | None, now: int) -> None:
+        if until is not None and until > now:
+            self._counters["refused"] += 1
+            if self._on_refuse is not None:
+                self._on_refuse(peer, (until - now) / 1000.0)
+
+    def _pacer(self) -> TokenBucket | None:
+        c = self.engine.config
+        if not self._pace:
+            return None
+        return TokenBucket.full(c.peer_rate * self._pace, max(1.0, c.peer_burst * self._pace), _trio_ms())
+
     async def _sender(
         self, peer: P, send: Send, outgoing: trio.MemoryReceiveChannel[bytes], link: _Link
     ) -> None:
+        pacer = self._pacer()
         with link.scope:
             async with outgoing:
                 async for raw in outgoing:
+                    link.queued_bytes -= len(raw)
+                    if pacer is not None:
+                        cost = float(self.engine.cost(len(raw)))
+                        wait = pacer.wait_ms(cost, _trio_ms())
+                        if wait:
+                            await trio.sleep(wait / 1000.0)
+                        pacer.take(cost, _trio_ms())  # the wait (rounded up) made room for it
                     try:
                         with trio.fail_after(self._send_timeout):
                             await send(raw)

@@ -203,7 +203,7 @@ def test_a_bad_signature_disconnects_and_bans_the_peer() -> None:
     forged[-5] ^= 1
     actions = e.receive("p0", bytes(forged), T0, RNG)
     assert kinds(actions) == ["Drop", "Penalise", "Disconnect"]
-    assert actions[2] == Disconnect("p0", Reason.BAD_SIGNATURE)
+    assert actions[2] == Disconnect("p0", Reason.BAD_SIGNATURE, T0 + 60_000)
     assert "p0" not in e.peers
     assert e.receive("p0", capacity(key(1)), T0, RNG) == [Drop(Reason.UNKNOWN_PEER, "p0")]
     assert not e.add_peer("p0", T0 + 59_999)
