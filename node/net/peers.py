@@ -511,7 +511,7 @@ class PeerTable:
     def on_connected(self, node_id: bytes, outbound: bool, wall: float) -> Peer:
         peer = self.peers.get(node_id)
         if peer is None:
-            self._make_room(0)  # an inbound stranger displaces the oldest one, if any
+            self._make_room(1)  # an inbound stranger displaces the oldest unconfirmed one, if any
             peer = self.peers[node_id] = Peer(node_id, "inbound")
         peer.connected, peer.outbound, peer.suspect = True, outbound, False
         peer.failures, peer.next_dial, peer.last_seen = 0, 0.0, wall
@@ -551,7 +551,9 @@ class PeerTable:
         if failed or misbehaved:
             peer.failures += 1
         peer.next_dial = max(
-            peer.refused_until, now + max(self.backoff.delay(peer.failures, rng), self.settings.backoff_base)
+            peer.refused_until,
+            peer.probe_after,  # a failed probe was this record's one try
+            now + max(self.backoff.delay(peer.failures, rng), self.settings.backoff_base),
         )
         if misbehaved:
             peer.refused_until = peer.next_dial

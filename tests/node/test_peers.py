@@ -281,10 +281,12 @@ def test_a_full_table_ignores_strangers_met_through_others_and_makes_room_for_th
     assert t.learn(A, ["127.0.0.1:2"], "exchange") is not None  # known peers still update
     t.add_bootstrap("127.0.0.4:1", D)  # the operator's peer displaces the stalest stranger
     assert set(t.peers) == {A, D} and forgotten == [B]
-    t.on_connected(E, outbound=False, wall=1.0)  # linked: kept over the cap while the link lasts
-    assert set(t.peers) == {A, D, E}
-    t.on_disconnected(E, 2.0, random.Random(1), failed=True)
-    assert set(t.peers) == {A, D} and forgotten == [B, E]
+    t.on_connected(E, outbound=False, wall=1.0)  # an inbound stranger displaces an unconfirmed one
+    assert set(t.peers) == {D, E} and forgotten == [B, A]
+    t.on_connected(C, outbound=False, wall=1.0)  # nothing left to displace: kept while linked
+    assert set(t.peers) == {C, D, E}
+    t.on_disconnected(C, 2.0, random.Random(1), failed=True)
+    assert set(t.peers) == {D, E} and forgotten == [B, A, C]
 
 
 def test_a_newer_contact_replaces_an_older_one_only() -> None:
