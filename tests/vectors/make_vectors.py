@@ -143,7 +143,7 @@ def samples() -> list[tuple[str, str, Message]]:
     receipt_raw = sign_message(receipt, key("executor"))
     receipt_id = verify(receipt_raw).message_id
     trap_id = verify(sign_message(trap, key("executor"))).message_id
-    contact = Contact(NET, nid("executor"), ("192.0.2.7:7531", "[2001:db8::7]:7531"), T0 + 3_600_000)
+    contact = Contact(NET, nid("executor"), ("127.0.0.1:7531", "[::1]:7531"), T0 + 3_600_000)
     contact_env = sign_message(contact, key("executor"))
     chunks = chunk_list(b"x" * 1000)
     return [
