@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import signal
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,8 +43,9 @@ from .net.gossip import GossipService
 from .net.peering import PeerDoc, PeerService
 from .net.peers import PeerSettings
 from .net.transport import ListenFailed
+from .store.async_store import AsyncStore
 from .store.blobs import BlobError, BlobStore
-from .store.db import AsyncStore, Store
+from .store.db import Store
 
 log = logging.getLogger("e31.node")
 
@@ -58,13 +60,16 @@ def run(config: NodeConfig, settings: PeerSettings | None = None) -> int:
     """Run a node in the foreground until SIGINT/SIGTERM; returns the exit code (0 after a signal)."""
     setup_logging(config.log_level)
     settings = settings or PeerSettings()
+    os.umask(0o077)  # the database, blobs and logs hold job arguments and outputs: this user's only
     with _data_dir_lock(config.data_dir):
         identity = _identity(config)
         blobs = _blobs(config)
-        try:
-            store = Store(config.store_path)
-        except StoreError as e:
-            raise DaemonError(str(e)) from None
+        for name in (
+            config.store_path,
+            *(config.store_path.with_name(config.store_path.name + s) for s in ("-wal", "-shm")),
+        ):
+            _private(name, "the database", "600")
+        store = Store(config.store_path)  # a StoreError is one line with its own exit code (cli/main.py)
         try:
             node = Node(config, identity, AsyncStore(store), blobs, settings)
             gctune.tune()
@@ -104,6 +109,7 @@ def _data_dir_lock(data_dir: Path) -> Iterator[None]:
         raise DaemonError(f"{data_dir}: not a directory (the data dir must be one)")
     if not os.access(data_dir, os.W_OK | os.X_OK):
         raise DaemonError(f"{data_dir}: the data dir is not writable by this user")
+    _private(data_dir, "the data dir", "700")
     path = data_dir / LOCK_FILE
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -124,9 +130,30 @@ def _data_dir_lock(data_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def _private(path: Path, what: str, mode: str) -> None:
+    """Refuse to run on `path` when other users may read it (its group or others have any bit)."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise DaemonError(f"{path}: cannot check {what}: {e.strerror or e}") from None
+    if st.st_mode & 0o077:
+        raise DaemonError(
+            f"{path}: {what} is open to other users (mode {stat.S_IMODE(st.st_mode):04o}) and holds job "
+            f"arguments and outputs; run: chmod {mode} {path}"
+        )
+
+
 def _identity(config: NodeConfig) -> nacl.signing.SigningKey:
     path = config.identity_path
     existed = os.path.lexists(path)
+    if not existed and os.path.lexists(config.store_path):
+        # A new key would sign a new receipt log under the old one's history: refuse, keep the data.
+        raise DaemonError(
+            f"{path} is missing but {config.store_path} holds this node's jobs and receipt log, signed by "
+            "that key: restore the key from its backup, or move the data dir away to start a new node"
+        )
     try:
         key = load_or_create_identity(path)
     except IdentityError as e:

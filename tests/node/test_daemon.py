@@ -68,6 +68,7 @@ class NodeProcess:
                     str(data_dir),
                     "--listen",
                     "127.0.0.1:0",
+                    "--dial-private",
                     "--heartbeat",
                     HEARTBEAT,
                     *mdns,
@@ -171,7 +172,7 @@ def test_a_bootstrap_chain_converges_and_every_node_stops_cleanly(spawn: Callabl
 
 def test_restart_keeps_identity_and_known_peers(spawn: Callable[..., NodeProcess]) -> None:
     a = spawn("a")
-    (a.data_dir.parent / "b").mkdir()
+    (a.data_dir.parent / "b").mkdir(mode=0o700)  # a data dir open to others is refused
     (a.data_dir.parent / "b" / "config.toml").write_text('cores = 3\nmemory = "64MiB"\n')
     b = spawn("b", "--bootstrap", a.address, "--cores", "1")  # the flag overrides the file
     wait_for("b to link to a", lambda: b.connected() == {a.node_id})
@@ -293,7 +294,7 @@ def test_bad_local_state_is_one_line_and_a_non_zero_exit(
     tmp_path: Path, setup: Callable[[Path], object], needle: str
 ) -> None:
     data = tmp_path / "n"
-    data.mkdir()
+    data.mkdir(mode=0o700)
     setup(data)
     before = {p.name: p.read_bytes() for p in data.iterdir()}
     proc = e31("node", "run", "--data-dir", str(data), "--listen", "127.0.0.1:0", "--no-mdns")
