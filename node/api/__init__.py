@@ -1,1 +1,62 @@
-"""The api wing of the node."""
+"""The local HTTP API: the server (h11 on 127.0.0.1, the bearer token, size and time limits, the
+two connection pools), the jobs and export endpoints, and the client the CLI uses.
+
+Its public names are imported lazily from their modules (node/__init__.py, `lazy_exports`).
+"""
+
+from typing import TYPE_CHECKING
+
+from .. import lazy_exports
+
+if TYPE_CHECKING:
+    from .client import ApiClient, ApiClientError, ApiError, NodeNotRunning
+    from .export import export_handler
+    from .jobs import JobsApi, compile_check
+    from .server import (
+        ControlEndpoint,
+        ControlError,
+        ControlLimits,
+        HttpError,
+        JsonResponse,
+        Request,
+        Router,
+        serve_control,
+    )
+
+__all__ = [
+    "ApiClient",
+    "ApiClientError",
+    "ApiError",
+    "ControlEndpoint",
+    "ControlError",
+    "ControlLimits",
+    "HttpError",
+    "JobsApi",
+    "JsonResponse",
+    "NodeNotRunning",
+    "Request",
+    "Router",
+    "compile_check",
+    "export_handler",
+    "serve_control",
+]
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "ApiClient": "client",
+        "ApiClientError": "client",
+        "ApiError": "client",
+        "ControlEndpoint": "server",
+        "ControlError": "server",
+        "ControlLimits": "server",
+        "HttpError": "server",
+        "JobsApi": "jobs",
+        "JsonResponse": "server",
+        "NodeNotRunning": "client",
+        "Request": "server",
+        "Router": "server",
+        "compile_check": "jobs",
+        "export_handler": "export",
+        "serve_control": "server",
+    },
+)
