@@ -60,3 +60,12 @@ def test_importing_a_wing_loads_none_of_its_modules() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['e31.node.cli.main']", "only the CLI's entry point comes with its wing"
+
+
+def test_no_node_module_is_over_700_lines() -> None:
+    long = {
+        str(p.relative_to(NODE.parent)): n
+        for p in sorted(NODE.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > 700
+    }
+    assert long == {}
