@@ -20,10 +20,12 @@ WASI preview 1, the limits are within range, the deadline is in the future and t
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import secrets
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,7 +161,7 @@ class JobsApi:
 
     async def _module(self, module_path: Path) -> BlobRef:
         try:
-            st = os.stat(module_path)  # microseconds; the read, when needed, runs in a thread
+            st = os.lstat(module_path)  # microseconds; the read, when needed, runs in a thread
             key: tuple[int, ...] | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         except OSError:
             key = None  # _read_module says why
@@ -303,19 +305,15 @@ class JobsApi:
 
     async def _put_file(self, path: Path, what: str) -> BlobRef:
         def put() -> BlobRef:
+            fd = _open_named_file(path, what, MAX_BLOB_SIZE)
             try:
-                if not path.is_file():
-                    raise bad(
-                        f"{what} {path}: " + ("not a regular file" if path.exists() else "no such file")
-                    )
-                if path.stat().st_size > MAX_BLOB_SIZE:
-                    raise bad(f"{what} {path}: larger than {MAX_BLOB_SIZE} bytes")
-                with open(path, "rb") as f:
-                    root, size = self.blobs.put_stream(iter(lambda: f.read(1 << 20), b""))
+                root, size = self.blobs.put_stream(_read_capped(fd, what, path, MAX_BLOB_SIZE))
             except OSError as e:
                 raise bad(f"{what} {path}: {e.strerror or e}") from None
             except BlobError as e:
                 raise HttpError(507 if "ceiling" in str(e) else 500, f"{what} {path}: {e}") from None
+            finally:
+                os.close(fd)
             return BlobRef(Digest(bytes.fromhex(root)), size)
 
         return await trio.to_thread.run_sync(put)
@@ -430,17 +428,29 @@ class JobsApi:
         row = await self._row(request)
         body = request.body if isinstance(request.body, dict) else {}
         out = _path(body.get("out"), "out")
+        overwrite = body.get("overwrite", False)
+        if not isinstance(overwrite, bool):
+            raise bad("overwrite is true or false")
         receipt = await self._receipt(row)
         if row.state != "done" or receipt is None:
             raise HttpError(409, f"job {row.job_id.hex()} has no verified result yet (it is {row.state})")
         r: UsageReceipt = receipt.message
         small = await self.ctx.store.run(Store.small_blobs, [ref.root.hex() for ref in outputs_of(r)])
-        written = await trio.to_thread.run_sync(self._write_results, out, receipt, small)
+        written = await trio.to_thread.run_sync(self._write_results, out, receipt, small, overwrite)
         return {"job_id": row.job_id.hex(), "out": str(out), "files": written}
 
-    def _write_results(self, out: Path, receipt: Any, small: dict[str, bytes]) -> list[str]:
+    def _write_results(
+        self, out: Path, receipt: Any, small: dict[str, bytes], overwrite: bool = False
+    ) -> list[str]:
         """Write the job's outputs (from the database's small blobs or the blob store, each checked
-        against its hash) and its receipt into `out` (in a thread)."""
+        against its hash) and its receipt into `out` (in a thread).
+
+        `out` is created if missing and must not itself be a symbolic link; below it every directory and
+        file is opened relative to its parent's descriptor with O_NOFOLLOW, so a link planted inside
+        `out` is never followed. A file already there is kept unless `overwrite` (one with exactly the
+        bytes to be written counts as written, so asking twice succeeds); with `overwrite` it is
+        replaced by a rename, which replaces a link rather than writing through it.
+        """
         r: UsageReceipt = receipt.message
 
         def read(ref: BlobRef) -> bytes:
@@ -451,36 +461,123 @@ class JobsApi:
                 raise BlobError(f"the stored output {ref.root.hex()} does not match its hash")
             return data
 
+        files: list[tuple[str, Callable[[], bytes]]] = [
+            ("stdout", lambda: read(r.stdout)),
+            ("stderr", lambda: read(r.stderr)),
+            *((f"output/{f.name}", lambda ref=f.blob: read(ref)) for f in r.outputs),
+            ("receipt", lambda: bytes(receipt.raw)),
+        ]
         try:
             out.mkdir(parents=True, exist_ok=True)
-            files = {"stdout": r.stdout, "stderr": r.stderr}
-            written = []
-            for name, ref in files.items():
-                _write(out / name, read(ref))
-                written.append(name)
-            for f in r.outputs:
-                target = out / "output" / f.name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                _write(target, read(f.blob))
-                written.append(f"output/{f.name}")
-            _write(out / "receipt", receipt.raw)
-            written.append("receipt")
+            top = _open_dir(out, None, str(out))
         except OSError as e:
             raise HttpError(400, f"cannot write results to {out}: {e.strerror or e}") from None
+        written = []
+        try:
+            for name, data in files:
+                try:
+                    _write_under(top, name, data(), overwrite, str(out))
+                except OSError as e:
+                    raise HttpError(400, f"cannot write {out / name}: {e.strerror or e}") from None
+                written.append(name)
         except BlobError as e:
             raise HttpError(500, f"a result blob is unavailable: {e}") from None
+        finally:
+            os.close(top)
         return written
 
 
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_dir(name: Path | str, dir_fd: int | None, shown: str) -> int:
+    """A descriptor on the directory `name` (relative to `dir_fd`), refusing a symbolic link."""
     try:
-        with open(tmp, "xb") as f:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        try:
+            link = stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+        except OSError:
+            link = e.errno == errno.ELOOP
+    if link:
+        raise HttpError(400, f"{shown} is a symbolic link: results are not written through links")
+    raise HttpError(400, f"{shown} is not a directory")
+
+
+def _write_under(top: int, name: str, data: bytes, overwrite: bool, shown: str) -> None:
+    """Write `data` to the relative path `name` under the directory `top` (`shown` in messages),
+    never following a link."""
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise HttpError(400, f"refusing to write {name!r}: not a plain relative path")
+    fd = top
+    try:
+        for i, part in enumerate(parts[:-1]):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            inner = _open_dir(part, fd, "/".join([shown, *parts[: i + 1]]))
+            if fd != top:
+                os.close(fd)
+            fd = inner
+        _write_file(fd, parts[-1], data, overwrite, f"{shown}/{name}")
+    finally:
+        if fd != top:
+            os.close(fd)
+
+
+def _write_file(dir_fd: int, name: str, data: bytes, overwrite: bool, shown: str) -> None:
+    """Write the file `name` in `dir_fd`: whole under a temporary name, then renamed into place (with
+    `overwrite`) or hard-linked there, which fails if anything, even a dangling link, has the name."""
+    tmp = f".{name}.{secrets.token_hex(4)}"
+    fd = os.open(
+        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dir_fd
+    )
+    try:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            return
+        try:
+            os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+        except FileExistsError:
+            if not _holds(dir_fd, name, data):
+                raise HttpError(
+                    409, f"{shown} exists: not overwritten (ask for overwrite to replace it)", "exists"
+                ) from None
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+            # a file system without hard links: a check, then a rename (a small window, but never
+            # through a link: the rename replaces whatever name it finds)
+            with contextlib.suppress(FileNotFoundError):
+                os.lstat(name, dir_fd=dir_fd)
+                if not _holds(dir_fd, name, data):
+                    raise HttpError(
+                        409, f"{shown} exists: not overwritten (ask for overwrite to replace it)", "exists"
+                    ) from None
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     finally:
         with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+            os.unlink(tmp, dir_fd=dir_fd)
+
+
+def _holds(dir_fd: int, name: str, data: bytes) -> bool:
+    """Whether `name` in `dir_fd` is a regular file (not a link) holding exactly `data`."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != len(data):
+            return False
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return bool(f.read(len(data) + 1) == data)
+    finally:
+        os.close(fd)
 
 
 # --- request checks ---
@@ -516,18 +613,74 @@ def _path(value: object, what: str) -> Path:
     return path
 
 
-def _read_module(path: Path) -> bytes:
+_FILE_KINDS = (
+    (stat.S_ISLNK, "a symbolic link (the node does not follow links: name the file it points to)"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_regular(mode: int) -> str:
+    return next((kind for test, kind in _FILE_KINDS if test(mode)), "not a regular file")
+
+
+def _open_named_file(path: Path, what: str, most: int) -> int:
+    """A descriptor open for reading on the regular file a request names, or HttpError 400.
+
+    The last component of `path` must not be a symbolic link (directories above it are followed: they
+    are the user's own naming of a place). The lstat refuses a link, FIFO, device, directory or socket
+    without opening it; the open (O_NOFOLLOW, O_NONBLOCK) then cannot follow a link or block on a FIFO
+    swapped in since, and the descriptor's own fstat, which is what gets read, must be a regular file of
+    at most `most` bytes. The caller reads at most `most` + 1 bytes, so a file that grows is caught.
+    """
     try:
-        if not path.is_file():
-            raise bad(
-                f"module {path}: not a regular file" if path.exists() else f"module {path}: no such file"
-            )
-        size = path.stat().st_size
-        if size > MAX_MODULE_BYTES:
-            raise bad(f"module {path}: {size} bytes, more than the {MAX_MODULE_BYTES} allowed")
-        return path.read_bytes()
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise bad(f"{what} {path}: {_not_regular(mode)}")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise bad(f"{what} {path}: no such file") from None
     except OSError as e:
-        raise bad(f"module {path}: {e.strerror or e}") from None
+        if e.errno == errno.ELOOP:
+            raise bad(f"{what} {path}: {_not_regular(stat.S_IFLNK)}") from None
+        raise bad(f"{what} {path}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise bad(f"{what} {path}: {_not_regular(st.st_mode)}")
+        if st.st_size > most:
+            raise bad(f"{what} {path}: {st.st_size} bytes, more than the {most} allowed")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_capped(fd: int, what: str, path: Path, most: int) -> Iterator[bytes]:
+    """The file's bytes in chunks of up to 1 MiB; HttpError 400 once more than `most` have come."""
+    total = 0
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except OSError as e:
+            raise bad(f"{what} {path}: {e.strerror or e}") from None
+        if not chunk:
+            return
+        total += len(chunk)
+        if total > most:
+            raise bad(f"{what} {path}: grew past the {most} bytes allowed while it was read")
+        yield chunk
+
+
+def _read_module(path: Path) -> bytes:
+    fd = _open_named_file(path, "module", MAX_MODULE_BYTES)
+    try:
+        return b"".join(_read_capped(fd, "module", path, MAX_MODULE_BYTES))
+    finally:
+        os.close(fd)
 
 
 def _int(value: object, what: str, lo: int, hi: int) -> int:

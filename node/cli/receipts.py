@@ -47,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="include the module, input and stdin blobs, so `e31 audit --reexecute` can re-run",
     )
+    p.add_argument("--overwrite", action="store_true", help="replace FILE if it exists (refused otherwise)")
     p.add_argument("--json", action="store_true", help="print the node's answer as JSON")
 
 
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--out {out} is a directory; give a file name")
     if not out.parent.is_dir():
         raise CliError(f"--out {out}: the directory {out.parent} does not exist")
-    body = {"jobs": args.jobs, "with_blobs": args.with_blobs, "out": str(out)}
+    body = {"jobs": args.jobs, "with_blobs": args.with_blobs, "out": str(out), "overwrite": args.overwrite}
     try:
         with ApiClient(args.data_dir, timeout=EXPORT_TIMEOUT) as api:
             answer = api.post("/v1/receipts/export", body)

@@ -20,6 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="directory to write into (created if missing): stdout, stderr, output/..., "
         "receipt (the signed receipt envelope, exact bytes)",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace files already in DIR (by default one that differs is refused)",
+    )
     parser.add_argument("--json", action="store_true", help="print what was written as JSON")
 
 
@@ -29,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     api = client(args)
     (job_id,) = resolve_ids(api, [args.job])
     out = args.out.expanduser().resolve()
-    answer = call(api, "POST", f"/v1/jobs/{job_id}/results", {"out": str(out)})
+    answer = call(api, "POST", f"/v1/jobs/{job_id}/results", {"out": str(out), "overwrite": args.overwrite})
     if args.json:
         print(json.dumps(answer, indent=2))
     else:

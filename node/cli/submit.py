@@ -3,8 +3,11 @@
 The node reads the module and input files itself (the paths are sent made absolute), checks the
 job, stores it and answers with the job id, printed as the last word of the last line. With
 `--batch FILE.jsonl` each line is one job (args, env, inputs, stdin; relative paths are taken from
-the file's directory) and the last word is the batch id. A submission is safe to leave (this node may
-stop) once it is handed off: its executor holds its data. `--wait-handoff` waits for that.
+the file's directory) and the last word is the batch id. The batch file is read here, as the user, only
+if it is a regular file of at most 1 MiB (batch_file.MAX_BATCH_BYTES); the node itself refuses a module,
+input or stdin path that is not a regular file or whose last component is a symbolic link. A submission
+is safe to leave (this node may stop) once it is handed off: its executor holds its data.
+`--wait-handoff` waits for that.
 """
 
 from __future__ import annotations
@@ -159,7 +162,7 @@ def request_body(args: argparse.Namespace, now: float) -> dict[str, object]:
 
 def batch_body(args: argparse.Namespace, now: float) -> dict[str, object]:
     """The POST /v1/batches body: the batch file's jobs (paths made absolute from its directory)."""
-    from .batch_file import BatchError, parse_lines
+    from .batch_file import BatchError, parse_lines, read_batch_file
 
     per_job = [n for n in ("input", "arg", "env") if getattr(args, n)]
     if args.stdin is not None:
@@ -168,13 +171,10 @@ def batch_body(args: argparse.Namespace, now: float) -> dict[str, object]:
         names = ", ".join(f"--{n}" for n in per_job) or "arguments after --"
         raise CliError(f"{names}: with --batch, each line of the batch file says these")
     try:
-        text = args.batch.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise CliError(f"--batch {args.batch}: {getattr(e, 'strerror', None) or e}") from None
-    try:
+        text = read_batch_file(args.batch, f"--batch {args.batch}")
         jobs = parse_lines(text, str(args.batch))
     except BatchError as e:
-        raise CliError(str(e)) from None
+        raise CliError(str(e), code=2) from None
     base = args.batch.expanduser().absolute().parent
 
     def absolute(value: object) -> object:
@@ -224,13 +224,14 @@ def run(args: argparse.Namespace) -> int:
 
     from .common import call, client
 
+    body = batch_body(args, time.time()) if args.batch is not None else request_body(args, time.time())
     api = client(args)
     if args.batch is not None:
-        answer = call(api, "POST", "/v1/batches", batch_body(args, time.time()))
+        answer = call(api, "POST", "/v1/batches", body)
         ids, name, batch = answer["job_ids"], answer["batch_id"], answer["batch_id"]
         line = f"submitted {len(ids)} jobs as batch {name}"
     else:
-        answer = call(api, "POST", "/v1/jobs", request_body(args, time.time()))
+        answer = call(api, "POST", "/v1/jobs", body)
         ids, name, batch = [answer["job_id"]], answer["job_id"], None
         line = f"submitted job {name}"
     waiting: list[str] = []
