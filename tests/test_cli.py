@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from e31.node.cli import main as cli
@@ -161,3 +163,24 @@ def test_other_bad_durations_are_usage_errors(argv: list[str], capsys: pytest.Ca
         cli.main(argv)
     assert done.value.code == 2
     assert "error: argument --" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("batch", "kind"), [("/dev/zero", "a character device"), ("/", "a directory")])
+def test_a_batch_file_that_is_not_a_regular_file_is_one_usage_line(
+    batch: str, kind: str, tmp_path: Path
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "e31.node", "submit", "m.wasm", "--batch", batch],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "E31_DATA_DIR": str(tmp_path)},
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"e31: error: --batch {batch}: {kind}, not a regular file"]
+
+
+@pytest.mark.parametrize("command", [["results"], ["receipts", "export"]])
+def test_the_commands_that_write_files_take_overwrite(command: list[str]) -> None:
+    proc = _e31(*command, "--help")
+    assert proc.returncode == 0 and "--overwrite" in proc.stdout
