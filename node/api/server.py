@@ -37,6 +37,7 @@ import trio
 
 from ..config import NodeConfig
 from ..errors import NodeError
+from ..store.connection import DiskFull
 
 API_FILE_VERSION = 1
 HOST = "127.0.0.1"
@@ -86,6 +87,7 @@ _CODES = {
     431: "headers_too_large",
     500: "internal_error",
     503: "busy",
+    507: "disk_full",
 }
 
 
@@ -337,6 +339,9 @@ class _Server:
             result = await handler(request)
         except HttpError as e:
             return e.status, _error_body(e)
+        except DiskFull as e:  # one warning line, not a traceback per request; reads still work
+            log.warning("%s %s: %s", request.method, request.path, e)
+            return 507, _error_body(HttpError(507, str(e), "disk_full"))
         except Exception:
             log.exception("the handler of %s %s failed", request.method, request.path)
             return 500, _error_body(HttpError(500, "internal error in the node (see its log)"))

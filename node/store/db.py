@@ -178,8 +178,10 @@ class Store(Kv, Peers, Seen, Jobs, Receipts, Envelopes, BlobRefs, Pruning):
                     pass
             seq = self.seq
             self._conn.close()
-        if synced and self.watermark is not None:
-            self.watermark.advance(seq=seq)
+        if self.watermark is not None:
+            self.watermark.close()
+            if synced:
+                self.watermark.advance(seq=seq)
 
     def reader(self) -> Store:
         """A second, read-only view of this store on its own connection (for one thread): in WAL mode
@@ -212,7 +214,7 @@ class Store(Kv, Peers, Seen, Jobs, Receipts, Envelopes, BlobRefs, Pruning):
             covered, seq = self.unsynced, self.seq
         self._fsync()
         if self.watermark is not None:
-            self.watermark.advance(seq=seq)  # after the fsync; a failure leaves it behind (still true)
+            self.watermark.advance_soon(seq)  # after the fsync; a failure leaves it behind (still true)
         return covered
 
     def _fsync(self) -> None:

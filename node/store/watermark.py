@@ -135,7 +135,8 @@ def read(path: Path) -> Mark | None:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise WatermarkError(
-            f"{path}: the store's watermark is damaged ({e}); run `e31 node recover` to see what to do"
+            f"{path}: the store's watermark is damaged ({e}); restore it from a backup, or move it aside "
+            "to have one made from the database (which then is trusted as it is)"
         ) from None
 
 
@@ -208,6 +209,42 @@ class Keeper:
         self._lock = threading.Lock()
         self.failing: StoreError | None = None
         """Why the last write failed (the watermark lags until one succeeds), or None."""
+        self._wake = threading.Condition()
+        self._pending = mark.seq
+        self._writer: threading.Thread | None = None
+        self._closed = False
+
+    def advance_soon(self, seq: int) -> None:
+        """`advance(seq=seq)` in a writer thread of its own, off the caller's path: a sync does not wait
+        for the watermark's two fsyncs, and one write covers every sync made meanwhile. The watermark
+        then lags the database by at most the write in progress (it is never ahead of it)."""
+        with self._wake:
+            if seq <= self._pending:
+                return
+            self._pending = seq
+            if self._writer is None and not self._closed:
+                self._writer = threading.Thread(target=self._write_behind, name="e31-watermark", daemon=True)
+                self._writer.start()
+            self._wake.notify()
+
+    def _write_behind(self) -> None:
+        while True:
+            with self._wake:
+                while self._pending <= self.mark.seq and not self._closed:
+                    self._wake.wait()
+                if self._pending <= self.mark.seq:
+                    return
+                seq = self._pending
+            self.advance(seq=seq)
+
+    def close(self) -> None:
+        """Stop the writer thread once it has written what it was given."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+            writer = self._writer
+        if writer is not None:
+            writer.join()
 
     def advance(self, *, seq: int | None = None, head: tuple[int, bytes, bytes] | None = None) -> bool:
         """Raise the seq and/or the newest signed head (size, root, envelope), then write the watermark
