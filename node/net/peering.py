@@ -388,7 +388,8 @@ class PeerService:
             link.peer, trio.current_time(), self.rng, failed=failed, misbehaved=link.misbehaved
         )
         log.info("disconnected from %s: %s", NodeId(link.peer), reason)
-        if failed:
+        peer = self.table.peers.get(link.peer)
+        if failed and peer is not None and peer.addresses:  # a stranger without a stored row: no write
             self.persistence.failed(link.peer)
         self.dialer.wake()
 
