@@ -49,7 +49,7 @@ from e31.sandbox.limits import Limits as SandboxLimits
 from e31.sandbox.limits import RunResult, Status
 
 from ..nursery import TaskSlot
-from ..store.blobs import BlobError
+from ..store.blobs import BlobCorrupt, BlobError, BlobStore
 from ..store.db import Store, call
 from .bidding import BidCapacity, Bids, clip
 from .context import MarketContext, transition
@@ -326,18 +326,29 @@ class Executor:
 
             def then(result: RunResult) -> StoredOutputs | None:
                 held.ran = True  # the run is over: giving the job back now would waste it
+                _inputs_unchanged(blobs, manifest)
                 if result.stdout_bytes + result.stderr_bytes + result.output_bytes > STORE_IN_SLOT_MAX:
                     return None  # stored below, once the worker is free for the next job
                 return store_outputs(blobs, work, result)
 
-            record = await self.scheduler.execute(  # the spec is read and small outputs stored in its threads
-                partial(self._prepare, manifest, work),
-                work / "output",
-                estimate_ms=estimate,
-                on_start=started,
-                streams_dir=work / "streams",
-                then=then,
-            )
+            for attempt in (1, 2):
+                try:
+                    record = (
+                        await self.scheduler.execute(  # the spec is read, small outputs stored in its threads
+                            partial(self._prepare, manifest, work),
+                            work / "output",
+                            estimate_ms=estimate,
+                            on_start=started,
+                            streams_dir=work / "streams",
+                            then=then,
+                        )
+                    )
+                    break
+                except BlobCorrupt as e:  # quarantined by the check: the submitter has the bytes
+                    if attempt == 2 or manifest.submitter.raw == self.ctx.node.raw:
+                        raise
+                    log.warning("job %s: %s; fetching it again", job_id.hex()[:12], e)
+                    await self._fetch_inputs(manifest)
             held.ran = True
             marking.cancel()  # a run that ended before it was marked running goes from queued to done
             await marked.wait()  # a `running` being written is in the store before `done` can be
@@ -404,8 +415,8 @@ class Executor:
                 module=blobs.read(manifest.module.root.raw),
                 args=manifest.args,
                 env=tuple((e.name, e.value) for e in manifest.env),
-                stdin=None if manifest.stdin is None else blobs.path(manifest.stdin.root.raw),
-                inputs={f.name: blobs.path(f.blob.root.raw) for f in manifest.inputs},
+                stdin=None if manifest.stdin is None else blobs.checked_path(manifest.stdin.root.raw),
+                inputs={f.name: blobs.checked_path(f.blob.root.raw) for f in manifest.inputs},
                 limits=limits,
                 seed=manifest.job_id.raw,
             )
@@ -612,6 +623,15 @@ def _outcome(result: RunResult) -> Outcome:
         trap = (result.trap or "unknown")[:TRAP_MAX] or "unknown"
         return Outcome("trap", None, trap)
     return Outcome(str(result.status), None, None)
+
+
+def _inputs_unchanged(blobs: BlobStore, manifest: JobManifest) -> None:
+    """Raise JobFailed if an input or stdin file the sandbox read was written to, replaced or removed
+    since it was checked before the run: the receipt would name bytes the run may not have seen."""
+    refs = [*(f.blob for f in manifest.inputs), *([] if manifest.stdin is None else [manifest.stdin])]
+    for ref in refs:
+        if not blobs.unchanged(ref.root.raw):
+            raise JobFailed(f"input blob {ref.root.hex()} changed on disk during the run: no receipt for it")
 
 
 def _blob_refs(manifest: JobManifest) -> list[BlobRef]:
