@@ -108,6 +108,16 @@ class Delivery:
         if len(self._unacked) > UNACKED_KEPT:
             del self._unacked[next(iter(self._unacked))]
 
+    async def withdrawn(self, job_id: bytes) -> None:
+        """The job's submitter withdrew it after its run here was over: its receipts still
+        unacknowledged are not delivered again (kept, signed, never logged)."""
+        me = str(self.ctx.node)
+        for row in await self.ctx.store.run(Store.receipts_for_job, job_id):
+            if row.executor == me and row.delivered is None and row.next_delivery is not None:
+                await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, math.inf)
+                self._unacked.pop(row.digest, None)
+                log.info("stopped delivering the receipt of job %s: withdrawn", job_id.hex()[:12])
+
     async def deliver(
         self,
         receipt: VerifiedEnvelope[UsageReceipt],

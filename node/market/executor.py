@@ -21,6 +21,11 @@ unless that attempt's receipt was already signed (then the job is only marked do
 a job whose lease ran out is given back. While the node is suspended for its owner, the jobs that
 could no longer meet their deadline are stopped and given back (held.py; a `release`, reason
 `deadline`).
+
+Withdrawal: a `cancel` from a job's submitter (`e31 cancel`, or the job is done with another attempt's
+result) stops the job here unless its run is over, and ends it `cancelled` with no result or release;
+an assignment of it being stored or fetched meanwhile is never started (held.py remembers it). A job
+whose run was over keeps its receipt and stops delivering it.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from e31.protocol.blobs import BlobRef
 from e31.protocol.codec import pack, unpack_canonical
 from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_message, sign_verified
 from e31.protocol.errors import InvalidMessage
+from e31.protocol.ids import NodeId
 from e31.protocol.jobs import FileRef, JobManifest
 from e31.protocol.messages import Accepted, Assign, Cancel, Offer, ProofRequest, Release
 from e31.protocol.receipts import TRAP_MAX, Ack, Outcome, UsageReceipt
@@ -59,8 +65,6 @@ from .outputs import JobFailed, StoredOutputs, store_outputs
 from .rules import run_estimate_ms
 from .scheduler import RunRecord, Scheduler
 from .transfer import BlobTransfer, FetchError
-
-FINISHED_HERE = ("done", "failed", "cancelled")
 
 _TEST_LIE = 1 if os.environ.get("E31_TEST_CORRUPT_OUTPUT") == "1" else 0
 """TEST ONLY: E31_TEST_CORRUPT_OUTPUT=1 makes this node a lying executor that claims one fuel more than
@@ -143,6 +147,8 @@ class Executor:
     async def _on_assign(self, env: VerifiedEnvelope[Assign]) -> None:
         assign = env.message
         if assign.executor != self.ctx.node:
+            return
+        if self._held.was_withdrawn(assign.job_id.raw, assign.submitter.raw):
             return
         promise = self.bids.live(assign.bid_id.raw)
         manifest = None if promise is None else promise.jobs.get(assign.job_id.raw)
@@ -257,14 +263,20 @@ class Executor:
     ) -> None:
         if job_id in self._active:
             return
+        submitter = manifest.submitter.raw
+        if self._held.was_withdrawn(job_id, submitter):  # while its assignment was being stored
+            await self._end_withdrawn(job_id, submitter)
+            return
         self._active.add(job_id)
         work = self.runs_dir / job_id.hex()
         estimate = run_estimate_ms(manifest.limits.fuel, manifest.limits.wall_ms, self.scheduler.fuel_rate)
-        held = self._held[job_id] = Held(trio.CancelScope(), manifest.deadline, estimate)
+        held = self._held[job_id] = Held(trio.CancelScope(), manifest.deadline, estimate, submitter=submitter)
         try:
             with held.scope:
                 await self._run(job_id, manifest, assign, work, held, fetched)
-            if held.handed_back:
+            if held.withdrawn:
+                await self._end_withdrawn(job_id, submitter)
+            elif held.handed_back:
                 row = await self.ctx.store.run(Store.job, job_id, ROLE)
                 await self._fail(job_id, row.state if row else "queued", GIVE_BACK_TEXT, reason="deadline")
         finally:
@@ -580,15 +592,24 @@ class Executor:
             nursery.start_soon(self._on_cancel, env)
 
     async def _on_cancel(self, env: VerifiedEnvelope[Cancel]) -> None:
-        """The submitter withdrew a job: stop its run if this node holds it, and end it `cancelled`."""
+        """The submitter withdrew a job (`e31 cancel`, or it is done with another attempt's result):
+        a job held here is stopped unless its run is over (held.py), and ended by its own task; one
+        not held is ended here."""
         msg = env.message
-        job_id = msg.job_id.raw
-        held = self._held.get(job_id)
-        if held is not None and await self._cancellable(job_id, str(msg.submitter)):
-            held.scope.cancel()
-        for _ in range(3):  # the run may move the state on meanwhile
+        job_id, submitter = msg.job_id.raw, msg.submitter.raw
+        if self._held.withdraw(job_id, submitter) is None:
+            await self._end_withdrawn(job_id, submitter)
+
+    async def _end_withdrawn(self, job_id: bytes, submitter: bytes) -> None:
+        """End a withdrawn job here: `cancelled` if it had not finished, with no result or release; if
+        it had (its result may have gone already), its receipt is not delivered again (its submitter
+        does not take it: docs/protocol.md, `cancel`)."""
+        for _ in range(3):  # a run may move the state on meanwhile
             row = await self.ctx.store.run(Store.job, job_id, ROLE)
-            if row is None or row.submitter != str(msg.submitter) or row.state in FINISHED_HERE:
+            if row is None or row.submitter != str(NodeId(submitter)) or row.state in ("failed", "cancelled"):
+                return
+            if row.state == "done":
+                await self.delivery.withdrawn(job_id)
                 return
             if await self.ctx.store.run(
                 Store.update_job,
@@ -601,10 +622,6 @@ class Executor:
             ):
                 log.info("job %s cancelled by its submitter", job_id.hex()[:12])
                 return
-
-    async def _cancellable(self, job_id: bytes, submitter: str) -> bool:
-        row = await self.ctx.store.run(Store.job, job_id, ROLE)
-        return row is not None and row.submitter == submitter and row.state not in FINISHED_HERE
 
     def on_proof_request(self, peer: bytes, env: VerifiedEnvelope[ProofRequest]) -> None:
         msg = env.message

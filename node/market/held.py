@@ -14,6 +14,10 @@ from dataclasses import dataclass
 
 import trio
 
+WITHDRAWN_KEPT = 4096
+"""Withdrawn jobs remembered (a withdrawal matters only while an assignment of the job is on its way,
+moments after it: it is also kept with the job's row when there is one)."""
+
 
 @dataclass(eq=False, slots=True)
 class Held:
@@ -28,14 +32,41 @@ class Held:
     """Whether the store has it `running` (executor.RUNNING_MARK_DELAY after its run started)."""
     ending: bool = False
     """Its result or release is on its way: an `accepted` now would come after it."""
+    submitter: bytes = b""
+    """The job's submitter (its key): only its `cancel` withdraws the job."""
+    withdrawn: bool = False
+    """Its submitter withdrew it (a `cancel`): stopped if its run was not over, else its result is not
+    delivered again (executor.py)."""
 
 
 class HeldJobs(dict[bytes, Held]):
-    """The jobs held here, by job id."""
+    """The jobs held here, by job id, and the jobs their submitters withdrew."""
 
     def __init__(self, clock: Callable[[], int]) -> None:
         super().__init__()
         self.clock = clock
+        self._withdrawn: dict[bytes, bytes] = {}
+        """Job id -> the submitter that withdrew it (WITHDRAWN_KEPT at most, the oldest forgotten)."""
+
+    def withdraw(self, job_id: bytes, submitter: bytes) -> Held | None:
+        """The job's submitter withdrew it (a signed `cancel`): remember that, so an assignment of it
+        being stored or fetched now is never started (`was_withdrawn`), and stop the job if it is held
+        here and its run is not over (the executor then ends it `cancelled`, sending nothing). Returns
+        the job held here, if any (its run may be over: its result is then not delivered again)."""
+        self._withdrawn.pop(job_id, None)
+        self._withdrawn[job_id] = submitter
+        while len(self._withdrawn) > WITHDRAWN_KEPT:
+            del self._withdrawn[next(iter(self._withdrawn))]
+        held = self.get(job_id)
+        if held is None or held.submitter != submitter:
+            return None
+        held.withdrawn = True
+        if not (held.ran or held.ending):
+            held.scope.cancel()
+        return held
+
+    def was_withdrawn(self, job_id: bytes, submitter: bytes) -> bool:
+        return self._withdrawn.get(job_id) == submitter
 
     async def give_back_late(self) -> int:
         """Hand back every job held here that would now miss its deadline (called while this node is

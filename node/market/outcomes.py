@@ -10,6 +10,10 @@ gets the stored ack again (or, lost in a stop, a new one), so an executor that m
 retrying. A refused receipt is stored as evidence; only one from the current assignment's executor,
 for that assignment, ends the attempt. With replicas, each lane takes in its own receipt, and the job
 ends when all are in: `done` when they agree, `disputed` when not.
+
+Once a job is `done`, its other assignments (a newer attempt, when an earlier one's result came after
+its lease) are withdrawn with a signed `cancel` (reason `done`) to their executors at once; a result
+of a withdrawn assignment is not taken (one receipt counts) and is answered with that cancel again.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import trio
 from e31.protocol.blobs import BlobRef
 from e31.protocol.envelope import VerifiedEnvelope, reopen_stored
 from e31.protocol.errors import Mismatch, ProtocolError
+from e31.protocol.ids import NodeId
 from e31.protocol.messages import Assign, Result
 from e31.protocol.receipts import UsageReceipt, check_receipt_assignment, check_receipt_manifest
 from e31.protocol.results import carried_outputs, open_result, outputs_of
@@ -39,6 +44,8 @@ from .submitted import (
     SubmittedJob,
     names_our_assignment,
     set_submitted_state,
+    signed_cancel,
+    stored_assigns,
     submitted_transition,
 )
 from .transfer import BlobTransfer, FetchError
@@ -203,24 +210,28 @@ class Outcomes:
             self.acks.add(executor, receipt_env.message_id.raw, job_id)
             return
         outcome = receipt.outcome
-        await self.ctx.store.atomically(  # one commit: the receipt, outputs and ack, with the job's end
-            *small,
-            kept,
-            recorded,
-            submitted_transition(
-                self.ctx,
-                job_id,
-                row.state,
-                "done",
-                executor=str(receipt.executor),
-                started=receipt.started_at / 1000,
-                finished=receipt.finished_at / 1000,
-                fuel_used=receipt.fuel_used,
-                reason=outcome_text(outcome.status, outcome.exit_code, outcome.trap),
-            ),
+        end = {
+            "executor": str(receipt.executor),
+            "started": receipt.started_at / 1000,
+            "finished": receipt.finished_at / 1000,
+            "fuel_used": receipt.fuel_used,
+            "reason": outcome_text(outcome.status, outcome.exit_code, outcome.trap),
+        }
+        # one commit: the receipt, outputs and ack, with the job's end
+        *_, moved = await self.ctx.store.atomically(
+            *small, kept, recorded, submitted_transition(self.ctx, job_id, row.state, "done", **end)
         )
+        for _ in range(3):  # it moved on while the outcome was verified (offered again, or assigned)
+            if moved:
+                break
+            now = await self.ctx.store.run(Store.job, job_id, ROLE)
+            if now is None or now.state in TERMINAL:
+                break
+            method, args, kwargs = submitted_transition(self.ctx, job_id, now.state, "done", **end)
+            moved = await self.ctx.store.run(method, *args, **kwargs)
         self.notify(job_id)
         job.finished.set()
+        await self._withdraw_others(job_id, job, receipt_env)
         log.info(
             "job %s done on %s: %s, %d fuel",
             job_id.hex()[:12],
@@ -229,6 +240,27 @@ class Outcomes:
             receipt.fuel_used,
         )
         self.acks.add(executor, receipt_env.message_id.raw, job_id)
+
+    async def _withdraw_others(
+        self, job_id: bytes, job: SubmittedJob, receipt_env: VerifiedEnvelope[UsageReceipt]
+    ) -> None:
+        """The job is done with this receipt: every other executor assigned it (a newer attempt, when
+        an earlier one's result came late; or an earlier one still running) is sent a signed `cancel`
+        (reason `done`) at once, so it drops or stops the job and sends no result for it."""
+        receipt = receipt_env.message
+        signer = receipt.executor.raw
+        others = {
+            a.message.executor.raw
+            for a in await stored_assigns(self.ctx, job_id)
+            if a.message_id != receipt.assignment_id and a.message.executor.raw != signer
+        }
+        if not others:
+            return
+        text = "the job is done: another attempt's result completed it"
+        env = await signed_cancel(self.ctx, job_id, job.manifest.deadline, "done", text)
+        for executor in sorted(others):
+            log.info("job %s: withdrawing its assignment from %s", job_id.hex()[:12], NodeId(executor))
+            await self.ctx.send_to(executor, env.raw)
 
     async def _collect(
         self, executor: bytes, outputs: Sequence[BlobRef], carried: dict[bytes, bytes]
@@ -255,18 +287,31 @@ class Outcomes:
         ack = await self.ctx.store.run(Store.ack_for, receipt_id)
         if ack is not None:
             signer = receipt_env.signer.raw
-            now = trio.current_time()
-            key = (signer, ack.message_id)
-            if now < self._acks_resent.get(key, -math.inf) + self.ctx.settings.delivery_interval:
-                return
-            self._acks_resent[key] = now
-            while len(self._acks_resent) > ACKS_RESENT_KEPT:
-                del self._acks_resent[next(iter(self._acks_resent))]
-            await self.ctx.send_to(signer, ack.raw)
+            if self._once_a_while(signer, ack.message_id):
+                await self.ctx.send_to(signer, ack.raw)
             return
         row = await self.ctx.store.run(Store.receipt, receipt_id)
         if row is not None and row.delivered is not None:  # verified (never a receipt only seen)
             self.acks.add(receipt_env.signer.raw, receipt_id, row.job_id)
+            return
+        # A result of an assignment this node withdrew (the job was cancelled, or done with another
+        # receipt): not taken; its executor is sent the withdrawal again, and stops delivering it.
+        job_id = receipt_env.message.job_id.raw
+        cancels = await self.ctx.store.run(Store.envelopes_for_job, job_id, "cancel")
+        if cancels and self._once_a_while(receipt_env.signer.raw, cancels[-1].message_id):
+            await self.ctx.send_to(receipt_env.signer.raw, cancels[-1].raw)
+
+    def _once_a_while(self, peer: bytes, message_id: bytes) -> bool:
+        """Whether a stored message may be sent to `peer` again now: at most once per
+        `delivery_interval` (results of a batch, or copies of one, come again together)."""
+        now = trio.current_time()
+        key = (peer, message_id)
+        if now < self._acks_resent.get(key, -math.inf) + self.ctx.settings.delivery_interval:
+            return False
+        self._acks_resent[key] = now
+        while len(self._acks_resent) > ACKS_RESENT_KEPT:
+            del self._acks_resent[next(iter(self._acks_resent))]
+        return True
 
     async def judge_replicas(self, job_id: bytes, job: SubmittedJob) -> None:
         """Once every lane of a job with replicas is over, compare their verified receipts: the same

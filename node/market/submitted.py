@@ -16,11 +16,11 @@ from typing import Any
 
 import trio
 from e31.protocol.codec import pack
-from e31.protocol.envelope import VerifiedEnvelope, reopen_stored
+from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_verified
 from e31.protocol.errors import ProtocolError
-from e31.protocol.ids import NodeId
+from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest
-from e31.protocol.messages import Accepted, Assign, Release, Result
+from e31.protocol.messages import Accepted, Assign, Cancel, Release, Result
 from e31.protocol.receipts import UsageReceipt
 
 from ..store.db import Call, Store
@@ -30,6 +30,8 @@ from .rules import BidView
 log = logging.getLogger("e31.submitter")
 
 ROLE = "submitter"
+CANCEL_TTL_MS = 3600 * 1000
+"""How long a cancel of a job whose deadline has passed stays live (on gossip, and at executors)."""
 
 
 @dataclass(eq=False)
@@ -168,6 +170,17 @@ async def names_our_assignment(ctx: MarketContext, jobs: Jobs, msg: Accepted | R
 async def stored_assigns(ctx: MarketContext, job_id: bytes) -> list[VerifiedEnvelope[Assign]]:
     rows = await ctx.store.run(Store.envelopes_for_job, job_id, "assign")
     return [reopen_stored(r.raw, Assign) for r in rows]
+
+
+async def signed_cancel(
+    ctx: MarketContext, job_id: bytes, deadline_ms: int, reason: str, text: str = ""
+) -> VerifiedEnvelope[Cancel]:
+    """Sign a `cancel` of one of our jobs and keep it with the job (a later result of a withdrawn
+    assignment is answered with it again: outcomes.py)."""
+    expires = max(deadline_ms, ctx.clock() + CANCEL_TTL_MS)
+    env = sign_verified(Cancel(ctx.network, Digest(job_id), ctx.node, expires, reason, text), ctx.identity)
+    await ctx.store.run(Store.put_envelope, env.message_id.raw, env.kind, env.raw, ctx.now_s(), job_id)
+    return env
 
 
 def new_job(manifest: JobManifest, now: float) -> dict[str, Any]:

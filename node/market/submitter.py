@@ -14,8 +14,9 @@ and acknowledged, and replicas judged (outcomes.py), and inclusion proofs of ack
 (inclusion.py).
 
 Cancel (`e31 cancel`): a signed `cancel` goes to the assigned executor and out on gossip, the job ends
-`cancelled` and its driver stops; an outcome arriving later is ignored (its executor re-sends it until
-its retention ends).
+`cancelled` and its driver stops; an outcome arriving later is not taken, and its executor is sent
+the cancel again (outcomes.py). A job done with an earlier attempt's late result has its other
+assignments withdrawn the same way (reason `done`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_verified
 from e31.protocol.errors import ProtocolError
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest
-from e31.protocol.messages import Accepted, Assign, Cancel, InclusionProof, Release, Result
+from e31.protocol.messages import Accepted, Assign, InclusionProof, Release, Result
 
 from ..errors import UsageError
 from ..lifecycle import TERMINAL
@@ -53,6 +54,7 @@ from .submitted import (
     executor_key,
     new_job,
     set_submitted_state,
+    signed_cancel,
     stored_assigns,
     submitted_transition,
 )
@@ -69,8 +71,6 @@ ADMIT_STEP = 16
 """Waiting jobs are admitted this many at a time (node/admission.py), so they share an offer."""
 REOFFER_MAX = 8.0
 """Seconds between rounds at most: the delay after a round without a bid doubles up to this."""
-CANCEL_TTL_MS = 3600 * 1000
-"""How long a cancel of a job whose deadline has passed stays on gossip."""
 
 
 class UnknownJob(UsageError, LookupError):
@@ -206,14 +206,8 @@ class Submitter:
                 raise UnknownJob(job_id.hex())
             if row.state in TERMINAL:
                 return row.state, False
-            now = self.ctx.clock()
-            expires = max(int(row.deadline * 1000), now + CANCEL_TTL_MS)
-            cancel = Cancel(self.ctx.network, Digest(job_id), self.ctx.node, expires, "withdrawn", text)
-            env = sign_verified(cancel, self.ctx.identity)
+            env = await signed_cancel(self.ctx, job_id, int(row.deadline * 1000), "withdrawn", text)
             raw = env.raw
-            await self.ctx.store.run(
-                Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id
-            )
             reason = "cancelled by its submitter" + (f": {text}" if text else "")
             if await self._set_state(job_id, row.state, "cancelled", reason=reason[:500]):
                 break
@@ -470,6 +464,8 @@ class Submitter:
             await self.ctx.store.run(
                 Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state="assigned", **changes
             )
+        if job.finished.is_set() or (not lane and not moved):  # it ended meanwhile (an earlier attempt's
+            return False  # result completed it): the assignment is never sent (or withdrawn: outcomes.py)
         if not await self.ctx.send_to(bid.executor, raw):
             log.info("job %s: no link to %s to assign it", job_id.hex()[:12], NodeId(bid.executor))
             if not lane:
