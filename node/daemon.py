@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nacl.signing
 import trio
@@ -46,6 +46,9 @@ from .net.transport import ListenFailed
 from .store.async_store import AsyncStore
 from .store.blobs import BlobError, BlobStore
 from .store.db import Store
+
+if TYPE_CHECKING:
+    from .market.adverts import CapacityService
 
 log = logging.getLogger("e31.node")
 
@@ -199,8 +202,8 @@ class Node:
     peering: PeerService = field(init=False)
     started_at: float = 0.0
     started_wall: float = 0.0
-    capacity: Any = None
-    """The CapacityService once the job path runs (node/capacity_service.py)."""
+    capacity: CapacityService | None = None
+    """The CapacityService once the job path runs (market/adverts.py)."""
     gossip: GossipService[bytes] | None = None
     """The GossipService once started (net/gossip.py); its counters show in the status."""
 
@@ -318,7 +321,7 @@ class Node:
             )
         )
 
-    def _set_capacity(self, capacity: Any) -> None:
+    def _set_capacity(self, capacity: CapacityService) -> None:
         self.capacity = capacity
 
     def router(self) -> Router:
