@@ -50,6 +50,25 @@ duration = _argument(parse_duration, "duration")
 positive_duration = _argument(parse_duration, "duration", positive=True)
 
 
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """A job's limits, one definition for `e31 sandbox run` and `e31 submit`: the same flags mean the
+    same there and here (unset ones take the sandbox's defaults)."""
+    parser.add_argument("--fuel", type=count, metavar=COUNT, help="fuel budget (default 10G)")
+    parser.add_argument("--memory", type=size, metavar=SIZE, help="linear memory limit (default 256MiB)")
+    parser.add_argument(
+        "--timeout",
+        type=duration,
+        metavar=DURATION,
+        help="wall-clock limit while the job holds a core, e.g. 90s or 10m (default 60s)",
+    )
+    parser.add_argument(
+        "--max-output",
+        type=size,
+        metavar=SIZE,
+        help="cap on stdout + stderr + /output bytes (default 64MiB)",
+    )
+
+
 def file_kind(mode: int) -> str:
     """What a file of `mode` is, for a message: "a FIFO", "a directory", ..."""
     for test, kind in (

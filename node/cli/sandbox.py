@@ -82,22 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="directory where the guest's /output files are written after the run",
     )
-    p.add_argument("--fuel", type=options.count, metavar=options.COUNT, help="fuel budget (default 10G)")
-    p.add_argument(
-        "--memory", type=options.size, metavar=options.SIZE, help="linear memory limit (default 256MiB)"
-    )
-    p.add_argument(
-        "--timeout",
-        type=options.duration,
-        metavar=options.DURATION,
-        help="wall-clock limit, e.g. 90s or 10m (default 60s)",
-    )
-    p.add_argument(
-        "--max-output",
-        type=options.size,
-        metavar=options.SIZE,
-        help="cap on stdout + stderr + /output bytes (default 64MiB)",
-    )
+    options.add_limit_arguments(p)
     p.add_argument("--seed", type=_seed, metavar="HEX", help="32-byte seed for random_get (default zeros)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
 

@@ -48,22 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--env", action="append", default=[], metavar="K=V", help="an environment variable")
     parser.add_argument("--stdin", type=Path, metavar="FILE", help="a file to feed as standard input")
-    parser.add_argument("--fuel", type=options.count, metavar=options.COUNT, help="fuel limit (default 10G)")
-    parser.add_argument(
-        "--memory", type=options.size, metavar=options.SIZE, help="memory limit (default 256MiB)"
-    )
-    parser.add_argument(
-        "--timeout",
-        type=options.duration,
-        metavar=options.DURATION,
-        help="wall-clock limit while the job holds a core, e.g. 90s or 10m (default 60s)",
-    )
-    parser.add_argument(
-        "--max-output",
-        type=options.size,
-        metavar=options.SIZE,
-        help="cap on stdout + stderr + output files (default 64MiB)",
-    )
+    options.add_limit_arguments(parser)
     parser.add_argument(
         "--deadline",
         type=_deadline,
