@@ -17,6 +17,11 @@ side that carries the decisions out is `e31.node.net.peering` (with its dialer, 
   `dead_after` it is closed.
 - Two links to one peer (both dialed at once): both ends keep the one initiated by the smaller node
   key, so they agree without a message; two links with the same initiator: the newer one stays.
+  (Backoff, TokenBucket, Liveness and that rule live in `e31.node.net.links`.)
+- Strangers are bounded: at most `max_peers` peers however they were met, the least useful evicted
+  first (`rank_of`); a contact record's addresses are hints, dialed only where the operator allows
+  (`dial_private`), within a global budget and one try per record, and confirmed by a handshake that
+  answers as the record's key; only records with a confirmed address are passed on.
 """
 
 from __future__ import annotations
@@ -27,14 +32,14 @@ import ipaddress
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from .addresses import dial_refusal, split_address
-
-
-class Random(Protocol):
-    def random(self) -> float: ...
-
+from .links import Backoff as Backoff
+from .links import LinkHealth as LinkHealth
+from .links import Liveness as Liveness
+from .links import Random as Random
+from .links import TokenBucket as TokenBucket
+from .links import keep_new_link as keep_new_link
 
 MIN_LINK_TTL = 300.0
 """Seconds of life for ping, pong and peers messages at least: peers' clocks may differ by minutes."""
@@ -125,100 +130,6 @@ class PeerSettings:
             unverified_retry=8 * heartbeat,
             forget_interval=4 * heartbeat,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential backoff with jitter: the n-th failure in a row waits base * 2**(n-1), capped,
-    then multiplied by a factor drawn from [0.5, 1.0) so that peers who failed together spread out."""
-
-    base: float
-    maximum: float
-
-    def delay(self, failures: int, rng: Random) -> float:
-        if failures <= 0:
-            return 0.0
-        raw = min(self.maximum, self.base * 2.0 ** min(failures - 1, 62))
-        return raw * (0.5 + rng.random() / 2)
-
-
-@dataclass(slots=True)
-class TokenBucket:
-    """At most `burst` events at once and `rate` per second on average; `now` is passed in."""
-
-    rate: float
-    burst: float
-    tokens: float = -1.0
-    updated: float = 0.0
-
-    def allow(self, now: float, cost: float = 1.0) -> bool:
-        """Take `cost` tokens if there are that many (a cost over the burst is taken from a full bucket)."""
-        if self.tokens < 0:
-            self.tokens, self.updated = self.burst, now
-        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
-        self.updated = now
-        cost = min(cost, self.burst)
-        if self.tokens < cost:
-            return False
-        self.tokens -= cost
-        return True
-
-
-class LinkHealth(enum.Enum):
-    ALIVE = "alive"
-    SUSPECT = "suspect"
-    DEAD = "dead"
-
-
-@dataclass(slots=True)
-class Liveness:
-    """Heartbeat bookkeeping for one link: which ping is outstanding, how many went unanswered."""
-
-    suspect_after: int
-    dead_after: int
-    missed: int = 0
-    outstanding: bytes | None = None
-    sent_at: float = 0.0
-    rtt: float | None = None
-
-    @property
-    def health(self) -> LinkHealth:
-        if self.missed >= self.dead_after:
-            return LinkHealth.DEAD
-        if self.missed >= self.suspect_after:
-            return LinkHealth.SUSPECT
-        return LinkHealth.ALIVE
-
-    def tick(self, nonce: bytes, now: float) -> LinkHealth:
-        """A heartbeat is due: the previous ping, if still unanswered, counts as missed; `nonce` is
-        the next ping's. Returns the health after counting (DEAD: close the link, send nothing)."""
-        if self.outstanding is not None:
-            self.missed += 1
-        health = self.health
-        if health is not LinkHealth.DEAD:
-            self.outstanding, self.sent_at = nonce, now
-        return health
-
-    def pong(self, nonce: bytes, now: float) -> bool:
-        """An answer arrived; True if it answers the outstanding ping (the link is alive again)."""
-        if self.outstanding is None or nonce != self.outstanding:
-            return False
-        self.outstanding = None
-        self.missed = 0
-        self.rtt = now - self.sent_at
-        return True
-
-
-def keep_new_link(local: bytes, peer: bytes, old_outbound: bool, new_outbound: bool) -> bool:
-    """Whether a new link to `peer` replaces the existing one (True) or is dropped (False).
-
-    `*_outbound` says whether this node dialed the link. Both ends keep the link whose initiator has
-    the smaller key; with equal initiators, the newer link (the old one is likely half dead).
-    """
-    if old_outbound == new_outbound:
-        return True
-    smaller_is_local = local < peer
-    return new_outbound == smaller_is_local
 
 
 class PeerState(enum.Enum):
