@@ -13,12 +13,18 @@
 - A signed `capacity` advertisement goes out through gossip at start, whenever the offer changes, and
   again before it expires and after a new link comes up (a fresh message, so a node that joins late
   hears it: a repeated one would be dropped as a duplicate).
-  Peers' advertisements are kept (until they expire) for `e31 node status` and `GET /v1/status`.
+  Peers' advertisements are kept (until they expire) for `e31 node status` and `GET /v1/status`,
+  each with the evidence behind its key (`TrackRecord`: receipts this node verified from it, the age of
+  its link, whether the operator pinned it as a bootstrap peer). What the node believes of the
+  network's capacity (`believed`, rules.believe) takes known keys' adverts whole and strangers'
+  together only up to a small share; at most STRANGER_ADVERTS strangers' adverts are kept at all. The
+  same evidence puts known executors' bids ahead of strangers' (rules.choose_bid).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -32,6 +38,7 @@ from e31.protocol.ids import Digest, NodeId
 from e31.protocol.messages import Capacity as CapacityAd
 
 from ..host.capacity import Capacity, CapacityPolicy, Sample, State, run_capacity_monitor
+from .rules import Believed, Evidence, believe
 from .scheduler import Scheduler
 
 log = logging.getLogger("e31.capacity")
@@ -40,6 +47,37 @@ ADVERT_TTL_MS = 120_000
 """Life of one advertisement; it is renewed at a third of it."""
 ADVERT_DELAY = 0.5
 """Seconds to wait after a change or a new link before advertising (they come in bursts)."""
+STRANGER_ADVERTS = 256
+"""Adverts kept at most from keys with no evidence behind them (the soonest to expire dropped first)."""
+
+
+class TrackRecord:
+    """The evidence this node holds about other keys, beyond what they say of themselves: receipts
+    from each that its submitter verified, when its current link came up, and the bootstrap peers its
+    operator pinned. A key with any of it is `known` (rules.Evidence); `key in record` says so."""
+
+    def __init__(self, clock: Callable[[], int], bootstrap: Iterable[bytes] = ()) -> None:
+        self.clock = clock
+        self.bootstrap = frozenset(bootstrap)
+        self.receipts: Counter[bytes] = Counter()
+        self._linked: dict[bytes, int] = {}
+
+    def verified(self, executor: bytes, count: int = 1) -> None:
+        self.receipts[executor] += count
+
+    def link_up(self, peer: bytes) -> None:
+        self._linked.setdefault(peer, self.clock())
+
+    def link_down(self, peer: bytes) -> None:
+        self._linked.pop(peer, None)
+
+    def of(self, key: bytes) -> Evidence:
+        since = self._linked.get(key)
+        age = 0 if since is None else max(0, self.clock() - since)
+        return Evidence(self.receipts.get(key, 0), age, key in self.bootstrap)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, bytes) and self.of(key).known
 
 
 class LateJobs(Protocol):
@@ -81,6 +119,7 @@ class CapacityService:
         clock: Callable[[], int],
         publish: Callable[[bytes], object] | None = None,
         late: LateJobs | None = None,
+        track: TrackRecord | None = None,
     ) -> None:
         self.identity = identity
         self.node = NodeId(bytes(identity.verify_key))
@@ -94,6 +133,7 @@ class CapacityService:
         self.clock = clock
         self.publish = publish
         self.late = late
+        self.track = track or TrackRecord(clock)
         if policy.only_when_idle:
             self.current = Capacity(0, 0, State.WAITING)
         else:
@@ -181,10 +221,11 @@ class CapacityService:
 
     def link_up(self, peer: bytes, send: Callable[[bytes], Any]) -> None:
         """A new link: advertise afresh (a new message, so gossip floods it to the newcomer too)."""
+        self.track.link_up(peer)
         self._advertise_now.set()
 
     def link_down(self, peer: bytes) -> None:
-        pass
+        self.track.link_down(peer)
 
     async def message(self, peer: bytes, raw: bytes) -> None:
         pass
@@ -195,17 +236,38 @@ class CapacityService:
             msg = env.message
             if not isinstance(msg, CapacityAd) or msg.network != self.network or msg.node == self.node:
                 continue
-            known = self.peers.get(msg.node.raw)
-            if known is not None and known.expires >= msg.expires:
-                continue
-            self.peers[msg.node.raw] = PeerCapacity(
-                msg.cores, msg.memory_bytes, msg.queue_length, msg.fuel_rate, msg.expires
-            )
+            self.heard(msg)
 
-    def peer_table(self) -> dict[str, dict[str, Any]]:
+    def heard(self, msg: CapacityAd) -> bool:
+        """Keep a peer's advertisement if it is newer than the one kept; a stranger's (a key with no
+        evidence) only while fewer than STRANGER_ADVERTS strangers' are kept. True if kept."""
+        key = msg.node.raw
+        kept = self.peers.get(key)
+        if kept is not None and kept.expires >= msg.expires:
+            return False
+        if kept is None and key not in self.track and self._strangers() >= STRANGER_ADVERTS:
+            return False
+        ad = PeerCapacity(msg.cores, msg.memory_bytes, msg.queue_length, msg.fuel_rate, msg.expires)
+        self.peers[key] = ad
+        return True
+
+    def _strangers(self) -> int:
+        self._prune()
+        return sum(1 for key in self.peers if key not in self.track)
+
+    def _prune(self) -> None:
         now = self.clock()
         for key in [k for k, p in self.peers.items() if p.expires <= now]:
             del self.peers[key]
+
+    def believed(self) -> Believed:
+        """The network's capacity as this node believes it (rules.believe over the adverts kept)."""
+        self._prune()
+        return believe((p.cores, p.memory_bytes, key in self.track) for key, p in self.peers.items())
+
+    def peer_table(self) -> dict[str, dict[str, Any]]:
+        """Each kept advert (a stranger's counts only within the strangers' share of `believed`)."""
+        self._prune()
         return {str(NodeId(k)): p.to_json() for k, p in sorted(self.peers.items())}
 
     # --- deadlines while suspended ---
@@ -224,4 +286,4 @@ class CapacityService:
         return doc
 
 
-__all__ = ["ADVERT_TTL_MS", "CapacityService", "PeerCapacity"]
+__all__ = ["ADVERT_TTL_MS", "CapacityService", "PeerCapacity", "TrackRecord"]

@@ -37,6 +37,7 @@ from ..lifecycle import TERMINAL
 from ..store.db import Call, Store, call
 from ..store.rows import JobRow
 from .acks import Acknowledger
+from .adverts import TrackRecord
 from .context import MarketContext
 from .submitted import (
     ROLE,
@@ -65,8 +66,10 @@ class Outcomes:
         transfer: BlobTransfer,
         acks: Acknowledger,
         notify: Callable[[bytes], None],
+        track: TrackRecord | None = None,
     ) -> None:
         self.ctx = ctx
+        self.track = track
         self.jobs = jobs
         self.transfer = transfer
         self.acks = acks
@@ -186,6 +189,8 @@ class Outcomes:
         executor = receipt.executor.raw
         outputs = outputs_of(receipt)
         small = await self._collect(executor, outputs, carried)
+        if self.track is not None:  # (counted once verified, a moment before it is stored)
+            self.track.verified(executor)
         recorded = call(
             Store.record_verified_receipt,
             receipt_digest=receipt_env.message_id.raw,

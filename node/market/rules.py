@@ -22,7 +22,7 @@ services that act on these decisions are node/market_submitter.py and node/marke
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -138,15 +138,100 @@ def choose_bid(
     now: int,
     deadline: int,
     exclude: frozenset[bytes] = frozenset(),
+    known: Container[bytes] = frozenset(),
 ) -> BidView | None:
     """The best live bid that finishes by the deadline, or None. `load`: jobs this submitter has
-    assigned to each executor and not yet seen finish; `exclude`: executors that failed this job."""
+    assigned to each executor and not yet seen finish; `exclude`: executors that failed this job;
+    `known`: executors with evidence behind them (`Evidence.known`). A known executor's bid goes ahead
+    of an equal one from a stranger; and while a known executor bids, a stranger gets the job only if
+    strangers would then hold at most STRANGER_WORK_SHARE of this submitter's jobs under way (so any
+    number of throwaway keys promising instant runs cannot take the work over, and a new executor
+    still gets some, to earn its first receipts)."""
     live = [
         b for b in bids if b.expires > now and b.expected_finish <= deadline and b.executor not in exclude
     ]
+    if any(b.executor in known for b in live):
+        strangers = sum(n for e, n in load.items() if e not in known)
+        if strangers + 1 > STRANGER_WORK_SHARE * (sum(load.values()) + 1):
+            live = [b for b in live if b.executor in known]
     if not live:
         return None
-    return min(live, key=lambda b: bid_rank(b, load.get(b.executor, 0)))
+
+    def rank(b: BidView) -> tuple[int, int, bool, bytes]:
+        finish, start, _ = bid_rank(b, load.get(b.executor, 0))
+        return (finish, start, b.executor not in known, b.executor)
+
+    return min(live, key=rank)
+
+
+# --- what a node believes of its peers' adverts -------------------------------------------------------
+
+STRANGER_WORK_SHARE = 0.25
+"""At most this share of a submitter's jobs under way goes to strangers while known executors bid."""
+STRANGER_SHARE = 0.2
+"""At most this share of the capacity a node believes in comes from keys with no evidence behind them."""
+STRANGER_FLOOR_CORES = 4
+"""Cores believed of strangers in all when no known key advertises any."""
+LINK_TRUST_MS = 10 * 60 * 1000
+"""A link up this long to a key is evidence of it (a throwaway key is rarely kept that long)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What this node has seen of a key, beyond what the key says of itself."""
+
+    receipts: int = 0
+    """Receipts from it that this node verified (as their job's submitter)."""
+    link_age_ms: int = 0
+    """How long its current link to this node has been up (0: none)."""
+    bootstrap: bool = False
+    """The operator named it (a bootstrap peer with its identity pinned)."""
+
+    @property
+    def known(self) -> bool:
+        return self.receipts > 0 or self.bootstrap or self.link_age_ms >= LINK_TRUST_MS
+
+
+@dataclass(frozen=True, slots=True)
+class Believed:
+    """The network's capacity as this node believes it, from its peers' adverts (rules.believe)."""
+
+    cores: int
+    memory_bytes: int
+    known_cores: int
+    """Advertised by keys with evidence behind them, believed whole."""
+    stranger_cores: int
+    """Believed of strangers in all: their claims, capped (STRANGER_SHARE, STRANGER_FLOOR_CORES)."""
+    claimed_by_strangers: int
+    strangers: int
+    """Keys without evidence whose adverts are counted (each at most its share)."""
+
+
+def believe(adverts: Iterable[tuple[int, int, bool]]) -> Believed:
+    """Sum peers' adverts ((cores, memory_bytes, known) each): known keys' adverts are believed whole;
+    strangers' together only up to STRANGER_SHARE of the total believed, in cores and in memory
+    (STRANGER_FLOOR_CORES, their memory scaled alike, when no known key advertises), so any number of
+    unknown keys cannot dominate."""
+    known_cores = known_memory = claimed = claimed_memory = strangers = 0
+    for cores, memory, known in adverts:
+        if known:
+            known_cores, known_memory = known_cores + cores, known_memory + memory
+        else:
+            claimed, claimed_memory, strangers = claimed + cores, claimed_memory + memory, strangers + 1
+    share = STRANGER_SHARE / (1 - STRANGER_SHARE)
+    cap = int(known_cores * share) if known_cores else STRANGER_FLOOR_CORES
+    ratio = min(1.0, cap / claimed) if claimed else 0.0
+    stranger_cores, stranger_memory = int(claimed * ratio), int(claimed_memory * ratio)
+    if known_cores:  # and their memory at most the same share of the known keys'
+        stranger_memory = min(stranger_memory, int(known_memory * share))
+    return Believed(
+        cores=known_cores + stranger_cores,
+        memory_bytes=known_memory + stranger_memory,
+        known_cores=known_cores,
+        stranger_cores=stranger_cores,
+        claimed_by_strangers=claimed,
+        strangers=strangers,
+    )
 
 
 class Window(Enum):

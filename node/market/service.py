@@ -20,6 +20,8 @@ from typing import Any, Protocol, TypeVar
 import nacl.signing
 import trio
 from e31.protocol.envelope import VerifiedEnvelope
+from e31.protocol.errors import ProtocolError
+from e31.protocol.ids import NodeId
 from e31.protocol.receipts import UsageReceipt
 
 from ..config import NodeConfig
@@ -29,7 +31,7 @@ from ..store.async_store import AsyncStore
 from ..store.blobs import BlobStore
 from ..store.db import Store
 from ..store.receiptlog import ReceiptLog, ReceiptLogError
-from .adverts import CapacityService
+from .adverts import CapacityService, TrackRecord
 from .context import MarketContext, MarketSettings
 from .delivery import OnAcked, Prover
 from .executor import Executor
@@ -77,6 +79,18 @@ class JobPath:
     executor: Executor
     submitter: Submitter
     market: Market
+
+
+def bootstrap_keys(config: NodeConfig) -> list[bytes]:
+    """The keys of the bootstrap peers the operator pinned (NODEID@HOST:PORT): evidence for them."""
+    keys = []
+    for peer in config.bootstrap:
+        if peer.node_id is not None:
+            try:
+                keys.append(NodeId.parse(peer.node_id).raw)
+            except ProtocolError:
+                continue
+    return keys
 
 
 def build_job_path(
@@ -131,6 +145,7 @@ def build_job_path(
 
     scheduler = Scheduler(workers, pool)
     held = HeldJobs(ctx.clock)
+    track = TrackRecord(ctx.clock, bootstrap_keys(config))
     capacity = CapacityService(
         identity=identity,
         network=config.network,
@@ -145,6 +160,7 @@ def build_job_path(
         clock=ctx.clock,
         publish=publish,
         late=held,
+        track=track,
     )
     executor = Executor(
         ctx,
@@ -158,7 +174,7 @@ def build_job_path(
         on_acked=on_acked or log_appender(receipt_log),
         prover=None if receipt_log is None else log_prover(receipt_log),
     )
-    submitter = Submitter(ctx, transfer=transfer, publish=publish, local_offer=executor.on_offer)
+    submitter = Submitter(ctx, transfer=transfer, publish=publish, local_offer=executor.on_offer, track=track)
     market = Market(ctx, submitter=submitter, executor=executor, transfer=transfer)
     return JobPath(ctx, transfer, scheduler, held, capacity, executor, submitter, market)
 

@@ -40,6 +40,7 @@ from ..store.db import Call, Store, call
 from ..store.rows import JobRow
 from .acks import Acknowledger
 from .admission import Admission
+from .adverts import TrackRecord
 from .context import MarketContext
 from .handoff import RETRYABLE_RELEASES, HandOff
 from .inclusion import InclusionProofs
@@ -85,8 +86,11 @@ class Submitter:
         transfer: BlobTransfer,
         publish: Publish | None = None,
         local_offer: LocalOffer | None = None,
+        track: TrackRecord | None = None,
     ) -> None:
         self.ctx = ctx
+        self.track = track or TrackRecord(ctx.clock)
+        """Evidence about executors (adverts.py): receipts verified from them rank their bids first."""
         self.transfer = transfer
         self.publish = publish
         self.jobs: Jobs = {}
@@ -99,7 +103,9 @@ class Submitter:
         """Set (and replaced) whenever a job's state changes: `e31 wait` long-polls on it."""
         self.offers = OfferLine(ctx, self.jobs, publish=publish, local_offer=local_offer, notify=self._notify)
         self.handoff = HandOff(ctx, self.jobs, notify=self._notify)
-        self.outcomes = Outcomes(ctx, self.jobs, transfer=transfer, acks=self.acks, notify=self._notify)
+        self.outcomes = Outcomes(
+            ctx, self.jobs, transfer=transfer, acks=self.acks, notify=self._notify, track=self.track
+        )
         self.proofs = InclusionProofs(ctx)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -118,6 +124,8 @@ class Submitter:
             for row in rows:
                 if row.state not in TERMINAL:
                     self._start(row)
+                elif row.state == "done" and (key := executor_key(row.executor)) is not None:
+                    self.track.verified(key)  # its receipt was verified here
             task_status.started()
             await trio.sleep_forever()
 
@@ -411,6 +419,7 @@ class Submitter:
                         now=self.ctx.clock(),
                         deadline=job.manifest.deadline,
                         exclude=frozenset(job.rejected) | avoid(),
+                        known=self.track,
                     )
                     if bid is not None:
                         self.load[bid.executor] += 1  # at once: rounds choosing at the same time see it

@@ -10,14 +10,18 @@ from e31.node.lifecycle import (
     check_transition,
 )
 from e31.node.market.rules import (
+    LINK_TRUST_MS,
+    STRANGER_FLOOR_CORES,
     BidPlan,
     BidView,
     DeclinePlan,
+    Evidence,
     ExecutorView,
     OfferView,
     Window,
     WindowSettings,
     backoff,
+    believe,
     choose_bid,
     lease_expiry,
     measured_fuel_rate,
@@ -155,6 +159,51 @@ def test_expired_late_and_excluded_bids_are_never_chosen() -> None:
 def test_ties_are_broken_by_start_then_executor_key() -> None:
     a, b = bid(b"b", NOW, NOW + 1000), bid(b"a", NOW, NOW + 1000)
     assert choose_bid([a, b], {}, now=NOW, deadline=NOW + 10_000) == b
+
+
+def test_a_known_executor_goes_ahead_of_an_equal_stranger() -> None:
+    known, stranger = bid(b"k", NOW, NOW + 1000), bid(b"a", NOW, NOW + 1000)  # b"a" < b"k"
+    assert choose_bid([known, stranger], {}, now=NOW, deadline=NOW + 10_000) == stranger
+    assert choose_bid([known, stranger], {}, now=NOW, deadline=NOW + 10_000, known={b"k"}) == known
+
+
+def test_strangers_promising_instant_runs_get_only_a_share_while_known_executors_bid() -> None:
+    known = [bid(b"k1", NOW, NOW + 5000), bid(b"k2", NOW, NOW + 6000)]
+    strangers = [bid(i.to_bytes(4, "big"), NOW, NOW + 1) for i in range(1000)]
+    ks = frozenset({b"k1", b"k2"})
+
+    def choose(load: dict[bytes, int]) -> bytes | None:
+        chosen = choose_bid([*strangers, *known], load, now=NOW, deadline=NOW + 10_000, known=ks)
+        return None if chosen is None else chosen.executor
+
+    assert choose({}) == b"k1"  # one job at a time: never a stranger while a known executor bids
+    assert choose({b"k1": 1, b"k2": 1}) == b"k1"
+    # with three jobs under way at known executors, the fourth may go to a stranger (1 in 4) ...
+    assert choose({b"k1": 2, b"k2": 1}) not in ks
+    # ... but no more while a stranger holds one of them
+    assert choose({b"k1": 2, b"k2": 1, strangers[0].executor: 1}) in ks
+    # and with no known executor bidding, strangers are all there is
+    assert choose_bid(strangers, {}, now=NOW, deadline=NOW + 10_000, known=ks) is not None
+
+
+def test_evidence_is_receipts_a_pinned_bootstrap_key_or_a_long_lived_link() -> None:
+    assert not Evidence().known and not Evidence(link_age_ms=LINK_TRUST_MS - 1).known
+    assert Evidence(receipts=1).known and Evidence(bootstrap=True).known
+    assert Evidence(link_age_ms=LINK_TRUST_MS).known
+
+
+def test_any_number_of_strangers_adverts_cannot_dominate_what_a_node_believes() -> None:
+    known = [(8, 16 << 30, True), (4, 8 << 30, True)]
+    strangers = [(0xFFFF, 1 << 50, False)] * 1000
+    view = believe([*known, *strangers])
+    assert view.known_cores == 12 and view.strangers == 1000 and view.claimed_by_strangers == 1000 * 0xFFFF
+    assert view.stranger_cores == 3 and view.cores == 15  # at most a fifth of what is believed
+    assert view.memory_bytes <= (24 << 30) * 5 // 4
+    # a modest stranger within the share is believed whole
+    assert believe([*known, (2, 1 << 30, False)]).cores == 14
+    # with no known key, strangers' claims count only up to a floor
+    assert believe(strangers).cores == STRANGER_FLOOR_CORES
+    assert believe([]).cores == 0
 
 
 SETTINGS = WindowSettings(window=1.0, max_wait=10.0)
