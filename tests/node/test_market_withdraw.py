@@ -17,11 +17,11 @@ from typing import Any
 
 import trio
 from e31.node.store.db import Store
-from e31.protocol.envelope import VerifiedEnvelope, verify
+from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
 from e31.protocol.ids import NodeId
 from e31.protocol.jobs import JobManifest, Limits
 from e31.protocol.messages import Assign, Cancel
-from market_nodes import Net, RealNode, start, until, wait_state
+from market_nodes import NETWORK, Net, RealNode, start, until, wait_state
 
 
 @dataclass
@@ -202,3 +202,54 @@ async def test_a_newer_attempt_that_had_finished_is_not_taken_and_stops_deliveri
     assert [verify(r.raw).signer for r in await a.store.run(Store.envelopes_for_job, job_id, "receipt")] == [
         NodeId(first.id)
     ]
+
+
+async def test_a_withdrawn_job_waiting_in_the_queue_never_starts(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)  # B has one core
+    await start(nursery, a, b)
+    # a run of up to 30 s holds B's core while the other job waits behind it
+    long = await a.submitter.submit(short_job(a, ("24", "10000000000000"), 10**12))
+    await wait_state(b, long, "running", role="executor")
+    waiting = await a.submitter.submit(short_job(a, ("25", "1000"), 10**8))
+    await wait_state(b, waiting, "queued", role="executor")
+    assert await a.submitter.cancel(waiting) == ("cancelled", True)
+    row = await wait_state(b, waiting, "cancelled", role="executor")
+    assert row.started is None
+    assert (await executor_row(b, long)).state == "running"
+    assert await a.submitter.cancel(long) == ("cancelled", True)  # (stopped too: the test is over)
+    await wait_state(b, long, "cancelled", role="executor")
+    assert b.executor.scheduler.completed == 0
+    assert await b.store.run(Store.receipts_for_job, waiting) == []
+
+
+async def test_a_withdrawal_racing_its_assignment_keeps_the_job_from_starting(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    deliver = net.handlers[b.id]
+    heard: list[str] = []
+    deliver_a = net.handlers[a.id]
+
+    async def to_a(peer: bytes, raw: bytes) -> None:
+        heard.append(verify(raw).kind)
+        await deliver_a(peer, raw)
+
+    async def to_b(peer: bytes, raw: bytes) -> None:
+        env = verify(raw)
+        if isinstance(env.message, Assign):  # the submitter's cancel comes with it (in either order)
+            msg = env.message
+            cancel = Cancel(NETWORK, msg.job_id, msg.submitter, msg.lease_expires, "done", "")
+            await deliver(peer, sign_message(cancel, a.key))
+        await deliver(peer, raw)
+
+    net.handlers[a.id], net.handlers[b.id] = to_a, to_b
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(short_job(a, ("26", "1000"), 10**8))
+    await wait_state(a, job_id, "assigned")
+    # Nothing comes back from B: A's lease runs out and the job is offered again.
+    await wait_state(a, job_id, "offered")
+    row = await executor_row(b, job_id)
+    assert row is None or row.state == "cancelled"
+    assert b.executor.scheduler.completed == 0 and "result" not in heard
