@@ -33,7 +33,7 @@ import trio
 
 from .api.server import Request, Router, serve_control
 from .config import NodeConfig
-from .errors import NodeError, StoreError
+from .errors import NodeError
 from .host import gctune
 from .host.memtrim import run_trimmer
 from .identity import IdentityError, load_or_create_identity, node_id
@@ -88,15 +88,16 @@ def run(config: NodeConfig, settings: PeerSettings | None = None) -> int:
 
 
 def _expected(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one DaemonError for a group holding only expected failures (at start-up, or a store that
-    failed under the node: a disk error); else the group."""
-    expected, rest = group.split((DaemonError, ListenFailed, StoreError))
+    """The first error of a group holding only expected failures (NodeErrors: at start-up, or a store
+    that failed under the node: a disk error, a full disk), which the CLI prints as one line with its
+    exit code; else the group."""
+    expected, rest = group.split(NodeError)
     if rest is not None or expected is None:
         return group
     leaf: BaseException = expected
     while isinstance(leaf, BaseExceptionGroup):
         leaf = leaf.exceptions[0]
-    return leaf if isinstance(leaf, DaemonError) else DaemonError(str(leaf))
+    return leaf if isinstance(leaf, NodeError) else DaemonError(str(leaf))
 
 
 @contextlib.contextmanager

@@ -28,6 +28,11 @@ class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         name = record.name
         record.component = name[len(ROOT) + 1 :] if name.startswith(ROOT + ".") else name
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and getattr(error, "log_traceback", True) is False:
+            # An expected condition the message explains (a full disk): one line, not a traceback.
+            line = {"msg": f"{record.getMessage()}: {error}", "args": (), "exc_info": None, "exc_text": None}
+            record = logging.makeLogRecord({**record.__dict__, **line})
         text = super().format(record)
         # One record, one line: continuation lines (tracebacks, multi-line messages) are indented.
         return text.replace("\n", "\n    ")

@@ -54,7 +54,7 @@ from ..market.context import MarketContext
 from ..market.outcomes import outcome_text
 from ..market.submitter import Submitter, UnknownJob
 from ..store import batches as batch
-from ..store.blobs import BlobError, BlobStore
+from ..store.blobs import BlobError, BlobStore, BlobStoreFull
 from ..store.db import Store
 from ..store.handoff import acked_receipts
 from ..store.rows import JobRow
@@ -309,7 +309,7 @@ class JobsApi:
             except OSError as e:
                 raise bad(f"{what} {path}: {e.strerror or e}") from None
             except BlobError as e:
-                raise HttpError(507 if "ceiling" in str(e) else 500, f"{what} {path}: {e}") from None
+                raise HttpError(507 if isinstance(e, BlobStoreFull) else 500, f"{what} {path}: {e}") from None
             finally:
                 os.close(fd)
             return BlobRef(Digest(bytes.fromhex(root)), size)

@@ -37,7 +37,7 @@ import trio
 
 from ..config import NodeConfig
 from ..errors import NodeError
-from ..store.connection import DiskFull
+from ..store.connection import DiskFull, is_disk_full
 
 API_FILE_VERSION = 1
 HOST = "127.0.0.1"
@@ -192,6 +192,10 @@ async def serve_control(
         try:
             _write_api_file(api_file, port, token)
         except OSError as e:
+            if is_disk_full(e):
+                raise DiskFull(
+                    f"{api_file}: cannot write: the disk is full ({e.strerror}); free space on it"
+                ) from None
             raise ControlError(f"cannot write {api_file}: {e.strerror or e}") from None
         log.info("local API on http://%s:%d (address and token in %s)", HOST, port, api_file)
         async with trio.open_nursery() as nursery:
@@ -342,7 +346,10 @@ class _Server:
         except DiskFull as e:  # one warning line, not a traceback per request; reads still work
             log.warning("%s %s: %s", request.method, request.path, e)
             return 507, _error_body(HttpError(507, str(e), "disk_full"))
-        except Exception:
+        except Exception as e:
+            if is_disk_full(e):  # a write outside the stores (they raise DiskFull): the same answer
+                log.warning("%s %s: the disk is full: %s", request.method, request.path, e)
+                return 507, _error_body(HttpError(507, f"the disk is full: {e}", "disk_full"))
             log.exception("the handler of %s %s failed", request.method, request.path)
             return 500, _error_body(HttpError(500, "internal error in the node (see its log)"))
         if isinstance(result, JsonResponse):

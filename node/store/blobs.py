@@ -45,6 +45,7 @@ from typing import BinaryIO
 from e31.protocol.blobs import BlobHasher
 
 from ..errors import PeerError, StoreError
+from .connection import DiskFull, is_disk_full
 
 CHUNK_SIZE = 256 * 1024
 HASH_HEX_LEN = 64
@@ -70,6 +71,27 @@ class BlobCorrupt(BlobError):
 
 class BlobStoreFull(BlobError):
     """Keeping the blob would take the store over its disk ceiling."""
+
+
+class BlobDiskFull(BlobStoreFull, DiskFull):
+    """The disk holding the blob store is full (ENOSPC, EDQUOT): nothing was kept; writes work again
+    once there is space."""
+
+
+class _room:
+    """Turn a full disk's OSError inside the block into BlobDiskFull naming `what`."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: object) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
+        if e is not None and is_disk_full(e):
+            raise BlobDiskFull(f"{self.what}: the disk is full ({e}); free space on it") from None
 
 
 def chunk_count(size: int) -> int:
@@ -193,23 +215,24 @@ class BlobStore:
         """Store the concatenated chunks; returns (hash, size). With `expected`, a mismatch keeps nothing."""
         want = None if expected is None else hash_hex(expected)
         shard_guess = self.root / (want[:2] if want else "tmp")
-        shard_guess.mkdir(mode=0o700, exist_ok=True)
         tmp = shard_guess / f"{_TMP_PREFIX}{secrets.token_hex(8)}"
         h = _BlobName()
         size = 0
         try:
-            with open(tmp, "xb") as f:
-                for chunk in chunks:
-                    h.update(chunk)
-                    size += len(chunk)
-                    self._check_room(size)
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            digest = h.hexdigest()
-            if want is not None and digest != want:
-                raise HashMismatch(f"expected {want}, the bytes hash to {digest}")
-            self._install(tmp, digest, size)
+            with _room(f"storing a blob in {self.root}"):
+                shard_guess.mkdir(mode=0o700, exist_ok=True)
+                with open(tmp, "xb") as f:
+                    for chunk in chunks:
+                        h.update(chunk)
+                        size += len(chunk)
+                        self._check_room(size)
+                        f.write(chunk)
+                    f.flush()
+                    os.fsync(f.fileno())
+                digest = h.hexdigest()
+                if want is not None and digest != want:
+                    raise HashMismatch(f"expected {want}, the bytes hash to {digest}")
+                self._install(tmp, digest, size)
         finally:
             tmp.unlink(missing_ok=True)
         return digest, size
@@ -385,7 +408,8 @@ class PartialBlob:
         self.hash = digest
         self.size = size
         self.dir = store.root / "partial" / digest
-        self.dir.mkdir(mode=0o700, exist_ok=True)
+        with _room(f"downloading blob {digest}"):
+            self.dir.mkdir(mode=0o700, exist_ok=True)
         size_file = self.dir / "size"
         try:
             known: int | None = int(size_file.read_text())
@@ -396,7 +420,8 @@ class PartialBlob:
             self.dir.mkdir(mode=0o700)
             known = None
         if known is None:
-            _write_atomic(size_file, str(size).encode())
+            with _room(f"downloading blob {digest}"):
+                _write_atomic(size_file, str(size).encode())
         elif known != size:
             raise ValueError(f"download of {digest} was started with size {known}, not {size}")
 
@@ -421,7 +446,8 @@ class PartialBlob:
             raise HashMismatch(f"chunk {index} of {self.hash} should be {want} bytes, got {len(data)}")
         if hashlib.sha256(data).digest() != bytes(expected):
             raise HashMismatch(f"chunk {index} of {self.hash} does not match its expected hash")
-        _write_atomic(self.dir / str(index), data)
+        with _room(f"downloading blob {self.hash}"):
+            _write_atomic(self.dir / str(index), data)
 
     def finalise(self) -> str:
         """Assemble the chunks into the blob once all are present; a whole-hash mismatch discards them."""

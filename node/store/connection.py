@@ -10,6 +10,7 @@ journal, synchronous=FULL, foreign_keys=ON) and migrated forward (store/schema.p
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -28,16 +29,30 @@ def connect(path: Path) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
     except sqlite3.Error as e:
-        if is_disk_full(e):
-            raise DiskFull(f"{path}: cannot open: the disk is full ({e})") from None
+        if is_disk_full(e, path):
+            raise _full_at_open(path, e) from None
         raise StoreError(f"{path}: cannot open: {e}") from None
     try:
         conn.row_factory = sqlite3.Row
         _check_and_setup(conn, path)
+    except DiskFull as e:
+        conn.close()
+        raise _full_at_open(path, e.__cause__ or e) from None
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _full_at_open(path: Path, e: BaseException) -> DiskFull:
+    try:
+        st = os.statvfs(path.parent)
+        free = f", {st.f_bavail * st.f_frsize} bytes free"
+    except OSError:
+        free = ""
+    return DiskFull(
+        f"{path}: cannot open the store: the disk is full ({e}{free}); free space on it and start again"
+    )
 
 
 def _check_and_setup(conn: sqlite3.Connection, path: Path) -> None:
@@ -96,7 +111,10 @@ class translate:
 
 class DiskFull(StoreError):
     """The disk holding the store is full (SQLITE_FULL, ENOSPC): the write was not made; reads still work,
-    and writes work again once there is space."""
+    and writes work again once there is space. Logged as one line, never with a traceback (node/logs.py):
+    a service that retries its write says what it tried and this message says why it failed."""
+
+    log_traceback = False
 
 
 def raise_as_store_error(path: Path, e: BaseException | None) -> None:
@@ -104,18 +122,35 @@ def raise_as_store_error(path: Path, e: BaseException | None) -> None:
     DiskFull when the disk is full, except an IntegrityError, which callers handle; do nothing for anything
     else."""
     if e is not None and isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.IntegrityError):
-        if is_disk_full(e):
+        if is_disk_full(e, path):
             raise DiskFull(f"{path}: the disk is full ({e}); free space on it: the node retries") from e
         raise StoreError(f"{path}: {_describe(e)}") from e
 
 
-def is_disk_full(e: BaseException) -> bool:
-    """Whether `e` says the disk is full: SQLITE_FULL, or an OSError with ENOSPC or EDQUOT."""
+LOW_SPACE = 1 << 20
+"""Free bytes under which an SQLite I/O error on the file's disk is taken for a full disk."""
+
+
+def is_disk_full(e: BaseException, path: Path | None = None) -> bool:
+    """Whether `e` says the disk is full: SQLITE_FULL, an OSError with ENOSPC or EDQUOT, or (given the
+    file's `path`) an SQLite I/O error while its disk has under LOW_SPACE free: SQLite reports a -shm
+    or WAL file it cannot grow as SQLITE_IOERR_SHMSIZE or _WRITE, not as SQLITE_FULL."""
     import errno
 
     if isinstance(e, sqlite3.Error):
-        return getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(e)
+        code = getattr(e, "sqlite_errorcode", None)
+        if code == sqlite3.SQLITE_FULL or "disk is full" in str(e):
+            return True
+        return path is not None and code is not None and code & 0xFF == sqlite3.SQLITE_IOERR and _low(path)
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _low(path: Path) -> bool:
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < LOW_SPACE
 
 
 def _describe(e: sqlite3.Error) -> str:

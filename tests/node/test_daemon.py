@@ -396,11 +396,14 @@ def test_the_peers_table_has_a_row_per_peer_in_aligned_columns() -> None:
 
 
 def test_a_store_that_fails_under_the_node_stops_it_with_one_line() -> None:
-    from e31.node.daemon import DaemonError, _expected
+    from e31.node.api.server import ControlError
+    from e31.node.daemon import _expected
     from e31.node.errors import StoreError
 
     failed = StoreError("the database could not be synced to disk (fsync failed): stop the node")
     error = _expected(BaseExceptionGroup("tasks", [ExceptionGroup("inner", [failed])]))
-    assert isinstance(error, DaemonError) and "could not be synced" in str(error)
+    assert error is failed and error.exit_code == 74  # printed as one line with its own exit code
+    refused = ControlError("cannot write api.json: Permission denied")  # any NodeError, not only some
+    assert _expected(BaseExceptionGroup("tasks", [ExceptionGroup("inner", [refused])])) is refused
     other = _expected(BaseExceptionGroup("tasks", [failed, ValueError("bug")]))
     assert isinstance(other, BaseExceptionGroup)  # anything unexpected still shows as what it is
