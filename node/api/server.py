@@ -345,7 +345,7 @@ class _Server:
             return e.status, _error_body(e)
         except DiskFull as e:  # one warning line, not a traceback per request; reads still work
             log.warning("%s %s: %s", request.method, request.path, e)
-            return 507, _error_body(HttpError(507, str(e), "disk_full"))
+            return 507, _error_body(HttpError(507, f"{e}, then try again", "disk_full"))
         except Exception as e:
             if is_disk_full(e):  # a write outside the stores (they raise DiskFull): the same answer
                 log.warning("%s %s: the disk is full: %s", request.method, request.path, e)

@@ -123,7 +123,7 @@ def raise_as_store_error(path: Path, e: BaseException | None) -> None:
     else."""
     if e is not None and isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.IntegrityError):
         if is_disk_full(e, path):
-            raise DiskFull(f"{path}: the disk is full ({e}); free space on it: the node retries") from e
+            raise DiskFull(f"{path}: the disk is full ({e}); free space on it") from e
         raise StoreError(f"{path}: {_describe(e)}") from e
 
 
