@@ -54,6 +54,7 @@ from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import Limits as SandboxLimits
 from e31.sandbox.limits import RunResult, Status
 
+from ..errors import StoreError
 from ..nursery import TaskSlot
 from ..store.blobs import BlobCorrupt, BlobError, BlobStore
 from ..store.db import Store, call
@@ -279,6 +280,12 @@ class Executor:
             elif held.handed_back:
                 row = await self.ctx.store.run(Store.job, job_id, ROLE)
                 await self._fail(job_id, row.state if row else "queued", GIVE_BACK_TEXT, reason="deadline")
+        except StoreError as e:  # (a full disk): this job stops here, the node and its other jobs go on
+            log.warning(
+                "job %s: its state cannot be stored: %s; it runs again at the next start",
+                job_id.hex()[:12],
+                e,
+            )
         finally:
             self._active.discard(job_id)
             self._held.pop(job_id, None)

@@ -33,7 +33,7 @@ from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest
 from e31.protocol.messages import Accepted, Assign, InclusionProof, Release, Result
 
-from ..errors import UsageError
+from ..errors import StoreError, UsageError
 from ..lifecycle import TERMINAL
 from ..nursery import TaskSlot
 from ..store.db import Call, Store, call
@@ -199,6 +199,12 @@ class Submitter:
         try:
             with job.scope:
                 await self._rounds(job_id, job)
+        except StoreError as e:  # (a full disk): this job waits, the node and its other jobs go on
+            log.warning(
+                "job %s: its state cannot be stored: %s; it is taken up again at the next start",
+                job_id.hex()[:12],
+                e,
+            )
         finally:
             self.jobs.pop(job_id, None)
 
