@@ -19,7 +19,7 @@ from e31.protocol.errors import ProtocolError
 from e31.protocol.gossip import message_cost
 from e31.protocol.messages import MAX_SET, Bid, Decline, Offer
 
-from ..net.peers import TokenBucket
+from ..net.links import TokenBucket
 from ..store.db import Store, call
 from .context import MarketContext
 from .rules import BidView

@@ -19,7 +19,8 @@ from e31.protocol.ids import NodeId
 
 from .addresses import split_address
 from .limits import ConnectionCaps
-from .peers import Dial, PeerTable, Random
+from .links import Random
+from .peers import Dial, PeerTable
 from .persistence import PeerPersistence
 from .transport import ConnectedToSelf, Connection, TransportError
 

@@ -21,7 +21,8 @@ from e31.protocol.errors import ProtocolError
 from e31.protocol.ids import NodeId
 from e31.protocol.messages import MAX_CONTACTS, Contact, Peers
 
-from .peers import MIN_LINK_TTL, PeerSettings, PeerTable, Random
+from .links import Random
+from .peers import MIN_LINK_TTL, PeerSettings, PeerTable
 from .transport import ConnectionClosed
 
 log = logging.getLogger("e31.peers")

@@ -40,7 +40,8 @@ from .addresses import join_address
 from .contact import OwnContact
 from .dialer import Dialer
 from .exchange import PeerExchange
-from .peers import MIN_LINK_TTL, LinkHealth, Liveness, PeerSettings, PeerTable, TokenBucket, keep_new_link
+from .links import LinkHealth, Liveness, TokenBucket, keep_new_link
+from .peers import MIN_LINK_TTL, PeerSettings, PeerTable
 from .persistence import PeerPersistence
 from .transport import Connection, ConnectionCaps, ConnectionClosed, Limits, Timeouts, dial, serve
 

@@ -34,12 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .addresses import dial_refusal, split_address
-from .links import Backoff as Backoff
-from .links import LinkHealth as LinkHealth
-from .links import Liveness as Liveness
-from .links import Random as Random
-from .links import TokenBucket as TokenBucket
-from .links import keep_new_link as keep_new_link
+from .links import Backoff, Random, TokenBucket
 
 MIN_LINK_TTL = 300.0
 """Seconds of life for ping, pong and peers messages at least: peers' clocks may differ by minutes."""

@@ -18,18 +18,9 @@ from e31.node.config import Address, NodeConfig
 from e31.node.net.addresses import split_address
 from e31.node.net.contact import OwnContact
 from e31.node.net.exchange import Learned, PeerExchange
+from e31.node.net.links import Backoff, LinkHealth, Liveness, TokenBucket, keep_new_link
 from e31.node.net.peering import PeerService
-from e31.node.net.peers import (
-    Backoff,
-    Dial,
-    LinkHealth,
-    Liveness,
-    PeerSettings,
-    PeerState,
-    PeerTable,
-    TokenBucket,
-    keep_new_link,
-)
+from e31.node.net.peers import Dial, PeerSettings, PeerState, PeerTable
 from e31.node.net.transport import Connection, ConnectionClosed, dial
 from e31.node.store.async_store import AsyncStore
 from e31.node.store.db import Store
