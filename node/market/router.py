@@ -103,7 +103,7 @@ class Market:
         self.submitter.on_link_up(peer)
 
     def link_down(self, peer: bytes) -> None:
-        pass
+        self.submitter.on_link_down(peer)
 
     async def message(self, peer: bytes, raw: bytes) -> None:
         kind = claimed_kind(raw)

@@ -44,6 +44,7 @@ from .adverts import TrackRecord
 from .context import MarketContext
 from .handoff import RETRYABLE_RELEASES, HandOff
 from .inclusion import InclusionProofs
+from .linkups import LinkUps
 from .offering import LocalOffer, OfferLine, Publish
 from .outcomes import Outcomes
 from .rules import BidView, Window, backoff, choose_bid, lease_expiry, offer_expiry, window_state
@@ -107,6 +108,8 @@ class Submitter:
             ctx, self.jobs, transfer=transfer, acks=self.acks, notify=self._notify, track=self.track
         )
         self.proofs = InclusionProofs(ctx)
+        self.link_ups = LinkUps(self._link_up)
+        """Peers whose link came up, waiting for their pull and proof requests (linkups.py)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         rows = await self.ctx.store.run(Store.jobs, role=ROLE)
@@ -114,6 +117,7 @@ class Submitter:
         async with self._tasks.open() as nursery:
             nursery.start_soon(self.offers.run)
             nursery.start_soon(self.acks.run)
+            await nursery.start(self.link_ups.run)
             for receipt in unacked:  # verified before a stop, its ack not stored: acknowledge it now
                 try:
                     executor = NodeId.parse(receipt.executor)
@@ -242,11 +246,16 @@ class Submitter:
     def on_link_up(self, peer: bytes) -> None:
         """A peer is reachable (again): re-send it the assignments of jobs still waiting on it, so it
         delivers their outcomes now (the pull of a submitter that was away), and ask it for the
-        inclusion proofs of its receipts that this node acknowledged but holds no proof of."""
-        nursery = self._tasks.nursery
-        if nursery is not None:
-            nursery.start_soon(self.handoff.pull, peer)
-            nursery.start_soon(self.proofs.ask, peer)
+        inclusion proofs of its receipts that this node acknowledged but holds no proof of. Queued
+        once per peer, and dropped if its link goes down first (linkups.py)."""
+        self.link_ups.up(peer)
+
+    def on_link_down(self, peer: bytes) -> None:
+        self.link_ups.down(peer)
+
+    async def _link_up(self, peer: bytes) -> None:
+        await self.handoff.pull(peer)
+        await self.proofs.ask(peer)
 
     async def _rounds(self, job_id: bytes, job: SubmittedJob) -> None:
         deadline_ms = job.manifest.deadline
