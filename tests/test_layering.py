@@ -89,7 +89,7 @@ WING_RANK = {
     "demo": 8,
     "__main__": 9,
 }
-FOUNDATION = {"config", "errors", "identity", "lifecycle", "logs", "nursery", "units", "__init__"}
+FOUNDATION = {"config", "errors", "identity", "lifecycle", "logs", "metrics", "nursery", "units", "__init__"}
 NODE = ROOT / "node"
 
 

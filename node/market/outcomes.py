@@ -33,6 +33,7 @@ from e31.protocol.messages import Assign, Result
 from e31.protocol.receipts import UsageReceipt, check_receipt_assignment, check_receipt_manifest
 from e31.protocol.results import carried_outputs, open_result, outputs_of
 
+from .. import metrics
 from ..lifecycle import TERMINAL
 from ..store.db import Call, Store, call
 from ..store.rows import JobRow
@@ -96,11 +97,13 @@ class Outcomes:
         try:
             receipt_env = open_result(env)  # a receipt that does not open never will: its copies stay out
         except ProtocolError as e:
+            metrics.VERIFICATION_FAILURES.inc(1, "result")
             log.warning("job %s: dropping a result from %s: %s", job_id.hex()[:12], env.signer, e)
             return
         try:
             carried = carried_outputs(msg, receipt_env.message)
         except Mismatch as e:  # the receipt may come again without them: the outputs are fetched then
+            metrics.VERIFICATION_FAILURES.inc(1, "result")
             log.warning("job %s: dropping a result from %s: %s", job_id.hex()[:12], env.signer, e)
             self._forget_outcome(job_id, env)
             return
@@ -132,6 +135,7 @@ class Outcomes:
         try:
             await self._complete(job_id, job, row, receipt_env, carried)
         except (Mismatch, ProtocolError, FetchError) as e:
+            metrics.VERIFICATION_FAILURES.inc(1, "outcome")
             log.warning(
                 "job %s: the outcome from %s is refused: %s", job_id.hex()[:12], receipt_env.signer, e
             )
@@ -346,6 +350,7 @@ class Outcomes:
             log.info("job %s done: %d replicas agree", job_id.hex()[:12], k)
         else:
             why = "replicas disagree: " + "; ".join(_describe(r) for r in receipts)
+            metrics.VERIFICATION_FAILURES.inc(1, "replicas")
             await set_submitted_state(self.ctx, self.notify, job_id, row.state, "disputed", reason=why[:500])
             log.warning("job %s disputed: %s", job_id.hex()[:12], why)
         job.finished.set()

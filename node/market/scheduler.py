@@ -30,6 +30,7 @@ import trio
 from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import RunResult
 
+from .. import metrics
 from .rules import DEFAULT_FUEL_RATE, measured_fuel_rate
 
 log = logging.getLogger("e31.scheduler")
@@ -198,6 +199,10 @@ class Scheduler:
             self._entries.discard(entry)
         record = RunRecord(result, queued_at, started_at, finished_at, after)
         self.completed += 1
+        metrics.RUNS.inc(1, str(result.status))
+        metrics.FUEL_SERVED.inc(result.fuel_used)
+        metrics.COMPUTE_SERVED.inc(record.compute_ms / 1000)
+        metrics.QUEUE_WAIT.observe((started_at - queued_at) / 1000)
         self.fuel_rate = measured_fuel_rate(self.fuel_rate, result.fuel_used, record.compute_ms)
         return record
 

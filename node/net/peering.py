@@ -34,6 +34,7 @@ from e31.protocol.errors import Expired, ProtocolError
 from e31.protocol.ids import NodeId
 from e31.protocol.messages import AnyMessage, Peers, Ping, Pong
 
+from .. import metrics
 from ..config import NodeConfig
 from ..store.async_store import AsyncStore
 from .addresses import join_address
@@ -397,6 +398,7 @@ class PeerService:
     async def _read(self, link: Link) -> None:
         async for raw in link.conn:
             kind = claimed_kind(raw)
+            metrics.message_received(kind, len(raw))
             if kind is None:
                 self._fault(link, "sent something that is not a signed envelope")
                 return
@@ -410,6 +412,7 @@ class PeerService:
                 log.debug("ignoring an expired message from %s: %s", NodeId(link.peer), e)
                 continue
             except ProtocolError as e:
+                metrics.VERIFICATION_FAILURES.inc(1, "link_message")
                 self._fault(link, f"sent an invalid {kind}: {e}")
                 return
             if env.signer.raw != link.peer:

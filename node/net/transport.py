@@ -39,10 +39,12 @@ from functools import partial
 
 import nacl.signing
 import trio
+from e31.protocol.envelope import claimed_kind
 from e31.protocol.errors import ProtocolError
 from e31.protocol.handshake import HandshakeResult, Initiator, Responder
 from e31.protocol.session import MAX_PLAINTEXT, Session, SessionExhausted
 
+from .. import metrics
 from ..errors import PeerError, Unavailable, UsageError
 from .limits import (
     DEFAULT_INBOX,
@@ -306,6 +308,7 @@ class Connection:
             raise TypeError(f"send takes bytes, not {type(message).__name__}")
         if len(message) > MAX_MESSAGE:
             raise MessageTooLarge(f"a message of {len(message)} bytes exceeds {MAX_MESSAGE}")
+        metrics.message_sent(claimed_kind(bytes(message[:40])), len(message))
         try:
             self._send_lock.acquire_nowait()  # the common case; send_all below still checkpoints
         except trio.WouldBlock:

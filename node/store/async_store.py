@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import trio
 
+from .. import metrics
 from ..errors import StoreError
 from .connection import translate
 from .db import BUMP_SEQ, Call, Store
@@ -176,9 +178,11 @@ class AsyncStore:
         queued call can take it (it starts from the event loop too), and none waits for a queue that
         keeps growing."""
         self._in_thread += 1
+        began = time.perf_counter()
         try:
             return await trio.to_thread.run_sync(fn, limiter=self._limiter)
         finally:
+            metrics.STORE_CALLS.observe(time.perf_counter() - began)
             self._in_thread -= 1
             self._thread_done.set()
             self._thread_done = trio.Event()
