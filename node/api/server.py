@@ -11,6 +11,11 @@ has not yet shown the token is "unproven": it must send its first request head w
 holds idle connections open cannot lock the owner out (the owner's client sends its request at once).
 Once a request shows the token, the connection is served in the owner's pool of `max_connections`.
 A JSON body nested deeper than `max_json_depth` is refused with 400, as is any body that is not JSON.
+Routes added with `public=True` (the dashboard's static files, which hold no data) are served without
+the token. A request a browser makes for another site's page (a foreign Origin, a Sec-Fetch-Site
+other than same-origin or none) is refused with 403 before the token is looked at; with the Host check
+this keeps web pages, rebound DNS names included, away from the API (docs/security.md, "The dashboard").
+Handlers answer with a JSON value, a JsonResponse, or a RawResponse (bytes of any type).
 When the response goes out before the body was read (401, 413), the server shuts its sending side and
 drains for a moment before closing, so the client reads the response instead of a reset.
 
@@ -35,6 +40,7 @@ from typing import Any
 import h11
 import trio
 
+from .. import metrics
 from ..config import NodeConfig
 from ..errors import NodeError
 from ..store.connection import DiskFull, is_disk_full
@@ -78,6 +84,7 @@ class HttpError(NodeError):
 _CODES = {
     400: "bad_request",
     401: "unauthorized",
+    403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
     408: "request_timeout",
@@ -110,6 +117,17 @@ class JsonResponse:
     status: int = 200
 
 
+@dataclass(frozen=True, slots=True)
+class RawResponse:
+    """A handler's answer that is not JSON: bytes of `content_type` (a dashboard file, a job's output,
+    the metrics text), with extra headers (say, content-disposition or a content security policy)."""
+
+    body: bytes
+    content_type: str
+    headers: tuple[tuple[str, str], ...] = ()
+    status: int = 200
+
+
 Handler = Callable[[Request], Awaitable[Any]]
 
 
@@ -118,8 +136,10 @@ class Router:
     """Routes "METHOD /path/{param}" to async handlers. The daemon registers its handlers here."""
 
     _routes: list[tuple[str, tuple[str, ...], Handler]] = field(default_factory=list)
+    _public: set[Handler] = field(default_factory=set)
+    """Handlers served without the token (the dashboard's static shell; never one that shows data)."""
 
-    def add(self, method: str, pattern: str, handler: Handler) -> None:
+    def add(self, method: str, pattern: str, handler: Handler, *, public: bool = False) -> None:
         if not pattern.startswith("/"):
             raise ValueError(f"a route pattern starts with '/': {pattern!r}")
         segments = tuple(pattern.strip("/").split("/")) if pattern != "/" else ()
@@ -127,6 +147,8 @@ class Router:
             if m == method.upper() and s == segments:
                 raise ValueError(f"route {method} {pattern} is already registered")
         self._routes.append((method.upper(), segments, handler))
+        if public:
+            self._public.add(handler)
 
     def route(self, method: str, pattern: str) -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:
@@ -148,6 +170,14 @@ class Router:
         if allowed:
             raise HttpError(405, f"{method} is not allowed on {path} (allowed: {', '.join(sorted(allowed))})")
         raise HttpError(404, f"no such endpoint: {path}")
+
+    def public(self, method: str, path: str) -> Handler | None:
+        """The handler of a public route matching `method` and `path`, or None."""
+        try:
+            handler, _ = self.resolve(method, path)
+        except HttpError:
+            return None
+        return handler if handler in self._public else None
 
 
 def _match(segments: tuple[str, ...], parts: tuple[str, ...]) -> dict[str, str] | None:
@@ -187,7 +217,8 @@ async def serve_control(
     port: int = listeners[0].socket.getsockname()[1]
     token = secrets.token_urlsafe(32)
     api_file = config.api_file
-    server = _Server(router, lim, token, {f"{HOST}:{port}", f"localhost:{port}"})
+    hosts = {f"{HOST}:{port}", f"localhost:{port}"}
+    server = _Server(router, lim, token, hosts, {f"http://{h}" for h in hosts})
     try:
         try:
             _write_api_file(api_file, port, token)
@@ -233,11 +264,15 @@ def _remove_api_file(path: Path, token: str) -> None:
 
 
 class _Server:
-    def __init__(self, router: Router, limits: ControlLimits, token: str, hosts: set[str]) -> None:
+    def __init__(
+        self, router: Router, limits: ControlLimits, token: str, hosts: set[str], origins: set[str]
+    ) -> None:
         self.router = router
         self.limits = limits
         self.expected_auth = f"Bearer {token}".encode()
         self.hosts = hosts
+        self.origins = origins
+        """The dashboard's own origins: a browser's request from any other page is refused."""
         self.unproven: dict[_Connection, trio.CancelScope] = {}
         """Connections that have not shown the token, oldest first (dicts keep insertion order)."""
         self.proven = 0
@@ -292,7 +327,11 @@ class _Server:
                 return
             status, body = await self._call(handler, request)
             log.debug("%s %s -> %d", request.method, request.path, status)
-            await conn.send_json(status, body)
+            metrics.API_REQUESTS.inc(1, f"{status // 100}xx")
+            if isinstance(body, RawResponse):
+                await conn.send_raw(body)
+            else:
+                await conn.send_json(status, body)
             if conn.h11.our_state is not h11.DONE or conn.h11.their_state is not h11.DONE:
                 return
             conn.h11.start_next_cycle()
@@ -305,15 +344,17 @@ class _Server:
         host = headers.get("host", b"").decode("latin-1")
         if host not in self.hosts:
             raise HttpError(400, f"unexpected Host header {host!r}")
-        if not hmac.compare_digest(headers.get("authorization", b""), self.expected_auth):
-            raise HttpError(401, "missing or wrong bearer token (see api.json in the data dir)")
-        self._prove(conn)
-        length = headers.get("content-length")
-        if length is not None and int(length) > self.limits.max_body:
-            raise HttpError(413, f"request body over {self.limits.max_body} bytes")
+        _check_same_origin(headers, self.origins)
         method = event.method.decode("ascii")
         target = event.target.decode("ascii", errors="replace")
         path, _, query_text = target.partition("?")
+        if hmac.compare_digest(headers.get("authorization", b""), self.expected_auth):
+            self._prove(conn)
+        elif self.router.public(method, path) is None:
+            raise HttpError(401, "missing or wrong bearer token (see api.json in the data dir)")
+        length = headers.get("content-length")
+        if length is not None and int(length) > self.limits.max_body:
+            raise HttpError(413, f"request body over {self.limits.max_body} bytes")
         handler, params = self.router.resolve(method, path)
         raw = bytearray()
         while True:
@@ -354,7 +395,23 @@ class _Server:
             return 500, _error_body(HttpError(500, "internal error in the node (see its log)"))
         if isinstance(result, JsonResponse):
             return result.status, result.body
+        if isinstance(result, RawResponse):
+            return result.status, result
         return 200, result
+
+
+def _check_same_origin(headers: dict[str, bytes], origins: set[str]) -> None:
+    """Refuse (403) a request a browser sent on behalf of another site's page: an Origin header that is
+    not one of ours, or a Sec-Fetch-Site other than same-origin or none (typed or bookmarked). Clients
+    that are not browsers (the CLI, curl) send neither header. docs/security.md, "The dashboard"."""
+    origin = headers.get("origin")
+    if origin is not None and origin.decode("latin-1") not in origins:
+        raise HttpError(403, f"requests from another origin ({origin.decode('latin-1')[:80]!r}) are refused")
+    site = headers.get("sec-fetch-site")
+    if site is not None and site not in (b"same-origin", b"none"):
+        raise HttpError(
+            403, f"a {site.decode('latin-1')[:20]} request is refused (only this dashboard's own)"
+        )
 
 
 def _parse_json(raw: bytes | bytearray, max_depth: int) -> Any:
@@ -423,6 +480,7 @@ class _Connection:
             ("content-type", "application/json"),
             ("content-length", str(len(payload))),
             ("cache-control", "no-store"),
+            ("x-content-type-options", "nosniff"),
         ]
         if close:
             headers.append(("connection", "close"))
@@ -430,6 +488,17 @@ class _Connection:
             headers.append(("www-authenticate", "Bearer"))
         response = h11.Response(status_code=status, headers=headers, reason=_reason(status))
         await self._send(response, h11.Data(data=payload), h11.EndOfMessage())
+
+    async def send_raw(self, response: RawResponse) -> None:
+        headers = [
+            ("content-type", response.content_type),
+            ("content-length", str(len(response.body))),
+            ("cache-control", "no-store"),
+            ("x-content-type-options", "nosniff"),
+            *response.headers,
+        ]
+        head = h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status))
+        await self._send(head, h11.Data(data=response.body), h11.EndOfMessage())
 
     async def send_error(self, error: HttpError) -> None:
         """Answer with an error and end the connection (lingering so the client can read the answer)."""
