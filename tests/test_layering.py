@@ -84,6 +84,7 @@ WING_RANK = {
     "market": 4,
     "audit": 4,
     "api": 5,
+    "client": 6,  # the Python client (e31.client): above the API it calls, below the CLI that uses it
     "daemon": 6,
     "cli": 7,
     "demo": 8,

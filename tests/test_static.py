@@ -42,6 +42,7 @@ def test_mypy_strict_on_every_package(tmp_path: Path) -> None:
     ns.mkdir()
     for pkg in ("protocol", "sandbox", "node"):
         os.symlink(ROOT / pkg, ns / pkg)
+    os.symlink(ROOT / "node" / "client", ns / "client")  # e31.client (pyproject's package-dir)
     proc = subprocess.run(
         [
             _tool("mypy"),
@@ -55,6 +56,10 @@ def test_mypy_strict_on_every_package(tmp_path: Path) -> None:
             "e31.sandbox",
             "-p",
             "e31.node",
+            "-p",
+            "e31.client",
+            "--exclude",
+            "e31/node/client/",  # checked once, as e31.client
         ],
         cwd=tmp_path,
         capture_output=True,

@@ -37,11 +37,13 @@ class NodeNotRunning(ApiClientError, Unavailable):
 class ApiError(ApiClientError):
     """The node answered with an error status."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(f"the node refused the request: {message} (HTTP {status})")
         self.status = status
         self.code = code
         self.message = message
+        self.details = details or {}
+        """The whole error object the node answered (an ambiguous id's "candidates", ...)."""
 
 
 REUSE_WITHIN = 4.0
@@ -141,7 +143,8 @@ class ApiClient:
         if response.status >= 400:
             err = answer.get("error") if isinstance(answer, dict) else None
             if isinstance(err, dict):
-                raise ApiError(response.status, str(err.get("code", "error")), str(err.get("message", "")))
+                code, message = str(err.get("code", "error")), str(err.get("message", ""))
+                raise ApiError(response.status, code, message, err)
             raise ApiError(response.status, "error", response.reason or "error")
         return answer
 

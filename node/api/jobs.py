@@ -9,12 +9,14 @@
     POST /v1/batches                 {"module", "limits", "deadline", "jobs": [{args, env, inputs, stdin}]}
     GET  /v1/batches/{id}            the batch's jobs (?brief=1: id, state and reason only)
     GET  /v1/batches/{id}/wait?timeout= the batch once every job has ended, or after `timeout` seconds
+    POST /v1/resolve                 {"ids": [...]}: ids, unique prefixes, batch ids -> job ids (resolve.py)
 
 The CLI runs on the node's machine and the API listens on 127.0.0.1 only, so files travel by path: a
 submission names absolute paths and the node reads the files itself; results are written by the node
 into the directory the request names. A submission is checked completely before anything is stored:
-the module is a WebAssembly binary that compiles under this node's execution profile and imports only
-WASI preview 1, the limits are within range, the deadline is in the future and the files exist.
+the module is a WebAssembly binary (or a `.wat` text, translated here) that compiles under this node's
+execution profile and imports only WASI preview 1, the limits are within range, the deadline is in the
+future and the files exist.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from ..store.db import Store
 from ..store.handoff import acked_receipts
 from ..store.rows import JobRow
 from .files import open_dir, open_named_file, read_capped, write_under
+from .resolve import resolve_handler
 from .server import HttpError, Request, Router
 
 MAX_FUEL = 2**63 - 1
@@ -108,6 +111,7 @@ class JobsApi:
         router.add("POST", "/v1/batches", self.submit_batch)
         router.add("GET", "/v1/batches/{id}", self.show_batch)
         router.add("GET", "/v1/batches/{id}/wait", self.wait_batch)
+        router.add("POST", "/v1/resolve", resolve_handler(self.ctx.store))
 
     @property
     def ctx(self) -> MarketContext:
@@ -519,11 +523,22 @@ def _path(value: object, what: str) -> Path:
 
 
 def _read_module(path: Path) -> bytes:
+    """The module's binary: the file's bytes, or for a `.wat` file its text translated by the sandbox
+    (the job names the binary, so its id, receipts and audits are the same as for the compiled file)."""
     fd = open_named_file(path, "module", MAX_MODULE_BYTES)
     try:
-        return b"".join(read_capped(fd, "module", path, MAX_MODULE_BYTES))
+        data = b"".join(read_capped(fd, "module", path, MAX_MODULE_BYTES))
     finally:
         os.close(fd)
+    if path.suffix.lower() != ".wat":
+        return data
+    from e31.sandbox.errors import InvalidModule
+    from e31.sandbox.runner import wat_to_wasm
+
+    try:
+        return wat_to_wasm(data)
+    except InvalidModule as e:
+        raise bad(f"module {path}: {e}") from None
 
 
 def _int(value: object, what: str, lo: int, hi: int) -> int:

@@ -1,0 +1,88 @@
+"""The Python client for submitters, imported as `e31.client`: a typed API over the local node's HTTP
+API for scripts and programs that send jobs and sweeps, follow them, and collect their results.
+
+`Client` blocks; `AsyncClient` is the same for trio. Both drive the operations in ops.py (written once,
+as generators), so they behave alike; errors are ClientError subclasses (errors.py), records what the
+methods return (records.py). docs/submitting.md shows a sweep in five lines.
+
+Its public names are imported lazily from their modules (node/__init__.py, `lazy_exports`).
+"""
+
+from typing import TYPE_CHECKING
+
+from e31.node import lazy_exports
+
+if TYPE_CHECKING:
+    from .async_client import AsyncClient
+    from .errors import (
+        AmbiguousId,
+        BadId,
+        Busy,
+        ClientError,
+        ConnectionFailed,
+        DiskFull,
+        Exists,
+        InvalidRequest,
+        NodeNotRunning,
+        NotFinished,
+        NotFound,
+        OptionError,
+        Refused,
+        Unauthorized,
+    )
+    from .records import Batch, Cancelled, Export, Job, Outcome, Progress, Result
+    from .sync import Client
+
+__all__ = [
+    "AmbiguousId",
+    "AsyncClient",
+    "BadId",
+    "Batch",
+    "Busy",
+    "Cancelled",
+    "Client",
+    "ClientError",
+    "ConnectionFailed",
+    "DiskFull",
+    "Exists",
+    "Export",
+    "InvalidRequest",
+    "Job",
+    "NodeNotRunning",
+    "NotFinished",
+    "NotFound",
+    "OptionError",
+    "Outcome",
+    "Progress",
+    "Refused",
+    "Result",
+    "Unauthorized",
+]
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "AmbiguousId": "errors",
+        "AsyncClient": "async_client",
+        "BadId": "errors",
+        "Batch": "records",
+        "Busy": "errors",
+        "Cancelled": "records",
+        "Client": "sync",
+        "ClientError": "errors",
+        "ConnectionFailed": "errors",
+        "DiskFull": "errors",
+        "Exists": "errors",
+        "Export": "records",
+        "InvalidRequest": "errors",
+        "Job": "records",
+        "NodeNotRunning": "errors",
+        "NotFinished": "errors",
+        "NotFound": "errors",
+        "OptionError": "errors",
+        "Outcome": "records",
+        "Progress": "records",
+        "Refused": "errors",
+        "Result": "records",
+        "Unauthorized": "errors",
+    },
+)
