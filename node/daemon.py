@@ -304,6 +304,25 @@ class Node:
             )
         )
         JobsApi(market.submitter, self.blobs, PROFILE.digest, compile_check).register(router)
+        self._add_dashboard(router, market.submitter, receipt_log)
+
+    def _add_dashboard(self, router: Router, submitter: Any, receipt_log: Any) -> None:
+        """The dashboard's page and endpoints, and GET /metrics (node/api/dashboard.py, prometheus.py)."""
+        from .api.dashboard import DashboardApi
+        from .api.prometheus import metrics_handler
+
+        DashboardApi(
+            self.store, self.blobs, submitter, receipt_log, self.status, self.peering.peer_docs
+        ).register(router)
+        router.add(
+            "GET", "/metrics", metrics_handler(self.store, self.status, self._queue, lambda: receipt_log)
+        )
+
+    def _queue(self) -> tuple[int, float] | None:
+        if self.capacity is None:
+            return None
+        scheduler = self.capacity.scheduler
+        return scheduler.queue_length, scheduler.backlog_ms / 1000
 
     async def _start_gc(self, nursery: trio.Nursery) -> None:
         """Collect expired blobs and the leftovers of finished jobs every `gc_interval` seconds."""
