@@ -263,10 +263,8 @@ static void load_model(const char *path, config_t *c, weights_t *w) {
     memcpy(h, data, sizeof h);
     int32_t vocab = h[5];
     c->shared = vocab > 0;
-    if (vocab < 0) {
-        if (vocab == INT32_MIN) vocab = 0;
-        else vocab = -vocab;
-    }
+    if (vocab == INT32_MIN) die("model", "header value vocab_size = -2147483648 is out of range");
+    if (vocab < 0) vocab = -vocab;
     check_range("dim", h[0], MAX_DIM);
     check_range("hidden_dim", h[1], MAX_HIDDEN);
     check_range("n_layers", h[2], MAX_LAYERS);
