@@ -3,8 +3,14 @@
 No host path is reachable from here. /input's files are served from the host files the job named
 (by offset reads, never loaded whole); /output lives in memory, and every byte that makes it grow is
 charged to the job's output budget *before* it is stored, so the budget bounds host memory too.
-Inode numbers are handed out in creation order, timestamps are one fixed instant, and listings are
-sorted by name: nothing of the host's filesystem leaks into the guest.
+Inode numbers are handed out in creation order, timestamps start at one fixed instant (a guest may set
+those of its /output entries; nothing else moves them), and listings are sorted by name: nothing of the
+host's filesystem leaks into the guest.
+
+A path is resolved relative to the directory it starts from and never climbs above it: `..` past the
+start, or an absolute path, is EPERM (as wasmtime answers), even where the result would stay inside
+the preopen. A change under a read-only directory (/input) is EPERM too, checked before the path is
+looked up, as wasmtime does.
 
 Operations raise `Errno` (a WASI errno) for a guest mistake and `OutputLimit` when the budget is
 spent; the WASI layer (wasi.py) turns the first into a return value and the second into a stop.
@@ -52,6 +58,7 @@ class E(enum.IntEnum):
     NOSYS = 52
     NOTDIR = 54
     NOTEMPTY = 55
+    NOTSOCK = 57
     NOTSUP = 58
     OVERFLOW = 61
     PERM = 63
@@ -93,13 +100,15 @@ class OutputBudget:
 
 
 class Node:
-    __slots__ = ("dev", "ino", "parent")
+    __slots__ = ("atim", "dev", "ino", "mtim", "parent")
     filetype: ClassVar[FileType] = FileType.REGULAR_FILE
 
     def __init__(self, ino: int, dev: int, parent: Dir | None) -> None:
         self.ino = ino
         self.dev = dev
         self.parent = parent
+        self.atim = FIXED_TIME_NS
+        self.mtim = FIXED_TIME_NS
 
     @property
     def size(self) -> int:
@@ -194,17 +203,32 @@ class HostFiles:
 
 
 class Tree:
-    """The two preopened roots and every operation on names within them."""
+    """The preopened roots and every operation on names within them.
+
+    A job's tree has two: /input (read-only) and /output (writable). With `writable_root` (local
+    conformance runs only: `e31 sandbox run --writable-root`, never a job from the network) it has one
+    writable root preopened as "/", its files seeded with `seed_file`; `output` is then that root.
+    """
 
     INPUT_DEV = 1
     OUTPUT_DEV = 2
 
-    def __init__(self, budget: OutputBudget) -> None:
+    def __init__(self, budget: OutputBudget, *, writable_root: bool = False) -> None:
         self.budget = budget
         self._next_ino = 1
-        self.input = Dir(self._ino(), self.INPUT_DEV, None, writable=False)
-        self.output = Dir(self._ino(), self.OUTPUT_DEV, None, writable=True)
         self.created = 0
+        if writable_root:
+            self.output = Dir(self._ino(), self.OUTPUT_DEV, None, writable=True)
+            self.input = self.output
+            self._preopens = [("/", self.output)]
+        else:
+            self.input = Dir(self._ino(), self.INPUT_DEV, None, writable=False)
+            self.output = Dir(self._ino(), self.OUTPUT_DEV, None, writable=True)
+            self._preopens = [("/input", self.input), ("/output", self.output)]
+
+    def preopens(self) -> list[tuple[str, Dir]]:
+        """(guest name, directory) of each preopen, in fd order from 3."""
+        return list(self._preopens)
 
     def _ino(self) -> int:
         ino = self._next_ino
@@ -223,6 +247,36 @@ class Tree:
             d = child
         d.children[parts[-1]] = InputFile(self._ino(), self.INPUT_DEV, d, host_path, size)
 
+    def seed_file(self, parts: tuple[str, ...], data: bytes) -> None:
+        """Put a file (and any missing parent directories) under a writable root before the run:
+        counted and charged like the guest's own output."""
+        d = self.output
+        for name in parts[:-1]:
+            child = d.children.get(name)
+            if child is None:
+                self._count_new_entry()
+                child = Dir(self._ino(), self.OUTPUT_DEV, d, writable=True)
+                d.children[name] = child
+            if not isinstance(child, Dir):
+                raise Errno(E.NOTDIR)
+            d = child
+        if parts[-1] in d.children:
+            raise Errno(E.EXIST)
+        node = self.create_file(d, parts[-1])
+        self.write_at(node, 0, data)
+
+    def seed_dir(self, parts: tuple[str, ...]) -> None:
+        d = self.output
+        for name in parts:
+            child = d.children.get(name)
+            if child is None:
+                self._count_new_entry()
+                child = Dir(self._ino(), self.OUTPUT_DEV, d, writable=True)
+                d.children[name] = child
+            if not isinstance(child, Dir):
+                raise Errno(E.NOTDIR)
+            d = child
+
     # -- names ---------------------------------------------------------------------------------
 
     @staticmethod
@@ -232,7 +286,7 @@ class Tree:
         if b"\x00" in path:
             raise Errno(E.INVAL)
         if path.startswith(b"/"):
-            raise Errno(E.NOTCAPABLE)
+            raise Errno(E.PERM)
         try:
             text = path.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -249,18 +303,19 @@ class Tree:
 
     def _walk(self, start: Dir, parts: list[str]) -> Dir:
         d = start
+        depth = 0
         for name in parts:
             if name == "..":
-                if d.parent is None:
-                    raise Errno(E.NOTCAPABLE)
-                d = d.parent
+                if depth == 0 or d.parent is None:
+                    raise Errno(E.PERM)
+                d, depth = d.parent, depth - 1
                 continue
             child = d.children.get(name)
             if child is None:
                 raise Errno(E.NOENT)
             if not isinstance(child, Dir):
                 raise Errno(E.NOTDIR)
-            d = child
+            d, depth = child, depth + 1
         return d
 
     def locate(self, start: Dir, path: bytes) -> tuple[Dir, str | None, bool]:
@@ -285,29 +340,35 @@ class Tree:
 
     # -- changes (only under /output) ----------------------------------------------------------
 
+    @staticmethod
+    def mutable(start: Dir) -> None:
+        """A change starting from a read-only directory: EPERM, before its path is looked at."""
+        if not start.writable:
+            raise Errno(E.PERM)
+
     def _count_new_entry(self) -> None:
         if self.created >= MAX_OUTPUT_ENTRIES:
             raise Errno(E.NOSPC)
         self.created += 1
 
     def create_file(self, parent: Dir, name: str) -> OutputFile:
-        if not parent.writable:
-            raise Errno(E.ROFS)
+        self.mutable(parent)
         self._count_new_entry()
         node = OutputFile(self._ino(), self.OUTPUT_DEV, parent)
         parent.children[name] = node
         return node
 
     def mkdir(self, start: Dir, path: bytes) -> None:
+        self.mutable(start)
         parent, name, _ = self.locate(start, path)
         if name is None or name in parent.children:
             raise Errno(E.EXIST)
-        if not parent.writable:
-            raise Errno(E.ROFS)
+        self.mutable(parent)
         self._count_new_entry()
         parent.children[name] = Dir(self._ino(), self.OUTPUT_DEV, parent, writable=True)
 
     def unlink(self, start: Dir, path: bytes) -> None:
+        self.mutable(start)
         parent, name, trailing = self.locate(start, path)
         if name is None:
             raise Errno(E.ISDIR)
@@ -318,26 +379,27 @@ class Tree:
             raise Errno(E.ISDIR)
         if trailing:
             raise Errno(E.NOTDIR)
-        if not parent.writable:
-            raise Errno(E.ROFS)
+        self.mutable(parent)
         del parent.children[name]
 
     def rmdir(self, start: Dir, path: bytes) -> None:
+        self.mutable(start)
         parent, name, _ = self.locate(start, path)
         if name is None:
-            raise Errno(E.INVAL if parent.parent is not None else E.NOTCAPABLE)
+            raise Errno(E.INVAL)
         node = parent.children.get(name)
         if node is None:
             raise Errno(E.NOENT)
         if not isinstance(node, Dir):
             raise Errno(E.NOTDIR)
-        if not parent.writable:
-            raise Errno(E.ROFS)
+        self.mutable(parent)
         if node.children:
             raise Errno(E.NOTEMPTY)
         del parent.children[name]
 
     def rename(self, old_start: Dir, old_path: bytes, new_start: Dir, new_path: bytes) -> None:
+        self.mutable(old_start)
+        self.mutable(new_start)
         old_parent, old_name, _ = self.locate(old_start, old_path)
         new_parent, new_name, _ = self.locate(new_start, new_path)
         if old_name is None or new_name is None:
@@ -345,8 +407,8 @@ class Tree:
         node = old_parent.children.get(old_name)
         if node is None:
             raise Errno(E.NOENT)
-        if not (old_parent.writable and new_parent.writable):
-            raise Errno(E.ROFS)
+        self.mutable(old_parent)
+        self.mutable(new_parent)
         if node is new_parent.children.get(new_name):
             return
         if isinstance(node, Dir) and new_parent.is_within(node):

@@ -61,32 +61,67 @@ _U64 = 0xFFFFFFFFFFFFFFFF
 # Rights bits (preview 1).
 R_FD_DATASYNC, R_FD_READ, R_FD_SEEK, R_FD_FDSTAT_SET_FLAGS = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 R_FD_SYNC, R_FD_TELL, R_FD_WRITE, R_FD_ADVISE, R_FD_ALLOCATE = 1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8
+R_PATH_CREATE_DIRECTORY, R_PATH_CREATE_FILE, R_PATH_LINK_SOURCE = 1 << 9, 1 << 10, 1 << 11
+R_PATH_LINK_TARGET, R_PATH_OPEN, R_FD_READDIR, R_PATH_READLINK = 1 << 12, 1 << 13, 1 << 14, 1 << 15
+R_PATH_RENAME_SOURCE, R_PATH_RENAME_TARGET, R_PATH_FILESTAT_GET = 1 << 16, 1 << 17, 1 << 18
+R_PATH_FILESTAT_SET_SIZE, R_PATH_FILESTAT_SET_TIMES = 1 << 19, 1 << 20
 R_FD_FILESTAT_GET, R_FD_FILESTAT_SET_SIZE, R_FD_FILESTAT_SET_TIMES = 1 << 21, 1 << 22, 1 << 23
-R_POLL_FD_READWRITE = 1 << 27
-RIGHTS_FILE_READ = R_FD_READ | R_FD_SEEK | R_FD_TELL | R_FD_ADVISE | R_FD_FILESTAT_GET | R_POLL_FD_READWRITE
-RIGHTS_FILE_WRITE = (
-    R_FD_WRITE | R_FD_DATASYNC | R_FD_SYNC | R_FD_ALLOCATE | R_FD_FILESTAT_SET_SIZE | R_FD_FILESTAT_SET_TIMES
-)
-RIGHTS_DIR = (
-    (1 << 9)
-    | (1 << 10)
-    | (1 << 13)
-    | (1 << 14)
-    | (1 << 15)
-    | (1 << 16)
-    | (1 << 17)
-    | (1 << 18)
-    | (1 << 19)
-    | (1 << 20)
+R_PATH_SYMLINK, R_PATH_REMOVE_DIRECTORY, R_PATH_UNLINK_FILE = 1 << 24, 1 << 25, 1 << 26
+R_POLL_FD_READWRITE, R_SOCK_SHUTDOWN, R_SOCK_ACCEPT = 1 << 27, 1 << 28, 1 << 29
+RIGHTS_ALL = (1 << 30) - 1
+
+# The rights fd_fdstat_get reports, as wasmtime's preview-1 implementation reports them: a file has
+# every right but FD_WRITE when it is not open for writing (FD_READ and FD_READDIR likewise); a preopen
+# the fixed set "expected by many userlands"; any other directory every right but those of seeking,
+# writing and sizing.
+RIGHTS_PREOPEN = (
+    R_PATH_CREATE_DIRECTORY
+    | R_PATH_CREATE_FILE
+    | R_PATH_LINK_SOURCE
+    | R_PATH_LINK_TARGET
+    | R_PATH_OPEN
+    | R_FD_READDIR
+    | R_PATH_READLINK
+    | R_PATH_RENAME_SOURCE
+    | R_PATH_RENAME_TARGET
+    | R_PATH_FILESTAT_GET
+    | R_PATH_FILESTAT_SET_TIMES
     | R_FD_FILESTAT_GET
-    | (1 << 25)
-    | (1 << 26)
+    | R_FD_FILESTAT_SET_TIMES
+    | R_PATH_SYMLINK
+    | R_PATH_REMOVE_DIRECTORY
+    | R_PATH_UNLINK_FILE
 )
-RIGHTS_DIR_INHERIT = RIGHTS_DIR | RIGHTS_FILE_READ | RIGHTS_FILE_WRITE | R_FD_FDSTAT_SET_FLAGS
+RIGHTS_FILE_BASE = (
+    R_FD_DATASYNC
+    | R_FD_READ
+    | R_FD_SEEK
+    | R_FD_FDSTAT_SET_FLAGS
+    | R_FD_SYNC
+    | R_FD_TELL
+    | R_FD_WRITE
+    | R_FD_ADVISE
+    | R_FD_ALLOCATE
+    | R_FD_FILESTAT_GET
+    | R_FD_FILESTAT_SET_SIZE
+    | R_FD_FILESTAT_SET_TIMES
+    | R_POLL_FD_READWRITE
+)
+RIGHTS_PREOPEN_INHERITING = RIGHTS_PREOPEN | RIGHTS_FILE_BASE
+RIGHTS_DIR = RIGHTS_ALL & ~(R_FD_SEEK | R_FD_WRITE | R_PATH_FILESTAT_SET_SIZE | R_FD_FILESTAT_SET_SIZE)
 RIGHTS_STDIO = R_FD_READ | R_FD_WRITE | R_FD_FDSTAT_SET_FLAGS | R_FD_FILESTAT_GET | R_POLL_FD_READWRITE
+"""stdio: a character device without seek or tell, i.e. a terminal to libc's isatty() (not wasmtime's
+answer for captured streams: see docs/security.md)."""
+
+
+def file_rights(readable: bool, writable: bool) -> int:
+    return RIGHTS_ALL & ~(0 if readable else R_FD_READ | R_FD_READDIR) & ~(0 if writable else R_FD_WRITE)
+
 
 O_CREAT, O_DIRECTORY, O_EXCL, O_TRUNC = 1, 2, 4, 8
-FDFLAG_APPEND = 1
+FDFLAG_APPEND, FDFLAG_DSYNC, FDFLAG_NONBLOCK, FDFLAG_RSYNC, FDFLAG_SYNC = 1, 2, 4, 8, 16
+FDFLAGS_SYNCS = FDFLAG_DSYNC | FDFLAG_RSYNC | FDFLAG_SYNC
+FST_ATIM, FST_ATIM_NOW, FST_MTIM, FST_MTIM_NOW = 1, 2, 4, 8
 WHENCE_SET, WHENCE_CUR, WHENCE_END = 0, 1, 2
 EVENT_CLOCK, EVENT_FD_READ, EVENT_FD_WRITE = 0, 1, 2
 SUBCLOCK_ABSTIME = 1
@@ -151,7 +186,8 @@ EVENT = struct.Struct("<QHBxxxxxQH6x")
 
 @dataclass
 class Open:
-    """One guest file descriptor."""
+    """One guest file descriptor. `rights` and `inheriting` are what fd_fdstat_get reports; they only
+    shrink (fd_fdstat_set_rights), and a call needing a right the guest dropped is ENOTCAPABLE."""
 
     node: Node | None  # None for stdio streams
     kind: str  # "file", "dir", "stdin", "stdout", "stderr"
@@ -160,6 +196,23 @@ class Open:
     append: bool = False
     pos: int = 0
     preopen: str | None = None
+    rights: int = 0
+    inheriting: int = 0
+    dropped: int = 0
+    """Rights dropped from `inheriting` here or above: never granted to what is opened from this fd."""
+    nonblock: bool = False
+
+    def need(self, right: int) -> None:
+        if not self.rights & right:
+            raise Errno(E.NOTCAPABLE)
+
+
+def _stdio(node: Node | None, kind: str) -> Open:
+    return Open(node, kind, readable=kind == "stdin", writable=kind != "stdin", rights=RIGHTS_STDIO)
+
+
+def _preopen(node: VDir, name: str) -> Open:
+    return Open(node, "dir", preopen=name, rights=RIGHTS_PREOPEN, inheriting=RIGHTS_PREOPEN_INHERITING)
 
 
 class SinkFailed(Exception):
@@ -236,12 +289,12 @@ class Context:
         if stdin is not None:
             self.host.acquire(stdin)
         self.fds: dict[int, Open] = {
-            0: Open(stdin, "stdin", readable=True),
-            1: Open(None, "stdout", writable=True),
-            2: Open(None, "stderr", writable=True),
-            3: Open(tree.input, "dir", preopen="/input"),
-            4: Open(tree.output, "dir", preopen="/output"),
+            0: _stdio(stdin, "stdin"),
+            1: _stdio(None, "stdout"),
+            2: _stdio(None, "stderr"),
         }
+        for name, root in tree.preopens():
+            self.fds[len(self.fds)] = _preopen(root, name)
 
     def close(self) -> None:
         self.host.close_all()
@@ -252,16 +305,20 @@ class Context:
             self.memory = m if isinstance(m, wasmtime.Memory) else None
         return Memory(caller, self.memory)
 
-    def fd(self, fd: int) -> Open:
+    def fd(self, fd: int, right: int = 0) -> Open:
+        """The open fd, with `right` unless the guest dropped it (EBADF, ENOTCAPABLE)."""
         o = self.fds.get(fd & _U32)
         if o is None:
             raise Errno(E.BADF)
+        if right:
+            o.need(right)
         return o
 
-    def dir_fd(self, fd: int) -> VDir:
+    def dir_fd(self, fd: int, right: int) -> VDir:
         o = self.fd(fd)
         if not isinstance(o.node, VDir):
             raise Errno(E.NOTDIR)
+        o.need(right)
         return o.node
 
     def add_fd(self, o: Open) -> int:
@@ -396,7 +453,7 @@ def proc_exit(ctx: Context, m: Memory, code: int) -> None:
 
 @wasi("i")
 def proc_raise(ctx: Context, m: Memory, sig: int) -> int:
-    return E.NOSYS
+    return E.NOTSUP
 
 
 @wasi("iiii")
@@ -447,7 +504,35 @@ def _filestat(m: Memory, out: int, node: Node | None) -> None:
     if node is None:
         m.put(out, FILESTAT, 0, 0, FileType.CHARACTER_DEVICE, 1, 0, t, t, t)
     else:
-        m.put(out, FILESTAT, node.dev, node.ino, node.filetype, 1, node.size, t, t, t)
+        m.put(out, FILESTAT, node.dev, node.ino, node.filetype, 1, node.size, node.atim, node.mtim, t)
+
+
+def _now(ctx: Context) -> int:
+    """ "Now" for a timestamp set with ATIM_NOW/MTIM_NOW: the virtual realtime clock (not advanced)."""
+    return (REALTIME_EPOCH_NS + ctx.clock_ns) & _U64
+
+
+def _check_fstflags(flags: int) -> None:
+    """Unknown bits, or a time both given and "now": EINVAL (wasmtime traps on unknown bits)."""
+    if flags & ~(FST_ATIM | FST_ATIM_NOW | FST_MTIM | FST_MTIM_NOW):
+        raise Errno(E.INVAL)
+    if (flags & FST_ATIM and flags & FST_ATIM_NOW) or (flags & FST_MTIM and flags & FST_MTIM_NOW):
+        raise Errno(E.INVAL)
+
+
+def _set_times(ctx: Context, node: Node, atim: int, mtim: int, flags: int) -> None:
+    flags &= 0xFFFF
+    _check_fstflags(flags)
+    if isinstance(node, InputFile) or (isinstance(node, VDir) and not node.writable):
+        raise Errno(E.PERM)
+    if flags & FST_ATIM:
+        node.atim = atim & _U64
+    elif flags & FST_ATIM_NOW:
+        node.atim = _now(ctx)
+    if flags & FST_MTIM:
+        node.mtim = mtim & _U64
+    elif flags & FST_MTIM_NOW:
+        node.mtim = _now(ctx)
 
 
 @wasi("i")
@@ -462,42 +547,59 @@ def fd_close(ctx: Context, m: Memory, fd: int) -> int:
 def fd_fdstat_get(ctx: Context, m: Memory, fd: int, out: int) -> int:
     o = ctx.fd(fd)
     if o.kind == "dir":
-        m.put(out, FDSTAT, FileType.DIRECTORY, 0, RIGHTS_DIR, RIGHTS_DIR_INHERIT)
+        filetype = FileType.DIRECTORY
     elif o.kind == "file":
-        rights = (RIGHTS_FILE_READ if o.readable else 0) | (RIGHTS_FILE_WRITE if o.writable else 0)
-        rights |= R_FD_SEEK | R_FD_TELL | R_FD_FILESTAT_GET | R_FD_FDSTAT_SET_FLAGS | R_FD_ADVISE
-        m.put(out, FDSTAT, FileType.REGULAR_FILE, FDFLAG_APPEND if o.append else 0, rights, 0)
+        filetype = FileType.REGULAR_FILE
     else:
-        m.put(out, FDSTAT, FileType.CHARACTER_DEVICE, 0, RIGHTS_STDIO, 0)
+        filetype = FileType.CHARACTER_DEVICE
+    flags = (FDFLAG_APPEND if o.append else 0) | (FDFLAG_NONBLOCK if o.nonblock else 0)
+    m.put(out, FDSTAT, filetype, flags, o.rights, o.inheriting)
     return 0
 
 
 @wasi("ii")
 def fd_fdstat_set_flags(ctx: Context, m: Memory, fd: int, flags: int) -> int:
+    """APPEND and NONBLOCK on files; the SYNC flags are refused (EINVAL) as wasmtime refuses them."""
     o = ctx.fd(fd)
-    if o.kind == "file":
-        o.append = bool(flags & FDFLAG_APPEND)
+    if o.kind != "file":
+        return E.BADF
+    o.need(R_FD_FDSTAT_SET_FLAGS)
+    flags &= 0xFFFF
+    if flags & ~(FDFLAG_APPEND | FDFLAG_NONBLOCK) or flags & FDFLAGS_SYNCS:
+        return E.INVAL
+    o.append = bool(flags & FDFLAG_APPEND)
+    o.nonblock = bool(flags & FDFLAG_NONBLOCK)
     return 0
 
 
 @wasi("iII")
 def fd_fdstat_set_rights(ctx: Context, m: Memory, fd: int, base: int, inheriting: int) -> int:
-    ctx.fd(fd)
-    return E.NOTSUP
+    """Rights only shrink: asking for one the fd does not hold is ENOTCAPABLE."""
+    o = ctx.fd(fd)
+    base &= _U64
+    inheriting &= _U64
+    if base & ~o.rights or inheriting & ~o.inheriting:
+        return E.NOTCAPABLE
+    o.dropped |= o.inheriting & ~inheriting
+    o.rights, o.inheriting = base, inheriting
+    return 0
 
 
 @wasi("ii")
 def fd_filestat_get(ctx: Context, m: Memory, fd: int, out: int) -> int:
-    _filestat(m, out, ctx.fd(fd).node)
+    _filestat(m, out, ctx.fd(fd, R_FD_FILESTAT_GET).node)
     return 0
 
 
 @wasi("iI")
 def fd_filestat_set_size(ctx: Context, m: Memory, fd: int, size: int) -> int:
     o = ctx.fd(fd)
-    if not (o.writable and isinstance(o.node, OutputFile)):
+    if o.kind != "file":
         return E.BADF
-    if size < 0:
+    o.need(R_FD_FILESTAT_SET_SIZE)
+    if not isinstance(o.node, OutputFile):
+        return E.PERM
+    if not o.writable or size < 0:
         return E.INVAL
     ctx.tree.resize(o.node, size)
     return 0
@@ -505,8 +607,11 @@ def fd_filestat_set_size(ctx: Context, m: Memory, fd: int, size: int) -> int:
 
 @wasi("iIIi")
 def fd_filestat_set_times(ctx: Context, m: Memory, fd: int, atim: int, mtim: int, flags: int) -> int:
-    """Accepted and ignored: timestamps are fixed."""
-    ctx.fd(fd)
+    o = ctx.fd(fd)
+    if o.node is None:
+        return E.BADF
+    o.need(R_FD_FILESTAT_SET_TIMES)
+    _set_times(ctx, o.node, atim, mtim, flags)
     return 0
 
 
@@ -554,10 +659,9 @@ def _read_into(ctx: Context, m: Memory, o: Open, iovs: list[tuple[int, int]], of
 
 def _readable(ctx: Context, fd: int) -> Open:
     o = ctx.fd(fd)
-    if o.kind == "dir":
-        raise Errno(E.ISDIR)
-    if not o.readable:
+    if o.kind == "dir" or not o.readable:
         raise Errno(E.BADF)
+    o.need(R_FD_READ)
     return o
 
 
@@ -575,6 +679,7 @@ def fd_pread(ctx: Context, m: Memory, fd: int, iovs: int, count: int, offset: in
     o = _readable(ctx, fd)
     if o.kind != "file":
         return E.SPIPE
+    o.need(R_FD_SEEK)
     m.put(out, U32, _read_into(ctx, m, o, m.iovecs(iovs, count), offset & _U64))
     return 0
 
@@ -601,10 +706,9 @@ def _write(ctx: Context, o: Open, data: bytes, offset: int | None) -> None:
 
 def _writable(ctx: Context, fd: int) -> Open:
     o = ctx.fd(fd)
-    if o.kind == "dir":
-        raise Errno(E.ISDIR)
-    if not o.writable:
+    if o.kind == "dir" or not o.writable:
         raise Errno(E.BADF)
+    o.need(R_FD_WRITE)
     return o
 
 
@@ -623,6 +727,7 @@ def fd_pwrite(ctx: Context, m: Memory, fd: int, iovs: int, count: int, offset: i
     o = _writable(ctx, fd)
     if o.kind != "file":
         return E.SPIPE
+    o.need(R_FD_SEEK)
     data = _gather(m, iovs, count)
     m._check(out, 4)
     _write(ctx, o, data, offset & _U64)
@@ -637,6 +742,7 @@ def fd_seek(ctx: Context, m: Memory, fd: int, delta: int, whence: int, out: int)
         return E.BADF
     if o.kind != "file" or o.node is None:
         return E.SPIPE
+    o.need(R_FD_TELL if delta == 0 and whence & _U32 == WHENCE_CUR else R_FD_SEEK)
     base = {WHENCE_SET: 0, WHENCE_CUR: o.pos, WHENCE_END: o.node.size}.get(whence & _U32)
     if base is None:
         return E.INVAL
@@ -653,27 +759,34 @@ def fd_tell(ctx: Context, m: Memory, fd: int, out: int) -> int:
     o = ctx.fd(fd)
     if o.kind != "file":
         return E.SPIPE if o.kind != "dir" else E.BADF
+    o.need(R_FD_TELL)
     m.put(out, U64, o.pos)
     return 0
 
 
+def _file_fd(ctx: Context, fd: int, right: int) -> Open:
+    o = ctx.fd(fd)
+    if o.kind != "file":
+        raise Errno(E.BADF)
+    o.need(right)
+    return o
+
+
 @wasi("i")
 def fd_sync(ctx: Context, m: Memory, fd: int) -> int:
-    ctx.fd(fd)
+    _file_fd(ctx, fd, R_FD_SYNC)
     return 0
 
 
 @wasi("i")
 def fd_datasync(ctx: Context, m: Memory, fd: int) -> int:
-    ctx.fd(fd)
+    _file_fd(ctx, fd, R_FD_DATASYNC)
     return 0
 
 
 @wasi("iIIi")
 def fd_advise(ctx: Context, m: Memory, fd: int, offset: int, length: int, advice: int) -> int:
-    o = ctx.fd(fd)
-    if o.kind == "dir":
-        return E.BADF
+    _file_fd(ctx, fd, R_FD_ADVISE)
     if advice & _U32 > 5 or offset < 0 or length < 0:
         return E.INVAL
     return 0
@@ -681,7 +794,8 @@ def fd_advise(ctx: Context, m: Memory, fd: int, offset: int, length: int, advice
 
 @wasi("iII")
 def fd_allocate(ctx: Context, m: Memory, fd: int, offset: int, length: int) -> int:
-    ctx.fd(fd)
+    """Not supported on files (ENOTSUP, as wasmtime answers); EBADF on anything else."""
+    _file_fd(ctx, fd, R_FD_ALLOCATE)
     return E.NOTSUP
 
 
@@ -699,7 +813,11 @@ def fd_renumber(ctx: Context, m: Memory, fd: int, to: int) -> int:
 @wasi("iiiIi")
 def fd_readdir(ctx: Context, m: Memory, fd: int, buf: int, n: int, cookie: int, out: int) -> int:
     """Entries are ".", ".." and the children sorted by name; the cookie is the entry index."""
-    d = ctx.dir_fd(fd)
+    o = ctx.fd(fd)
+    if not isinstance(o.node, VDir):
+        return E.BADF
+    o.need(R_FD_READDIR)
+    d = o.node
     n &= _U32
     m._check(buf, n)
     parent = d.parent or d
@@ -735,53 +853,71 @@ def path_open(
     fdflags: int,
     out: int,
 ) -> int:
-    start = ctx.dir_fd(fd)
+    """Writable when the rights hold FD_WRITE or the flags create or truncate (as in wasmtime, where
+    other rights, such as the FD_FILESTAT_SET_SIZE Go asks for on every open, grant nothing)."""
+    o = ctx.fd(fd)
+    start = ctx.dir_fd(fd, R_PATH_OPEN)
     raw = m.read(path, path_len & _U32)
     m._check(out, 4)
     base &= _U64
-    readable = bool(base & R_FD_READ)
-    writable = bool(base & (R_FD_WRITE | R_FD_ALLOCATE | R_FD_FILESTAT_SET_SIZE)) or bool(oflags & O_TRUNC)
+    if fdflags & FDFLAGS_SYNCS:
+        return E.NOTSUP
+    if oflags & O_CREAT and oflags & O_DIRECTORY:
+        return E.INVAL
+    writable = bool(base & R_FD_WRITE or oflags & (O_CREAT | O_TRUNC))
+    if writable:
+        ctx.tree.mutable(start)
+    if base & R_FD_WRITE and o.dropped & R_FD_WRITE:
+        return E.NOTCAPABLE
     parent, name, trailing = ctx.tree.locate(start, raw)
     node = parent if name is None else parent.children.get(name)
     if node is None:
         if not oflags & O_CREAT:
             return E.NOENT
-        if oflags & O_DIRECTORY or trailing:
-            return E.ISDIR if trailing else E.INVAL
+        if trailing:
+            return E.ISDIR
+        o.need(R_PATH_CREATE_FILE)
         node = ctx.tree.create_file(parent, name or "")
     elif oflags & O_CREAT and oflags & O_EXCL:
         return E.EXIST
     if isinstance(node, VDir):
-        if writable or oflags & O_TRUNC:
+        if writable:
             return E.ISDIR
-        new = ctx.add_fd(Open(node, "dir"))
+        rights = RIGHTS_DIR & ~o.dropped
+        opened = Open(node, "dir", rights=rights, inheriting=rights, dropped=o.dropped)
     else:
+        if oflags & O_CREAT and trailing:
+            return E.ISDIR
         if oflags & O_DIRECTORY or trailing:
             return E.NOTDIR
-        if writable and not isinstance(node, OutputFile):
-            return E.ROFS
         if oflags & O_TRUNC and isinstance(node, OutputFile):
             ctx.tree.resize(node, 0)
-        new = ctx.add_fd(
-            Open(
-                node,
-                "file",
-                readable=readable or not writable,
-                writable=writable,
-                append=bool(fdflags & FDFLAG_APPEND),
-            )
+        readable = bool(base & R_FD_READ) or not base & R_FD_WRITE
+        rights = file_rights(readable, writable) & ~o.dropped
+        opened = Open(
+            node,
+            "file",
+            readable=readable,
+            writable=writable,
+            append=bool(fdflags & FDFLAG_APPEND),
+            nonblock=bool(fdflags & FDFLAG_NONBLOCK),
+            rights=rights,
+            inheriting=rights,
         )
-    m.put(out, U32, new)
+    m.put(out, U32, ctx.add_fd(opened))
     return 0
+
+
+def _path(m: Memory, ptr: int, n: int) -> bytes:
+    return m.read(ptr, n & _U32)
 
 
 @wasi("iiiii")
 def path_filestat_get(
     ctx: Context, m: Memory, fd: int, flags: int, path: int, path_len: int, out: int
 ) -> int:
-    start = ctx.dir_fd(fd)
-    node = ctx.tree.lookup(start, m.read(path, path_len & _U32))
-    _filestat(m, out, node)
+    start = ctx.dir_fd(fd, R_PATH_FILESTAT_GET)
+    _filestat(m, out, ctx.tree.lookup(start, _path(m, path, path_len)))
     return 0
 
 
@@ -789,26 +925,29 @@ def path_filestat_get(
 def path_filestat_set_times(
     ctx: Context, m: Memory, fd: int, flags: int, path: int, path_len: int, atim: int, mtim: int, fst: int
 ) -> int:
-    """Accepted and ignored once the path exists: timestamps are fixed."""
-    ctx.tree.lookup(ctx.dir_fd(fd), m.read(path, path_len & _U32))
+    start = ctx.dir_fd(fd, R_PATH_FILESTAT_SET_TIMES)
+    raw = _path(m, path, path_len)
+    _check_fstflags(fst & 0xFFFF)
+    ctx.tree.mutable(start)
+    _set_times(ctx, ctx.tree.lookup(start, raw), atim, mtim, fst)
     return 0
 
 
 @wasi("iii")
 def path_create_directory(ctx: Context, m: Memory, fd: int, path: int, path_len: int) -> int:
-    ctx.tree.mkdir(ctx.dir_fd(fd), m.read(path, path_len & _U32))
+    ctx.tree.mkdir(ctx.dir_fd(fd, R_PATH_CREATE_DIRECTORY), _path(m, path, path_len))
     return 0
 
 
 @wasi("iii")
 def path_unlink_file(ctx: Context, m: Memory, fd: int, path: int, path_len: int) -> int:
-    ctx.tree.unlink(ctx.dir_fd(fd), m.read(path, path_len & _U32))
+    ctx.tree.unlink(ctx.dir_fd(fd, R_PATH_UNLINK_FILE), _path(m, path, path_len))
     return 0
 
 
 @wasi("iii")
 def path_remove_directory(ctx: Context, m: Memory, fd: int, path: int, path_len: int) -> int:
-    ctx.tree.rmdir(ctx.dir_fd(fd), m.read(path, path_len & _U32))
+    ctx.tree.rmdir(ctx.dir_fd(fd, R_PATH_REMOVE_DIRECTORY), _path(m, path, path_len))
     return 0
 
 
@@ -817,7 +956,10 @@ def path_rename(
     ctx: Context, m: Memory, fd: int, old: int, old_len: int, new_fd: int, new: int, new_len: int
 ) -> int:
     ctx.tree.rename(
-        ctx.dir_fd(fd), m.read(old, old_len & _U32), ctx.dir_fd(new_fd), m.read(new, new_len & _U32)
+        ctx.dir_fd(fd, R_PATH_RENAME_SOURCE),
+        _path(m, old, old_len),
+        ctx.dir_fd(new_fd, R_PATH_RENAME_TARGET),
+        _path(m, new, new_len),
     )
     return 0
 
@@ -826,12 +968,14 @@ def path_rename(
 def path_readlink(
     ctx: Context, m: Memory, fd: int, path: int, path_len: int, buf: int, n: int, out: int
 ) -> int:
-    ctx.tree.lookup(ctx.dir_fd(fd), m.read(path, path_len & _U32))
+    ctx.tree.lookup(ctx.dir_fd(fd, R_PATH_READLINK), _path(m, path, path_len))
     return E.INVAL  # nothing in the tree is a symbolic link
 
 
 @wasi("iiiii")
 def path_symlink(ctx: Context, m: Memory, old: int, old_len: int, fd: int, new: int, new_len: int) -> int:
+    """Symbolic links are not supported: ENOTSUP (EPERM under a read-only directory, as for any change)."""
+    ctx.tree.mutable(ctx.dir_fd(fd, R_PATH_SYMLINK))
     return E.NOTSUP
 
 
@@ -847,32 +991,39 @@ def path_link(
     new: int,
     new_len: int,
 ) -> int:
+    """Hard links are not supported: ENOTSUP (EPERM under a read-only directory, as for any change)."""
+    ctx.tree.mutable(ctx.dir_fd(old_fd, R_PATH_LINK_SOURCE))
+    ctx.tree.mutable(ctx.dir_fd(new_fd, R_PATH_LINK_TARGET))
     return E.NOTSUP
 
 
-# -- sockets: none exist -------------------------------------------------------------------------
+# -- sockets: none exist, so every fd is not a socket --------------------------------------------
 
 
 @wasi("iii")
 def sock_accept(ctx: Context, m: Memory, fd: int, flags: int, out: int) -> int:
-    return E.NOSYS
+    ctx.fd(fd)
+    return E.NOTSOCK
 
 
 @wasi("iiiiii")
 def sock_recv(
     ctx: Context, m: Memory, fd: int, data: int, data_len: int, flags: int, out_len: int, out_flags: int
 ) -> int:
-    return E.NOSYS
+    ctx.fd(fd)
+    return E.NOTSOCK
 
 
 @wasi("iiiii")
 def sock_send(ctx: Context, m: Memory, fd: int, data: int, data_len: int, flags: int, out: int) -> int:
-    return E.NOSYS
+    ctx.fd(fd)
+    return E.NOTSOCK
 
 
 @wasi("ii")
 def sock_shutdown(ctx: Context, m: Memory, fd: int, how: int) -> int:
-    return E.NOSYS
+    ctx.fd(fd)
+    return E.NOTSOCK
 
 
 # -- linking -------------------------------------------------------------------------------------
