@@ -7,7 +7,8 @@ the file's directory) and the last word is the batch id. The batch file is read 
 if it is a regular file of at most 1 MiB (batch_file.MAX_BATCH_BYTES); the node itself refuses a module,
 input or stdin path that is not a regular file or whose last component is a symbolic link. A submission
 is safe to leave (this node may stop) once it is handed off: its executor holds its data.
-`--wait-handoff` waits for that.
+`--wait-handoff` waits for that. `--python SCRIPT.py` runs a Python script instead of a MODULE
+(python_job.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..config import add_data_dir_argument
 from ..units import UnitError, parse_duration
-from . import options
+from . import options, python_job
 from .main import CliError
 
 if TYPE_CHECKING:
@@ -31,7 +32,10 @@ _NOT_A_DEADLINE = "not a duration (90s, 10m, 2h, 1d, 1h30m) nor an ISO-8601 time
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_dir_argument(parser)
-    parser.add_argument("module", type=Path, metavar="MODULE", help="the WebAssembly (WASI preview 1) module")
+    parser.add_argument(
+        "module", type=Path, nargs="?", metavar="MODULE", help="the WebAssembly (WASI preview 1) module"
+    )
+    python_job.add_arguments(parser)
     parser.add_argument(
         "--input",
         action="append",
@@ -209,7 +213,9 @@ def run(args: argparse.Namespace) -> int:
 
     from .common import call, client
 
+    python_job.prepare(args)
     body = batch_body(args, time.time()) if args.batch is not None else request_body(args, time.time())
+    body = python_job.apply(args, body)
     api = client(args)
     if args.batch is not None:
         answer = call(api, "POST", "/v1/batches", body)

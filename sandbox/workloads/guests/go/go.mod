@@ -1,0 +1,3 @@
+module e31.example/wc
+
+go 1.25
