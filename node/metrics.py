@@ -72,7 +72,11 @@ class Histogram:
         running = 0
         for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
             running += n
-            yield self.name + "_bucket", (("le", _number(bound)),), running
+            yield (
+                self.name + "_bucket",
+                (("le", "+Inf" if bound == math.inf else repr(float(bound))),),
+                running,
+            )
         yield self.name + "_sum", (), self.sum
         yield self.name + "_count", (), self.count
 
@@ -178,8 +182,10 @@ def render(metrics: Iterable[Metric]) -> str:
     """The Prometheus text exposition (version 0.0.4) of `metrics`."""
     lines: list[str] = []
     for m in metrics:
-        lines.append(f"# HELP {m.name} {m.help.replace(chr(92), chr(92) * 2).replace(chr(10), ' ')}")
-        lines.append(f"# TYPE {m.name} {m.kind}")
+        # the text format names a counter's family as its samples are named, with the _total suffix
+        family = m.name + "_total" if m.kind == "counter" else m.name
+        lines.append(f"# HELP {family} {m.help.replace(chr(92), chr(92) * 2).replace(chr(10), ' ')}")
+        lines.append(f"# TYPE {family} {m.kind}")
         for name, labels, value in m.samples():
             text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
             lines.append(f"{name}{{{text}}} {_number(value)}" if text else f"{name} {_number(value)}")
