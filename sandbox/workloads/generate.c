@@ -13,9 +13,10 @@
  * id on a tie, sampling draws from a xoshiro256** generator seeded from the prompt line's "seed".
  *
  * The dot products are written with explicit 4-lane vectors: wasm SIMD (-msimd128) in the shipped
- * module, SSE or plain C for a native build of the same source. Every path adds in the same order (lane j
- * sums elements j, j+4, j+8, ...; then (lane0 + lane1) + (lane2 + lane3); then the tail in order), so
- * a native build with -ffp-contract=off gives the same completions as the module.
+ * module; SSE, or plain C (with -DGENERATE_PLAIN, or when neither is available), in a native build of the
+ * same source. Every path adds in the same order (lane j sums elements j, j+4, j+8, ...; then
+ * (lane0 + lane1) + (lane2 + lane3); then the tail in order), so a native build with -ffp-contract=off
+ * gives the same completions as the module.
  */
 #include <errno.h>
 #include <math.h>
@@ -28,24 +29,28 @@
 /* ---------------------------------------------------------------------------------------------
  * Four-lane float vectors
  */
-#if defined(__wasm_simd128__)
+#if defined(__wasm_simd128__) && !defined(GENERATE_PLAIN)
 #include <wasm_simd128.h>
 typedef v128_t f4;
 #define F4_ZERO() wasm_f32x4_splat(0.0f)
 #define F4_LOAD(p) wasm_v128_load(p)
 #define F4_ADD(a, b) wasm_f32x4_add((a), (b))
 #define F4_MUL(a, b) wasm_f32x4_mul((a), (b))
+#define F4_SPLAT(v) wasm_f32x4_splat(v)
+#define F4_STORE(p, v) wasm_v128_store((p), (v))
 static inline float f4_sum(f4 v) {
     return (wasm_f32x4_extract_lane(v, 0) + wasm_f32x4_extract_lane(v, 1)) +
            (wasm_f32x4_extract_lane(v, 2) + wasm_f32x4_extract_lane(v, 3));
 }
-#elif defined(__SSE__)
+#elif defined(__SSE__) && !defined(GENERATE_PLAIN)
 #include <xmmintrin.h>
 typedef __m128 f4;
 #define F4_ZERO() _mm_setzero_ps()
 #define F4_LOAD(p) _mm_loadu_ps(p)
 #define F4_ADD(a, b) _mm_add_ps((a), (b))
 #define F4_MUL(a, b) _mm_mul_ps((a), (b))
+#define F4_SPLAT(v) _mm_set1_ps(v)
+#define F4_STORE(p, v) _mm_storeu_ps((p), (v))
 static inline float f4_sum(f4 v) {
     float l[4];
     _mm_storeu_ps(l, v);
@@ -71,6 +76,11 @@ static inline f4 F4_MUL(f4 a, f4 b) {
     f4 r = {{a.v[0] * b.v[0], a.v[1] * b.v[1], a.v[2] * b.v[2], a.v[3] * b.v[3]}};
     return r;
 }
+static inline f4 F4_SPLAT(float x) {
+    f4 r = {{x, x, x, x}};
+    return r;
+}
+static inline void F4_STORE(float *p, f4 a) { memcpy(p, a.v, sizeof a.v); }
 static inline float f4_sum(f4 v) { return (v.v[0] + v.v[1]) + (v.v[2] + v.v[3]); }
 #endif
 
@@ -83,14 +93,30 @@ static float dot(const float *a, const float *b, int n) {
     return s;
 }
 
-/* xout[i] = dot(w row i, x) for d rows of n; four rows at a time share each load of x. */
+/* xout[i] = dot(w row i, x) for d rows of n. Four rows at a time share each load of x, sixteen columns per
+ * step with each row's products added into its accumulator in column order (so every lane sums the same
+ * terms in the same order as dot()); written as one expression per row so that the wasm build keeps the
+ * partial sums on the operand stack (fewer instructions, less fuel). */
 static void matmul(float *xout, const float *x, const float *w, int n, int d) {
-    int n4 = n & ~3;
+    int n16 = n & ~15, n4 = n & ~3;
     int i = 0;
     for (; i + 4 <= d; i += 4) {
         const float *w0 = w + (size_t)i * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
         f4 a0 = F4_ZERO(), a1 = F4_ZERO(), a2 = F4_ZERO(), a3 = F4_ZERO();
-        for (int j = 0; j < n4; j += 4) {
+        int j = 0;
+        for (; j < n16; j += 16) {
+            f4 x0 = F4_LOAD(x + j), x1 = F4_LOAD(x + j + 4), x2 = F4_LOAD(x + j + 8), x3 = F4_LOAD(x + j + 12);
+#define ROW16(a, wr)                                                                                    \
+    a = F4_ADD(F4_ADD(F4_ADD(F4_ADD(a, F4_MUL(F4_LOAD(wr + j), x0)), F4_MUL(F4_LOAD(wr + j + 4), x1)), \
+                      F4_MUL(F4_LOAD(wr + j + 8), x2)),                                               \
+               F4_MUL(F4_LOAD(wr + j + 12), x3))
+            ROW16(a0, w0);
+            ROW16(a1, w1);
+            ROW16(a2, w2);
+            ROW16(a3, w3);
+#undef ROW16
+        }
+        for (; j < n4; j += 4) {
             f4 xv = F4_LOAD(x + j);
             a0 = F4_ADD(a0, F4_MUL(F4_LOAD(w0 + j), xv));
             a1 = F4_ADD(a1, F4_MUL(F4_LOAD(w1 + j), xv));
@@ -98,7 +124,7 @@ static void matmul(float *xout, const float *x, const float *w, int n, int d) {
             a3 = F4_ADD(a3, F4_MUL(F4_LOAD(w3 + j), xv));
         }
         float s0 = f4_sum(a0), s1 = f4_sum(a1), s2 = f4_sum(a2), s3 = f4_sum(a3);
-        for (int j = n4; j < n; j++) {
+        for (; j < n; j++) {
             s0 += w0[j] * x[j];
             s1 += w1[j] * x[j];
             s2 += w2[j] * x[j];
@@ -410,12 +436,19 @@ static void forward(const config_t *c, const weights_t *w, state_t *s, int token
                 att[t] = score / scale;
             }
             softmax(att, pos + 1);
+            /* xb = sum over t (in order, from 0) of att[t] * v_t, four elements at a time in registers. */
             float *xb = s->xb + (size_t)h * hs;
-            memset(xb, 0, (size_t)hs * sizeof(float));
-            for (int t = 0; t <= pos; t++) {
-                const float *vt = s->value_cache + hoff + (size_t)t * kv_dim;
-                float a = att[t];
-                for (int i = 0; i < hs; i++) xb[i] += a * vt[i];
+            const float *vh = s->value_cache + hoff;
+            int i = 0;
+            for (; i + 4 <= hs; i += 4) {
+                f4 acc = F4_ZERO();
+                for (int t = 0; t <= pos; t++) acc = F4_ADD(acc, F4_MUL(F4_SPLAT(att[t]), F4_LOAD(vh + (size_t)t * kv_dim + i)));
+                F4_STORE(xb + i, acc);
+            }
+            for (; i < hs; i++) {
+                float acc = 0.0f;
+                for (int t = 0; t <= pos; t++) acc += att[t] * vh[(size_t)t * kv_dim + i];
+                xb[i] = acc;
             }
         }
         matmul(s->xb2, s->xb, w->wo + (size_t)l * dim * dim, dim, dim);

@@ -1,0 +1,166 @@
+"""Inference speed: generate.wasm under the e31 sandbox (fuel on) against the same C source built natively.
+
+Run: .venv/bin/python tests/bench/bench_generate.py [--tokens N] [--rounds R] [--prompts-fuel P]
+
+Two models: the 15M-parameter shape of llama2.c's stories15M (dim 288, 6 layers, 6 heads, 6 kv heads,
+hidden 768, vocab 32000, seq 256) with random weights written into a temp dir, and the published
+stories260K from ../shared/models/stories260K (skipped when absent). For each, greedy generation from BOS
+of N tokens and of 1 token, both in the sandbox and natively (clang or gcc, -O2 -march=native
+-ffp-contract=off, so the SSE path adds in the same order as the wasm SIMD one); tokens/s and fuel per
+token come from the difference of the two runs, so model loading and module compilation are left out.
+The native and sandbox completions must be identical. Medians of R rounds; exits 1 if the sandbox is
+below 0.6x native on either model.
+
+With --prompts-fuel P, also runs P prompts of 16 tokens each on the 15M shape in one job and prints its
+fuel and peak memory (the figures behind the limits advised in docs/inference.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "sandbox"))
+
+from e31.sandbox.job import JobSpec  # noqa: E402
+from e31.sandbox.limits import Limits, RunResult, Status  # noqa: E402
+from e31.sandbox.runner import compile_module, default_engine, run  # noqa: E402
+from llama2_files import SHAPE_15M, random_vocabulary, write_random_model, write_tokenizer  # noqa: E402
+
+SOURCE = ROOT / "sandbox" / "workloads" / "generate.c"
+WASM = ROOT / "sandbox" / "workloads" / "generate.wasm"
+STORIES = ROOT.parent / "shared" / "models" / "stories260K"
+FLOOR = 0.6
+LIMITS = Limits(fuel=10**13, memory_bytes=1 << 30, wall_seconds=3600.0)
+
+
+def build_native(out: Path) -> tuple[Path, str]:
+    for cc in ("clang", "gcc"):
+        if shutil.which(cc):
+            exe = out / "generate-native"
+            cmd = [cc, "-O2", "-march=native", "-ffp-contract=off", "-o", str(exe), str(SOURCE), "-lm"]
+            subprocess.run(cmd, check=True)
+            return exe, " ".join([cc, *cmd[1:4]])
+    raise SystemExit("no clang or gcc for the native build")
+
+
+def prompts_file(path: Path, tokens: int, count: int) -> Path:
+    path.write_text(
+        "".join(json.dumps({"id": i, "prompt": "", "max_tokens": tokens}) + "\n" for i in range(count))
+    )
+    return path
+
+
+def sandbox_run(model: Path, tok: Path, prompts: Path, out: Path) -> tuple[float, RunResult, bytes]:
+    wasm = WASM.read_bytes()
+    engine = default_engine()
+    module = compile_module(engine, wasm)
+    spec = JobSpec(
+        wasm, inputs={"model.bin": model, "tokenizer.bin": tok, "prompts.jsonl": prompts}, limits=LIMITS
+    )
+    shutil.rmtree(out, ignore_errors=True)
+    t = time.perf_counter()
+    r = run(spec, out, engine=engine, module=module)
+    elapsed = time.perf_counter() - t
+    assert (r.status, r.exit_code) == (Status.EXITED, 0), (r.status, r.exit_code, r.stderr)
+    return elapsed, r, (out / "completions.jsonl").read_bytes()
+
+
+def native_run(exe: Path, model: Path, tok: Path, prompts: Path, out: Path) -> tuple[float, bytes]:
+    t = time.perf_counter()
+    args = [str(exe), "--model", str(model), "--tokenizer", str(tok), "--prompts", str(prompts)]
+    subprocess.run([*args, "--out", str(out)], check=True)
+    return time.perf_counter() - t, out.read_bytes()
+
+
+def measure(
+    name: str, exe: Path, model: Path, tok: Path, tmp: Path, tokens: int, prompts: int, rounds: int
+) -> float:
+    long_p = prompts_file(tmp / f"{name}-long.jsonl", tokens, prompts)
+    short_p = prompts_file(tmp / f"{name}-short.jsonl", 1, prompts)
+    timed = prompts * (tokens - 1)
+    wasm_rates, native_rates, fuels = [], [], []
+    for _ in range(rounds):
+        # Interleaved, so both sides see the same load.
+        t_long, r_long, out_wasm = sandbox_run(model, tok, long_p, tmp / "out")
+        t_short, r_short, _ = sandbox_run(model, tok, short_p, tmp / "out")
+        n_long, out_native = native_run(exe, model, tok, long_p, tmp / "native.jsonl")
+        n_short, _ = native_run(exe, model, tok, short_p, tmp / "native.jsonl")
+        assert out_wasm == out_native, f"{name}: native and sandbox completions differ"
+        generated = [json.loads(line)["completion_tokens"] for line in out_wasm.splitlines()]
+        assert generated == [tokens] * prompts, f"{name}: stopped early: {generated}"
+        wasm_rates.append(timed / (t_long - t_short))
+        native_rates.append(timed / (n_long - n_short))
+        fuels.append((r_long.fuel_used - r_short.fuel_used) / timed)
+    wasm_tps, native_tps = statistics.median(wasm_rates), statistics.median(native_rates)
+    ratio = wasm_tps / native_tps
+    print(
+        f"{name:12s} sandbox {wasm_tps:9.1f} tok/s   native {native_tps:9.1f} tok/s   "
+        f"ratio {ratio:.2f}x   fuel/token {statistics.median(fuels):13,.0f}   "
+        f"({prompts} x tokens 2..{tokens}, median of {rounds}; rates "
+        f"{', '.join(f'{w:.1f}' for w in wasm_rates)} / {', '.join(f'{n:.1f}' for n in native_rates)})"
+        + ("" if ratio >= FLOOR else f"   MISSED floor {FLOOR}x")
+    )
+    return ratio
+
+
+def prompts_fuel(model: Path, tok: Path, tmp: Path, count: int) -> None:
+    path = tmp / "many.jsonl"
+    path.write_text(
+        "".join(json.dumps({"id": i, "prompt": f"story {i}", "max_tokens": 16}) + "\n" for i in range(count))
+    )
+    t, r, out = sandbox_run(model, tok, path, tmp / "out")
+    rows = [json.loads(line) for line in out.splitlines()]
+    total = sum(int(row["prompt_tokens"]) + int(row["completion_tokens"]) for row in rows)
+    print(
+        f"{count} prompts x 16 tokens on the 15M shape: {t:.1f} s, fuel {r.fuel_used:,} "
+        f"({r.fuel_used / total:,.0f} per token, prompt tokens included), peak memory "
+        f"{r.peak_memory_bytes / 2**20:.1f} MiB"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompts-260k", type=int, default=16)
+    ap.add_argument("--prompts-fuel", type=int, default=0)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        exe, how = build_native(tmp)
+        print(f"native: {how}; sandbox: {WASM.relative_to(ROOT)} with fuel")
+        model, tok = tmp / "15m.bin", tmp / "15m-tok.bin"
+        write_random_model(model, SHAPE_15M, scale=0.05)
+        write_tokenizer(tok, *random_vocabulary(SHAPE_15M.vocab_size))
+        ratios = [measure("15M shape", exe, model, tok, tmp, a.tokens, 1, a.rounds)]
+        if (STORIES / "stories260K.bin").is_file():
+            ratios.append(
+                measure(
+                    "stories260K",
+                    exe,
+                    STORIES / "stories260K.bin",
+                    STORIES / "tok512.bin",
+                    tmp,
+                    256,
+                    a.prompts_260k,
+                    a.rounds,
+                )
+            )
+        else:
+            print(f"stories260K: skipped, {STORIES} is absent")
+        if a.prompts_fuel:
+            prompts_fuel(model, tok, tmp, a.prompts_fuel)
+    return 0 if all(r >= FLOOR for r in ratios) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
