@@ -36,6 +36,7 @@ import wasmtime
 
 from .errors import SandboxError
 from .profile import PROFILE
+from .vfs import make_private_dirs
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class ModuleCache:
             raise ValueError("max_bytes and memory_entries must not be negative")
         self.directory = Path(directory)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            make_private_dirs(self.directory)
         except OSError as e:
             raise CacheError(f"cannot create cache directory {self.directory}: {e.strerror}") from e
         if key is None:

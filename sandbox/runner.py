@@ -50,16 +50,16 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import wasmtime
 
 from . import wasi
-from .errors import InvalidModule, SandboxError
+from .errors import InvalidModule, JobSpecError, SandboxError
 from .job import MAX_MODULE_BYTES, JobSpec
 from .limits import REVERIFIABLE, WASM_PAGE, Limits, RunResult, Status
 from .profile import PROFILE, new_engine
-from .vfs import Errno, InputFile, OutputBudget, OutputLimit, Tree, make_private_dirs
+from .vfs import Errno, InputFile, OutputBudget, OutputLimit, Tree, make_private_dirs, seed_from_dir
 
 ENTRY = "_start"
 MAX_TABLES = 16
@@ -71,6 +71,9 @@ SINK_BUFFER = 1 << 20
 """Write buffer of each stream file: a guest's many small writes reach the disk in large ones."""
 
 _EMPTY_SHA = hashlib.sha256(b"").hexdigest()
+
+if TYPE_CHECKING:
+    from .cache import ModuleCache
 
 
 @dataclass
@@ -239,15 +242,31 @@ def run(
     module: wasmtime.Module | None = None,
     clock: Callable[[], float] = time.monotonic,
     streams_dir: Path | None = None,
+    writable_root: Path | None = None,
+    cache: ModuleCache | None = None,
 ) -> RunResult:
     """Run one job to its end. Never raises for anything the guest does; raises SandboxError only
     for host-side failures (an input file that vanished, an output_dir or streams_dir that cannot
-    be written)."""
+    be written).
+
+    `writable_root` (local conformance runs: `e31 sandbox run --writable-root`) gives the guest one
+    writable directory preopened as "/" instead of /input and /output, starting with a copy of that
+    host directory (never written back: the final tree goes to output_dir). It is a keyword of this
+    function only, not part of a JobSpec: nothing that travels (a job, a worker request) can ask
+    for it.
+
+    `cache`, when no `module` is given, compiles the module through that compiled-module cache (or
+    loads it from there)."""
     engine = engine or default_engine()
     state = _state(engine)
+    if module is None and cache is not None:
+        try:
+            module = cache.get(engine, spec.module)
+        except InvalidModule as e:
+            return invalid_result(spec.limits, str(e))
     with _RUN_LOCK, contextlib.ExitStack() as files:
         spills = None if streams_dir is None else _spills(files, streams_dir)
-        result, ctx = _run_locked(spec, output_dir, engine, module, clock, state, spills)
+        result, ctx = _run_locked(spec, output_dir, engine, module, clock, state, spills, writable_root)
         try:
             for stream in () if ctx is None else (ctx.stdout, ctx.stderr):
                 if stream.error is not None:
@@ -283,6 +302,7 @@ def _run_locked(
     clock: Callable[[], float],
     state: _EngineState,
     spills: tuple[Opener, Opener] | None,
+    writable_root: Path | None,
 ) -> tuple[RunResult, wasi.Context | None]:
     limits = spec.limits
     if module is None:
@@ -297,7 +317,11 @@ def _run_locked(
             return invalid_result(limits, str(e)), None
 
     budget = OutputBudget(limits.max_output_bytes)
-    tree = Tree(budget)
+    tree = Tree(budget, writable_root=writable_root is not None)
+    if writable_root is not None:
+        if spec.input_files:
+            raise JobSpecError("a writable root replaces /input: a job cannot have both")
+        seed_from_dir(tree, writable_root)
     for f in spec.input_files:
         tree.add_input(f.parts, f.host_path, f.size)
     stdin = InputFile(0, 0, tree.input, spec.stdin, spec.stdin_size) if spec.stdin is not None else None

@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
+from .errors import JobSpecError
+
 FIXED_TIME_NS = 1_704_067_200 * 10**9
 """Every file's atime, mtime and ctime: 2024-01-01T00:00:00Z."""
 
@@ -500,6 +502,42 @@ class Tree:
         finally:
             for fd in fds.values():
                 os.close(fd)
+
+
+def seed_from_dir(tree: Tree, source: Path) -> None:
+    """Copy a host directory into a writable-root tree before a run (local conformance runs only):
+    regular files and directories, never a symbolic link or a special file (JobSpecError). Its bytes
+    and entries count against the run's output budget and entry cap, as the guest's own would."""
+
+    def walk(host: Path, parts: tuple[str, ...]) -> None:
+        with os.scandir(host) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            where = (*parts, e.name)
+            shown = "/".join(where)
+            if e.is_symlink():
+                raise JobSpecError(f"{source}: {shown} is a symbolic link (not supported in the sandbox)")
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    tree.seed_dir(where)
+                    walk(Path(e.path), where)
+                elif e.is_file(follow_symlinks=False):
+                    fd = os.open(e.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                    with os.fdopen(fd, "rb") as f:
+                        tree.seed_file(where, f.read(tree.budget.limit - tree.budget.used + 1))
+                else:
+                    raise JobSpecError(f"{source}: {shown} is neither a regular file nor a directory")
+            except OutputLimit:
+                raise JobSpecError(
+                    f"{source} holds more than the output limit of {tree.budget.limit} bytes"
+                ) from None
+            except Errno as err:
+                raise JobSpecError(f"{source}: {shown}: {err.code.name}") from None
+
+    try:
+        walk(source, ())
+    except OSError as e:
+        raise JobSpecError(f"cannot read {source}: {e.strerror or e}") from None
 
 
 def make_private_dirs(path: Path) -> None:
