@@ -9,7 +9,9 @@ import functools
 import hashlib
 import json
 import re
+import shutil
 import struct
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -594,3 +596,38 @@ def test_paths_given_as_arguments(tiny: tuple[Path, Path], tmp_path: Path) -> No
     assert (r.status, r.exit_code) == (Status.EXITED, 0), r
     (row,) = [json.loads(x) for x in (tmp_path / "o" / "r.jsonl").read_text().splitlines()]
     assert (row["id"], row["completion_tokens"]) == ("x", 2)
+
+
+# -- rebuilding from source --------------------------------------------------------------------------
+
+
+def test_rebuilt_module_gives_the_same_completions_and_fuel(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    """build.sh's generate.wasm computes what the shipped one does (test_workloads.py checks its bytes)."""
+    if shutil.which("clang") is None:
+        pytest.skip("clang is not installed: cannot rebuild generate.wasm from source")
+    out = tmp_path / "rebuilt"
+    built = subprocess.run(["sh", str(WASM.parent / "build.sh"), str(out)], capture_output=True, text=True)
+    if built.returncode != 0:
+        pytest.skip(f"clang cannot build for wasm32-wasi here: {built.stderr.strip()[:200]}")
+    prompts = jsonl(
+        {"id": 1, "prompt": "the end", "max_tokens": 8},
+        {"id": 2, "prompt": "", "max_tokens": 8, "temperature": 0.8, "top_p": 0.9, "seed": 4},
+    )
+    shipped = generate(*tiny, prompts, tmp_path / "a")
+    wasm = (out / "generate.wasm").read_bytes()
+    spec = JobSpec(
+        wasm,
+        inputs={
+            "model.bin": tiny[0],
+            "tokenizer.bin": tiny[1],
+            "prompts.jsonl": tmp_path / "a-prompts.jsonl",
+        },
+        limits=LIMITS,
+    )
+    again = run(spec, tmp_path / "b", engine=default_engine())
+    assert len(completions(again, tmp_path / "b")) == 2
+    assert (tmp_path / "b" / "completions.jsonl").read_bytes() == (
+        tmp_path / "a" / "completions.jsonl"
+    ).read_bytes()
+    if (out / "TOOLCHAIN").read_text() == (WASM.parent / "TOOLCHAIN").read_text():
+        assert again.fuel_used == shipped.fuel_used
