@@ -9,6 +9,8 @@ runs), so a node alone, or one on a small network, runs its own jobs through exa
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -63,6 +65,32 @@ class MarketSettings:
     max_queue_per_core: int = 64
     execute_own_jobs: bool = True
     transfer: TransferSettings = field(default_factory=TransferSettings)
+    collect_wait: float = 30.0
+    """Seconds a restarted submitter waits for the executor of a job whose lease ran out while it was
+    away to be reachable again (and again each time that link drops), before it reassigns the job
+    (submitter.py: collect before reassigning)."""
+
+
+TEST_TIMING_ENV = "E31_TEST_MARKET_TIMING"
+"""TEST ONLY: `lease_slack_ms=N,collect_wait=S,delivery_interval=S` sets those for a node process (the
+tests stop a submitter until its leases run out). Never set otherwise."""
+
+
+def settings_from_env() -> MarketSettings:
+    """The default settings, with the test timing knob applied when it is set (a bad one is ignored)."""
+    settings = MarketSettings()
+    text = os.environ.get(TEST_TIMING_ENV, "")
+    changes: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            if key == "lease_slack_ms":
+                changes[key] = max(0, int(value))
+            elif key in ("collect_wait", "delivery_interval"):
+                changes[key] = max(0.0, float(value))
+        except ValueError:
+            continue
+    return dataclasses.replace(settings, **changes) if changes else settings
 
 
 class Loopback:

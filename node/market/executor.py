@@ -159,7 +159,8 @@ class Executor:
         if assign.submitter != manifest.submitter:
             log.info("ignoring an assignment that does not match our bid")
             return
-        if assign.lease_expires <= self.ctx.clock():
+        if assign.lease_expires <= self.ctx.clock():  # never started now; asked again, it is answered
+            await self._redeliver(env)
             return
         job_id = manifest.job_id.raw
         now = self.ctx.now_s()
@@ -200,10 +201,9 @@ class Executor:
         receipts are delivered now (not at the next retry), and a job that failed here is released
         again (the first release may not have reached it). Not held (this node restarted between its bid
         and storing the assignment, or the bid had lapsed): released at once, so the submitter need not
-        wait out the lease."""
+        wait out the lease. A lease that ran out changes none of this: a submitter back from a stop
+        asks what became of its assignments before it reassigns them (submitter._collect)."""
         assign = env.message
-        if assign.lease_expires <= self.ctx.clock():
-            return
         job = await self.ctx.store.run(Store.job, assign.job_id.raw, ROLE)
         if job is None or job.attempt != assign.attempt:
             log.info("releasing an assignment of job %s this node does not hold", assign.job_id.hex()[:12])

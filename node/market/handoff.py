@@ -4,9 +4,10 @@ The assigned executor's `accepted` (it holds every blob and has queued the job) 
 An executor leaves it out for a job whose outcome goes within moments (half a second for the reference
 executor): the job is then done instead. Until it comes, the assignment is sent again, backing off. A
 node that comes back re-sends its assignments to the executors it can reach again (`pull`), so each
-delivers its outcome at once instead of at its next backed-off retry. An executor can also give an
-assignment back (`release`): the job is offered again at once. Reassigning a job whose executor
-vanished needs this node online.
+delivers its outcome at once instead of at its next backed-off retry, leases that ran out meanwhile
+included: it collects what they finished before it reassigns anything (submitter._collect). An
+executor can also give an assignment back (`release`): the job is offered again at once.
+Reassigning a job whose executor vanished needs this node online.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class HandOff:
 
     async def pull(self, peer: bytes) -> None:
         """Re-send `peer` the assignments of jobs still waiting on it, so it delivers their outcomes now
-        (the pull of a submitter that was away)."""
+        (the pull of a submitter that was away), or says it does not hold them (a `release`), also
+        those whose lease ran out meanwhile (submitter._collect)."""
         executor = str(NodeId(peer))
         rows = await self.ctx.store.run(Store.jobs, role=ROLE, states=("assigned",))
         for row in rows:
@@ -69,9 +71,8 @@ class HandOff:
             current = [
                 a for a in await stored_assigns(self.ctx, row.job_id) if a.message.attempt == row.attempt
             ]
-            for a in current:
-                if a.message.lease_expires > self.ctx.clock():
-                    await self.ctx.send_to(peer, a.raw)
+            for a in current:  # (its lease may have run out while this node was away: asked all the same)
+                await self.ctx.send_to(peer, a.raw)
 
     async def take_release(self, env: VerifiedEnvelope[Release]) -> None:
         """An executor gives an assignment back: if it is one of ours, to that executor, and still the

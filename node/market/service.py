@@ -32,7 +32,7 @@ from ..store.blobs import BlobStore
 from ..store.db import Store
 from ..store.receiptlog import ReceiptLog, ReceiptLogError
 from .adverts import CapacityService, TrackRecord
-from .context import MarketContext, MarketSettings
+from .context import MarketContext, MarketSettings, settings_from_env
 from .delivery import OnAcked, Prover
 from .executor import Executor
 from .held import HeldJobs
@@ -114,7 +114,7 @@ def build_job_path(
     from e31.sandbox.pool import WorkerPool
     from e31.sandbox.profile import PROFILE
 
-    settings = settings or MarketSettings()
+    settings = settings or settings_from_env()
     ctx = MarketContext(
         identity=identity,
         network=config.network,
@@ -133,7 +133,7 @@ def build_job_path(
         settings=settings.transfer,
         small_blobs=small_blob_reader(store),
     )
-    workers = max(1, config.cores)
+    workers = config.cores  # 0: a submit-only node, which starts no pool and declines every offer
     data_limit = (
         max(config.memory, SandboxLimits.DEFAULT_MEMORY_BYTES)
         + SandboxLimits.DEFAULT_MAX_OUTPUT_BYTES

@@ -22,6 +22,7 @@ assignments withdrawn the same way (reason `done`).
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -289,7 +290,8 @@ class Submitter:
                 if job_id in await self.handed_off([row]):
                     job.accepted = job.assignment
             try:
-                await self._await_outcome(job_id, job, row.executor, await self._lease_left(job_id))
+                lease_s = await self._lease_left(job_id)
+                await self._await_outcome(job_id, job, row.executor, lease_s, collect=True)
             finally:
                 if key is not None:
                     self._unload(key)
@@ -511,6 +513,39 @@ class Submitter:
         lease = max(reopen_stored(r.raw, Assign).message.lease_expires for r in rows)
         return max(0.0, (lease - self.ctx.clock()) / 1000)
 
+    async def _collect(
+        self, job: SubmittedJob, key: bytes | None, lease_s: float, scope: trio.CancelScope
+    ) -> None:
+        """A returning submitter collects before it reassigns: the assignment it made before it
+        stopped may have been run meanwhile, its lease run out while this node was away. Its executor
+        is sent the assignment again when their link comes up (handoff.pull) and answers with the
+        outcome it holds, a `release` (it never had the job, or gave it up) or `accepted` (still
+        running it). So the wait ends (`scope` cancelled, and the job is offered again) only when the
+        executor is gone: no link to it within `collect_wait` seconds, at the start or after a drop,
+        and never before the lease has run out. While it is linked the wait is bounded too: by what is
+        left of the lease, or else by the job's own run time and `collect_wait` more."""
+        wait = self.ctx.settings.collect_wait
+        start = trio.current_time()
+        lease_end = start + lease_s
+        bound = start + max(lease_s, job.manifest.limits.wall_ms / 1000 + wait)
+
+        def linked() -> bool:
+            return key is not None and key in self.ctx.connected()
+
+        why = "gave no outcome in time"
+        gone_at: float | None = None  # when the executor counts as gone, while there is no link to it
+        while (now := trio.current_time()) < bound:
+            if linked():
+                gone_at = None
+            elif gone_at is None:
+                gone_at = max(lease_end, now + wait)
+            elif now >= gone_at:
+                why = f"was not reachable within {wait:g} s"
+                break
+            await trio.sleep(POLL * 4)
+        log.info("job %s: its executor %s; offering it again", job.manifest.job_id.hex()[:12], why)
+        scope.cancel()
+
     def _unload(self, executor: bytes) -> None:
         self.load[executor] -= 1
         if self.load[executor] <= 0:
@@ -524,14 +559,18 @@ class Submitter:
         lease_s: float,
         *,
         lane: bool = False,
+        collect: bool = False,
     ) -> None:
+        """Wait for the outcome of the job's current assignment until its lease ends, or with `collect`
+        (this node just restarted) for as long as its executor may still deliver it (`_collect`)."""
         key = executor_key(executor)
         job.assigned_to = key
         try:
             job.outcome_failed = trio.Event()
-            if job.assignment in job.released:  # given back before this wait began (just restarted)
+            given_back = job.assignment in job.released  # before this wait began (just restarted)
+            if given_back:
                 lease_s = 0.0
-            with trio.move_on_after(lease_s):
+            with trio.move_on_after(math.inf if collect and not given_back else lease_s):
                 async with trio.open_nursery() as nursery:
 
                     async def stop_on(event: trio.Event) -> None:
@@ -542,6 +581,8 @@ class Submitter:
                     nursery.start_soon(stop_on, job.outcome_failed)
                     if key is not None:
                         nursery.start_soon(self.handoff.resend_until_accepted, job, key)
+                    if collect and not given_back:
+                        nursery.start_soon(self._collect, job, key, lease_s, nursery.cancel_scope)
         finally:
             job.assigned_to = None
         if job.finished.is_set():
