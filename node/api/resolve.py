@@ -1,13 +1,14 @@
 """POST /v1/resolve: the one place where what a user types for a job becomes full job ids.
 
-Body: {"ids": [TEXT, ...]}. Each TEXT is a job id (64 hex digits), a unique prefix of one (at least
-MIN_PREFIX hex digits, either role's jobs), or a batch id (`batch-` and 16 hex digits: every job of the
-batch, in batch order). The answer is {"job_ids": [...]}: the full ids in the order given, each once,
-and "batches": the batch ids among the given. Every CLI command and the Python client resolve through
-here, so a prefix means the same everywhere and the errors read alike:
+Body: {"ids": [TEXT, ...]}. Each TEXT is a job id (64 hex digits, passed on as it is: the endpoint it is
+then sent to says whether this node knows it, and an export takes a job known only by its envelopes), a
+unique prefix of one (at least MIN_PREFIX hex digits, either role's jobs), or a batch id (`batch-` and
+16 hex digits: every job of the batch, in batch order). The answer is {"job_ids": [...]}: the full ids
+in the order given, each once, and "batches": the batch ids among the given. Every CLI command and the
+Python client resolve through here, so a prefix means the same everywhere and the errors read alike:
 
 - 400 `bad_id`: TEXT is neither (too short, not hex, a malformed batch id);
-- 404 `unknown_id`: no job of this node begins with it, or no such batch;
+- 404 `unknown_id`: no job of this node begins with the prefix, or no such batch;
 - 409 `ambiguous_id`: more than one job begins with it; the error object lists up to MAX_CANDIDATES of
   them under "candidates" (full ids), and the message names the first few.
 """
@@ -69,6 +70,8 @@ async def resolve_one(store: AsyncStore, given: str) -> tuple[list[str], bool]:
         if row is None:
             raise HttpError(404, f"no batch {text} on this node", "unknown_id")
         return [j.hex() for j in row.job_ids], True
+    if len(text) == 64 and set(text) <= HEX:
+        return [text], False  # a whole id: the endpoint it goes to says whether the node knows it
     if len(text) < MIN_PREFIX or len(text) > 64 or not set(text) <= HEX:
         raise HttpError(
             400,

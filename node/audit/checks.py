@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
@@ -399,14 +400,18 @@ class _Audit:
                     )
 
     # 6. re-execution
-    def reexecute(self, verified: dict[Digest, int]) -> None:
+    def reexecute(
+        self, verified: dict[Digest, int], progress: Callable[[int, int], None] | None = None
+    ) -> None:
         from e31.sandbox.profile import PROFILE
 
         by_job: dict[Digest, list[VerifiedEnvelope[UsageReceipt]]] = defaultdict(list)
         for env in self.receipts:
             by_job[env.message.job_id].append(env)
         modules: dict[bytes, Any] = {}
-        for job_id, envs in by_job.items():
+        for number, (job_id, envs) in enumerate(by_job.items()):
+            if progress is not None:
+                progress(number, len(by_job))
             checkable = []
             for env in envs:
                 if env.message.outcome.status == "timeout":
@@ -503,8 +508,11 @@ class _Audit:
         self.report.nodes = sorted(nodes.values(), key=lambda s: s.node)
 
 
-def audit(bundle: Bundle, *, reexecute: bool = False) -> AuditReport:
-    """Check a bundle; never raises for anything in it."""
+def audit(
+    bundle: Bundle, *, reexecute: bool = False, progress: Callable[[int, int], None] | None = None
+) -> AuditReport:
+    """Check a bundle; never raises for anything in it. `progress(done, total)` is called before each
+    job is re-executed."""
     a = _Audit(bundle)
     a.load()
     a.check_receipts()
@@ -513,7 +521,7 @@ def audit(bundle: Bundle, *, reexecute: bool = False) -> AuditReport:
     a.check_disputes()
     verified: dict[Digest, int] = {}
     if reexecute:
-        a.reexecute(verified)
+        a.reexecute(verified, progress)
     a.summarise(verified)
     return a.report
 

@@ -12,6 +12,8 @@ import sys
 
 from e31.node.cli.main import CliError
 
+from .progress import add_progress_argument
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="a bundle written by `e31 receipts export`")
@@ -22,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(needs a bundle exported --with-blobs)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    add_progress_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +35,11 @@ def run(args: argparse.Namespace) -> int:
         bundle = read_bundle(args.file)
     except BundleError as e:
         raise CliError(f"cannot audit: {e}", 2) from None
-    report = audit(bundle, reexecute=args.reexecute)
+    from .progress import Ticker, wanted
+
+    show = wanted(args) and args.reexecute
+    with Ticker("re-executing the bundle's jobs", show) as ticker:
+        report = audit(bundle, reexecute=args.reexecute, progress=lambda n, t: ticker.note(f"{n}/{t} jobs"))
     if args.json:
         json.dump(report.to_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")

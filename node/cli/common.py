@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..api.client import ApiClient, ApiClientError
+from ..errors import UsageError
 from .main import CliError
 
-HEX = frozenset("0123456789abcdef")
+if TYPE_CHECKING:
+    from ..client.ops import Op
+
+T = TypeVar("T")
 
 
 def client(args: Any, timeout: float = 60.0) -> ApiClient:
@@ -22,40 +26,30 @@ def call(api: ApiClient, method: str, path: str, body: Any = None) -> Any:
         raise CliError(str(e)) from None
 
 
-def resolve_ids(api: ApiClient, given: list[str]) -> list[str]:
-    """Full job ids for the given ids or unique prefixes (at least 6 hex digits)."""
-    known: list[str] | None = None
-    out = []
-    for text in given:
-        t = text.strip().lower()
-        if len(t) < 6 or not set(t) <= HEX:
-            raise CliError(f"not a job id: {text!r} (64 hex digits, or a unique prefix of at least 6)")
-        if len(t) == 64:
-            out.append(t)
-            continue
-        if known is None:
-            known = [j["job_id"] for j in call(api, "GET", "/v1/jobs")]
-            known += [j["job_id"] for j in call(api, "GET", "/v1/jobs?role=executor")]
-        matches = sorted({k for k in known if k.startswith(t)})
-        if len(matches) != 1:
-            raise CliError(f"job id prefix {text!r} matches {len(matches)} jobs on this node")
-        out.append(matches[0])
-    return out
+def run_op(api: ApiClient, op: Op[T]) -> T:
+    """Run one of the Python client's operations (e31.client's ops) over `api`: the CLI and scripts
+    share their logic. A usage error (a bad or ambiguous id, a bad option) keeps its type and exit
+    code 2; any other client error is one CliError line, exit 1, as the commands always had."""
+    from ..client.errors import ClientError
+    from ..client.sync import drive
+
+    try:
+        return drive(op, lambda c: api.request(c.method, c.path, c.body), time.sleep)
+    except UsageError:
+        raise
+    except ClientError as e:
+        raise CliError(str(e)) from None
 
 
 def expand_ids(api: ApiClient, given: list[str]) -> list[str]:
-    """Full job ids for job ids, unique prefixes and batch ids (`batch-...`, every job of the batch),
-    in the order given, each once."""
-    from ..store.batches import PREFIX
+    """Full job ids for job ids, unique prefixes and batch ids (every job of the batch), in the order
+    given, each once: resolved by the node (POST /v1/resolve, node/api/resolve.py), the one resolver."""
+    from ..client import ops
 
-    out: list[str] = []
-    for text in given:
-        if text.strip().lower().startswith(PREFIX):
-            doc = call(api, "GET", f"/v1/batches/{text.strip().lower()}?brief=1")
-            out += [j["job_id"] for j in doc["jobs"]]
-        else:
-            out += resolve_ids(api, [text])
-    return list(dict.fromkeys(out))
+    return run_op(api, ops.resolve(given))
+
+
+resolve_ids = expand_ids
 
 
 def short(text: str | None, n: int = 12) -> str:

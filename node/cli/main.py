@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("e31.node.demo.command", "run a local network that renders an image as audited jobs"),
     "inspect": ("e31.node.cli.inspect", "verify and decode one signed envelope, print it as JSON"),
     "sandbox": ("e31.node.cli.sandbox", "run a WebAssembly module locally in the e31 sandbox"),
-    "node": ("e31.node.cli.node", "run a node, or show the status of a running one"),
+    "node": ("e31.node.cli.node", "run a node, show the status of a running one, or stop it"),
     "recover": (
         "e31.node.cli.recover",
         "explain why the node refuses its database, and accept a loss (also `e31 node recover`)",
@@ -30,7 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "jobs": ("e31.node.cli.jobs", "list the jobs this node submitted, with their state"),
     "wait": ("e31.node.cli.wait", "wait for jobs to end; exit 0 only if all succeeded"),
     "cancel": ("e31.node.cli.cancel", "withdraw submitted jobs (or batches) with a signed cancel"),
-    "results": ("e31.node.cli.results", "write a finished job's outputs and receipt into a directory"),
+    "results": ("e31.node.cli.results", "write finished jobs' outputs and receipts into a directory"),
+    "logs": ("e31.node.cli.logs", "print a finished job's standard output and error (--follow: wait first)"),
     "receipts": (
         "e31.node.cli.receipts",
         "export signed receipts and proofs into a bundle for auditing",

@@ -1,4 +1,5 @@
-"""`e31 receipts export [--job ID]... --out FILE [--with-blobs]`: have the running node write a bundle.
+"""`e31 receipts export [--job JOB|BATCH]... --out FILE [--with-blobs]`: have the running node write a
+bundle. A job is named by its id, a unique prefix or a batch id (all of its jobs).
 
 The node (found through --data-dir / E31_DATA_DIR) writes the file itself (POST /v1/receipts/export),
 atomically, at the absolute path this command resolves --out to.
@@ -15,13 +16,19 @@ from pathlib import Path
 from e31.node.cli.main import CliError
 from e31.node.config import add_data_dir_argument
 
+from .progress import add_progress_argument
+
 EXPORT_TIMEOUT = 600.0
 
 
-def _job_id(text: str) -> str:
-    if len(text) != 64 or text.strip("0123456789abcdef"):
-        raise argparse.ArgumentTypeError(f"a job id is 64 lower-case hex digits: {text!r}")
-    return text
+def _job_ref(text: str) -> str:
+    """A job id, a prefix of one or a batch id, by its shape (the node resolves it: api/resolve.py)."""
+    t = text.strip().lower()
+    if t.startswith("batch-") or (6 <= len(t) <= 64 and not t.strip("0123456789abcdef")):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"not a job id, a prefix of at least 6 hex digits or a batch id: {text!r}"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,9 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--job",
         dest="jobs",
         action="append",
-        type=_job_id,
-        metavar="ID",
-        help="a job to export (repeat for more; default: every job the node knows)",
+        type=_job_ref,
+        metavar="JOB|BATCH",
+        help="a job to export: its id, a unique prefix, or a batch id for all its jobs (repeat for more; "
+        "default: every job the node knows)",
     )
     p.add_argument("--out", required=True, metavar="FILE", help="the bundle file to write")
     p.add_argument(
@@ -49,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="replace FILE if it exists (refused otherwise)")
     p.add_argument("--json", action="store_true", help="print the node's answer as JSON")
+    add_progress_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,10 +68,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--out {out} is a directory; give a file name")
     if not out.parent.is_dir():
         raise CliError(f"--out {out}: the directory {out.parent} does not exist")
-    body = {"jobs": args.jobs, "with_blobs": args.with_blobs, "out": str(out), "overwrite": args.overwrite}
+    from .common import expand_ids
+    from .progress import Ticker, wanted
+
     try:
         with ApiClient(args.data_dir, timeout=EXPORT_TIMEOUT) as api:
-            answer = api.post("/v1/receipts/export", body)
+            jobs = None if args.jobs is None else expand_ids(api, args.jobs)
+            body = {"jobs": jobs, "with_blobs": args.with_blobs, "out": str(out), "overwrite": args.overwrite}
+            with Ticker(f"exporting the receipts of {len(jobs) if jobs else 'all'} jobs", wanted(args)):
+                answer = api.post("/v1/receipts/export", body)
     except ApiClientError as e:
         raise CliError(str(e)) from None
     if not isinstance(answer, dict):

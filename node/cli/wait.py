@@ -1,26 +1,28 @@
 """`e31 wait JOB|BATCH...`: wait until the jobs have ended; exit 0 only if every one succeeded.
 
-A job succeeded when it is `done` with a verified receipt whose outcome is `exited 0`. A batch id
-stands for all its jobs; a batch is followed through its own long-poll (one request, not one per job)
-and reported as counts by state plus the jobs that did not succeed. On a terminal, a progress bar on
-stderr shows done/total, the rate and the time left; otherwise nothing is drawn.
+A job succeeded when it is `done` with a verified receipt whose outcome is `exited 0`. Ids may be
+unique prefixes; a batch id stands for all its jobs, is followed through its own long-poll (one request,
+not one per job) and reported as counts by state plus the jobs that did not succeed. The waiting is the
+Python client's (e31.client's `wait`), so the two behave alike. On a terminal (or with --progress) a bar
+on stderr shows done/total, the rate over the time this command has watched (jobs that had ended before
+it started do not count) and the time left.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 from typing import Any
 
 from ..config import add_data_dir_argument
-from ..lifecycle import TERMINAL
 from . import options
+from .progress import add_progress_argument, progress_line
 
 POLL = 5.0
 SHOWN = 20
 """Jobs of a batch listed by name when they did not succeed (the rest are counted)."""
+
+__all__ = ["progress_line"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,89 +36,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar=options.DURATION,
         help="give up after this long, e.g. 90s or 1h (exit 1)",
     )
+    add_progress_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the jobs as a JSON list at the end")
 
 
-def progress_line(done: int, total: int, elapsed: float, width: int = 30) -> str:
-    filled = round(width * done / total) if total else width
-    rate = done / elapsed if elapsed > 0 else 0.0
-    eta = "?" if rate == 0 else f"{(total - done) / rate:.0f}s"
-    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}  {rate:.2f} jobs/s  ETA {eta}"
-
-
 def run(args: argparse.Namespace) -> int:
+    from ..client import ops
     from ..store.batches import PREFIX
-    from .common import call, client, clip, resolve_ids, short, table
+    from .common import client, clip, run_op, short, table
+    from .progress import Bar, wanted
 
     api = client(args, timeout=POLL + 30.0)
+    bar = Bar(wanted(args))
+    try:
+        jobs = run_op(api, ops.wait(args.jobs, timeout=args.timeout, progress=bar.update, poll=POLL))
+    finally:
+        bar.close()
+    by_id = {j.job_id: j for j in jobs}
+    ok = all(j.succeeded for j in jobs)
+    if args.json:
+        print(json.dumps([j.raw for j in jobs], indent=2))
+        return 0 if ok else 1
     batches = list(
         dict.fromkeys(a.strip().lower() for a in args.jobs if a.strip().lower().startswith(PREFIX))
     )
-    singles = [a for a in args.jobs if not a.strip().lower().startswith(PREFIX)]
-    ids = list(dict.fromkeys(resolve_ids(api, singles)))
-    start = time.monotonic()
-    end = None if args.timeout is None else start + max(args.timeout, 0.0)
-    tty = sys.stderr.isatty()
-    batch_docs: list[dict[str, Any]] = []
-    for batch in batches:
-        while True:
-            left = POLL if end is None else min(POLL, end - time.monotonic())
-            doc = call(api, "GET", f"/v1/batches/{batch}/wait?timeout={max(left, 0):.3f}&brief=1")
-            if tty:
-                line = progress_line(doc["ended"], doc["total"], time.monotonic() - start)
-                print("\r" + line, end="", file=sys.stderr, flush=True)
-            if doc["ended"] == doc["total"] or left <= 0:
-                break
-        batch_docs.append(call(api, "GET", f"/v1/batches/{batch}"))
-    if tty and batches:
-        print(file=sys.stderr)
-    docs: dict[str, dict[str, Any]] = {}
-    while ids:
-        for job_id in ids:
-            if docs.get(job_id, {}).get("state") not in TERMINAL:
-                docs[job_id] = call(api, "GET", f"/v1/jobs/{job_id}")
-        pending = [j for j in ids if docs[j]["state"] not in TERMINAL]
-        if tty:
-            print(
-                "\r" + progress_line(len(ids) - len(pending), len(ids), time.monotonic() - start),
-                end="",
-                file=sys.stderr,
-                flush=True,
-            )
-        if not pending:
-            break
-        left = POLL if end is None else min(POLL, end - time.monotonic())
-        if left <= 0:
-            break
-        docs[pending[0]] = call(api, "GET", f"/v1/jobs/{pending[0]}/wait?timeout={left:.3f}")
-    if tty and ids:
-        print(file=sys.stderr)
-    ok = all(docs[j].get("succeeded") for j in ids)
-    ok = ok and all(
-        b["ended"] == b["total"] and all(j.get("succeeded") for j in b["jobs"]) for b in batch_docs
-    )
-    if args.json:
-        print(json.dumps([docs[j] for j in ids] + [j for b in batch_docs for j in b["jobs"]], indent=2))
-        return 0 if ok else 1
-    for b in batch_docs:
-        counts = ", ".join(f"{n} {s}" for s, n in sorted(b["states"].items()))
-        good = sum(1 for j in b["jobs"] if j.get("succeeded"))
-        print(f"batch {b['batch_id']}: {b['total']} jobs, {good} succeeded ({counts})")
-        bad = [j for j in b["jobs"] if not j.get("succeeded")]
+    in_batch: set[str] = set()
+    for b in batches:
+        members: list[dict[str, Any]] = run_op(api, _batch_jobs(b))
+        mine = [by_id[d["job_id"]] for d in members if d["job_id"] in by_id]
+        in_batch.update(j.job_id for j in mine)
+        counts: dict[str, int] = {}
+        for j in mine:
+            counts[j.state] = counts.get(j.state, 0) + 1
+        good = sum(1 for j in mine if j.succeeded)
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        print(f"batch {b}: {len(members)} jobs, {good} succeeded ({summary})")
+        bad = [j for j in mine if not j.succeeded]
         for j in bad[:SHOWN]:
-            why = (j.get("outcome") or {}).get("text") or j.get("reason") or "-"
-            print(f"  {short(j['job_id'])}  {j['state']}  {clip(why)}")
+            print(f"  {short(j.job_id)}  {j.state}  {clip(j.why or '-')}")
         if len(bad) > SHOWN:
-            print(f"  ... and {len(bad) - SHOWN} more (`e31 jobs {b['batch_id']}`)")
-    if ids:
+            print(f"  ... and {len(bad) - SHOWN} more (`e31 jobs --batch {b}`)")
+    singles = [j for j in jobs if j.job_id not in in_batch]
+    if singles:
         rows = [
-            [
-                short(j),
-                docs[j]["state"],
-                clip((docs[j].get("outcome") or {}).get("text") or docs[j].get("reason") or "-"),
-                "yes" if docs[j].get("succeeded") else "no",
-            ]
-            for j in ids
+            [short(j.job_id), j.state, clip(j.why or "-"), "yes" if j.succeeded else "no"] for j in singles
         ]
         print(table(["JOB", "STATE", "OUTCOME", "OK"], rows))
     return 0 if ok else 1
+
+
+def _batch_jobs(batch: str) -> Any:
+    from ..client.ops import Call
+
+    doc = yield Call("GET", f"/v1/batches/{batch}?brief=1")
+    return doc["jobs"]

@@ -16,7 +16,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import trio
-
 from e31.node.api.client import ApiClient, ApiClientError
 
 from . import ops

@@ -43,8 +43,8 @@ class BadId(InvalidRequest):
     """Not a job id, a prefix of one (at least 6 hex digits) or a batch id."""
 
 
-class NotFound(Refused, UsageError):
-    """No such job or batch on this node."""
+class NotFound(Refused):
+    """No such job or batch on this node (exit 1, as the CLI always had for an unknown job)."""
 
 
 class AmbiguousId(Refused, UsageError):

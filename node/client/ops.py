@@ -40,6 +40,7 @@ ProgressCallback = Callable[[Progress], None]
 POLL = 5.0
 """Seconds one long-poll of a wait lasts (the node caps it at 60)."""
 INDEX = "index.json"
+_HEX = "0123456789abcdef"
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +165,9 @@ def _common(
 def resolve(ids: str | Iterable[str]) -> Op[list[str]]:
     """Full job ids for job ids, unique prefixes and batch ids, in the order given, each once."""
     given = [ids] if isinstance(ids, str) else list(ids)
-    if not given:
-        return []
+    whole = [t.strip().lower() for t in given]
+    if all(len(t) == 64 and not t.strip(_HEX) for t in whole):
+        return list(dict.fromkeys(whole))  # nothing to resolve (the node would pass them on as they are)
     answer = yield Call("POST", "/v1/resolve", {"ids": given})
     return list(answer["job_ids"])
 
@@ -315,7 +317,7 @@ def jobs(
             "fuel": j.fuel_used,
             "id": j.job_id,
         }[key_name]
-        return (value is None, value if value is not None else 0, j.job_id)
+        return (value is None, value if value is not None else 0)  # ties keep the node's (batch) order
 
     found.sort(key=key, reverse=descending)
     return found if limit is None else found[:limit]

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_jobs_e2e import MONTECARLO, Node
-
 from e31.client import (
     AsyncClient,
     BadId,
@@ -24,6 +22,7 @@ from e31.client import (
     OptionError,
     Progress,
 )
+from test_jobs_e2e import MONTECARLO, Node
 
 ECHO = MONTECARLO.with_name("echo.wasm")
 
@@ -110,7 +109,7 @@ def test_errors_are_typed(node: Node, tmp_path: Path) -> None:
         client.results("batch-0123456789abcdef")
     bad = tmp_path / "bad.wasm"
     bad.write_text("not wasm")
-    with pytest.raises(InvalidRequest, match="bad.wasm"):
+    with pytest.raises(InvalidRequest, match=r"bad\.wasm"):
         client.submit(bad)
     with pytest.raises(OptionError, match="fuel"):
         client.submit(MONTECARLO, fuel="lots")
@@ -134,7 +133,7 @@ def test_wat_is_translated_by_the_node(node: Node, tmp_path: Path) -> None:
     assert job.state == "done" and job.outcome is not None and job.outcome.exit_code == 3
     broken = tmp_path / "broken.wat"
     broken.write_text("(module (func")
-    with pytest.raises(InvalidRequest, match="broken.wat"):
+    with pytest.raises(InvalidRequest, match=r"broken\.wat"):
         client.submit(broken)
 
 

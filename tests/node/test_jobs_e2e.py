@@ -280,9 +280,13 @@ def test_bad_submissions_are_refused_with_one_clear_line(
 def test_job_commands_fail_with_one_line_for_unknown_jobs_and_absent_nodes(
     network: list[Node], tmp_path: Path
 ) -> None:
-    for argv in (["wait", "ab" * 32], ["results", "ab" * 32, "--out", str(tmp_path)], ["wait", "zz"]):
+    for argv, code in (
+        (["wait", "ab" * 32], 1),
+        (["results", "ab" * 32, "--out", str(tmp_path)], 1),
+        (["wait", "zz"], 2),  # not an id at all: a usage error
+    ):
         done = e31(*argv, data_dir=network[0].data_dir)
-        assert done.returncode == 1
+        assert done.returncode == code
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     absent = e31("jobs", data_dir=tmp_path / "nothing")
     assert absent.returncode == 1 and "no node is running" in absent.stderr
