@@ -51,6 +51,9 @@ def prepare(args: argparse.Namespace) -> None:
         raise UsageError(f"give MODULE ({args.module}) or --python SCRIPT.py, not both")
     from .python_runtime import interpreter
 
+    for flag, path in [("--python", args.python), *(("--python-path", p) for p in args.python_path)]:
+        if not path.expanduser().is_file():
+            raise UsageError(f"{flag} {path}: no such file")
     names = [p.name for p in (args.python, *args.python_path)]
     for name in names:
         if not name or names.count(name) > 1:

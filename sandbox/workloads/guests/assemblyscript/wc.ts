@@ -42,7 +42,8 @@ function open(dir: i32, path: string, flags: u16, rightsBase: u64): i32 {
 }
 
 function fail(what: string): void {
-  console.error(what);
+  // (the shim's console.error writes "Error: ..." to stdout, not stderr)
+  process.stderr.write(what + "\n");
   process.exit(1);
 }
 
