@@ -38,12 +38,26 @@ typedef v128_t f4;
 #define F4_MUL(a, b) wasm_f32x4_mul((a), (b))
 #define F4_SPLAT(v) wasm_f32x4_splat(v)
 #define F4_STORE(p, v) wasm_v128_store((p), (v))
+#define F4_DIV(a, b) wasm_f32x4_div((a), (b))
+#define F4_SUB(a, b) wasm_f32x4_sub((a), (b))
+/* 2^n for whole floats n in [-126, 127] */
+#define F4_POW2(n) wasm_i32x4_shl(wasm_i32x4_add(wasm_i32x4_trunc_sat_f32x4(n), wasm_i32x4_splat(127)), 23)
+/* a where x >= lo, else 0 */
+#define F4_KEEP_GE(a, x, lo) wasm_v128_and((a), wasm_f32x4_ge((x), (lo)))
 static inline float f4_sum(f4 v) {
     return (wasm_f32x4_extract_lane(v, 0) + wasm_f32x4_extract_lane(v, 1)) +
            (wasm_f32x4_extract_lane(v, 2) + wasm_f32x4_extract_lane(v, 3));
 }
+/* {f4_sum(a), f4_sum(b), f4_sum(c), f4_sum(d)}, the same additions done four at a time after a transpose. */
+static inline f4 f4_sum4(f4 a, f4 b, f4 c, f4 d) {
+    f4 ab_lo = wasm_i32x4_shuffle(a, b, 0, 4, 1, 5), ab_hi = wasm_i32x4_shuffle(a, b, 2, 6, 3, 7);
+    f4 cd_lo = wasm_i32x4_shuffle(c, d, 0, 4, 1, 5), cd_hi = wasm_i32x4_shuffle(c, d, 2, 6, 3, 7);
+    f4 l0 = wasm_i32x4_shuffle(ab_lo, cd_lo, 0, 1, 4, 5), l1 = wasm_i32x4_shuffle(ab_lo, cd_lo, 2, 3, 6, 7);
+    f4 l2 = wasm_i32x4_shuffle(ab_hi, cd_hi, 0, 1, 4, 5), l3 = wasm_i32x4_shuffle(ab_hi, cd_hi, 2, 3, 6, 7);
+    return wasm_f32x4_add(wasm_f32x4_add(l0, l1), wasm_f32x4_add(l2, l3));
+}
 #elif defined(__SSE__) && !defined(GENERATE_PLAIN)
-#include <xmmintrin.h>
+#include <emmintrin.h>
 typedef __m128 f4;
 #define F4_ZERO() _mm_setzero_ps()
 #define F4_LOAD(p) _mm_loadu_ps(p)
@@ -51,10 +65,21 @@ typedef __m128 f4;
 #define F4_MUL(a, b) _mm_mul_ps((a), (b))
 #define F4_SPLAT(v) _mm_set1_ps(v)
 #define F4_STORE(p, v) _mm_storeu_ps((p), (v))
+#define F4_DIV(a, b) _mm_div_ps((a), (b))
+#define F4_SUB(a, b) _mm_sub_ps((a), (b))
+#define F4_POW2(n) _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(_mm_cvttps_epi32(n), _mm_set1_epi32(127)), 23))
+#define F4_KEEP_GE(a, x, lo) _mm_and_ps((a), _mm_cmpge_ps((x), (lo)))
 static inline float f4_sum(f4 v) {
     float l[4];
     _mm_storeu_ps(l, v);
     return (l[0] + l[1]) + (l[2] + l[3]);
+}
+static inline f4 f4_sum4(f4 a, f4 b, f4 c, f4 d) {
+    f4 ab_lo = _mm_unpacklo_ps(a, b), ab_hi = _mm_unpackhi_ps(a, b);
+    f4 cd_lo = _mm_unpacklo_ps(c, d), cd_hi = _mm_unpackhi_ps(c, d);
+    f4 l0 = _mm_movelh_ps(ab_lo, cd_lo), l1 = _mm_movehl_ps(cd_lo, ab_lo);
+    f4 l2 = _mm_movelh_ps(ab_hi, cd_hi), l3 = _mm_movehl_ps(cd_hi, ab_hi);
+    return _mm_add_ps(_mm_add_ps(l0, l1), _mm_add_ps(l2, l3));
 }
 #else
 typedef struct {
@@ -81,7 +106,32 @@ static inline f4 F4_SPLAT(float x) {
     return r;
 }
 static inline void F4_STORE(float *p, f4 a) { memcpy(p, a.v, sizeof a.v); }
+static inline f4 F4_SUB(f4 a, f4 b) {
+    f4 r = {{a.v[0] - b.v[0], a.v[1] - b.v[1], a.v[2] - b.v[2], a.v[3] - b.v[3]}};
+    return r;
+}
+static inline f4 F4_POW2(f4 n) {
+    f4 r;
+    for (int k = 0; k < 4; k++) {
+        uint32_t bits = (uint32_t)((int32_t)n.v[k] + 127) << 23;
+        memcpy(&r.v[k], &bits, 4);
+    }
+    return r;
+}
+static inline f4 F4_KEEP_GE(f4 a, f4 x, f4 lo) {
+    f4 r;
+    for (int k = 0; k < 4; k++) r.v[k] = x.v[k] >= lo.v[k] ? a.v[k] : 0.0f;
+    return r;
+}
+static inline f4 F4_DIV(f4 a, f4 b) {
+    f4 r = {{a.v[0] / b.v[0], a.v[1] / b.v[1], a.v[2] / b.v[2], a.v[3] / b.v[3]}};
+    return r;
+}
 static inline float f4_sum(f4 v) { return (v.v[0] + v.v[1]) + (v.v[2] + v.v[3]); }
+static inline f4 f4_sum4(f4 a, f4 b, f4 c, f4 d) {
+    f4 r = {{f4_sum(a), f4_sum(b), f4_sum(c), f4_sum(d)}};
+    return r;
+}
 #endif
 
 static float dot(const float *a, const float *b, int n) {
@@ -123,17 +173,20 @@ static void matmul(float *xout, const float *x, const float *w, int n, int d) {
             a2 = F4_ADD(a2, F4_MUL(F4_LOAD(w2 + j), xv));
             a3 = F4_ADD(a3, F4_MUL(F4_LOAD(w3 + j), xv));
         }
-        float s0 = f4_sum(a0), s1 = f4_sum(a1), s2 = f4_sum(a2), s3 = f4_sum(a3);
-        for (; j < n; j++) {
-            s0 += w0[j] * x[j];
-            s1 += w1[j] * x[j];
-            s2 += w2[j] * x[j];
-            s3 += w3[j] * x[j];
+        f4 sums = f4_sum4(a0, a1, a2, a3);
+        if (j == n) {
+            F4_STORE(xout + i, sums);
+            continue;
         }
-        xout[i] = s0;
-        xout[i + 1] = s1;
-        xout[i + 2] = s2;
-        xout[i + 3] = s3;
+        float s[4];
+        F4_STORE(s, sums);
+        for (; j < n; j++) {
+            s[0] += w0[j] * x[j];
+            s[1] += w1[j] * x[j];
+            s[2] += w2[j] * x[j];
+            s[3] += w3[j] * x[j];
+        }
+        memcpy(xout + i, s, sizeof s);
     }
     for (; i < d; i++) xout[i] = dot(w + (size_t)i * n, x, n);
 }
@@ -378,16 +431,41 @@ static void rmsnorm(float *o, const float *x, const float *weight, int size) {
     for (int j = 0; j < size; j++) o[j] = weight[j] * (ss * x[j]);
 }
 
+/* e^x for x <= 0, four lanes, the same operations in every build (so not libm's expf, whose wasm and
+ * native versions may differ): x = n ln2 + r with n whole, e^r from Cephes' expf polynomial (within about
+ * 2 ulp), times 2^n from the exponent bits; 0 below -87 (where 2^n would leave the normal range). */
+static inline f4 f4_exp_nonpositive(f4 x) {
+    const f4 magic = F4_SPLAT(12582912.0f); /* 1.5 * 2^23: adding and subtracting it rounds to a whole float */
+    f4 n = F4_SUB(F4_ADD(F4_MUL(x, F4_SPLAT(1.44269504088896341f)), magic), magic);
+    f4 r = F4_SUB(F4_SUB(x, F4_MUL(n, F4_SPLAT(0.693359375f))), F4_MUL(n, F4_SPLAT(-2.12194440e-4f)));
+    f4 p = F4_SPLAT(1.9875691500e-4f);
+    p = F4_ADD(F4_MUL(p, r), F4_SPLAT(1.3981999507e-3f));
+    p = F4_ADD(F4_MUL(p, r), F4_SPLAT(8.3334519073e-3f));
+    p = F4_ADD(F4_MUL(p, r), F4_SPLAT(4.1665795894e-2f));
+    p = F4_ADD(F4_MUL(p, r), F4_SPLAT(1.6666665459e-1f));
+    p = F4_ADD(F4_MUL(p, r), F4_SPLAT(5.0000001201e-1f));
+    f4 e = F4_ADD(F4_ADD(F4_MUL(p, F4_MUL(r, r)), r), F4_SPLAT(1.0f));
+    return F4_KEEP_GE(F4_MUL(e, F4_POW2(n)), x, F4_SPLAT(-87.0f));
+}
+
+/* The attention's softmax. The exponentials are computed four at a time (a tail is padded with zeros
+ * and dropped); the sums stay in order. */
 static void softmax(float *x, int size) {
     float max_val = x[0];
     for (int i = 1; i < size; i++)
         if (x[i] > max_val) max_val = x[i];
-    float sum = 0.0f;
-    for (int i = 0; i < size; i++) {
-        x[i] = expf(x[i] - max_val);
-        sum += x[i];
+    f4 m = F4_SPLAT(max_val);
+    int i = 0;
+    for (; i + 4 <= size; i += 4) F4_STORE(x + i, f4_exp_nonpositive(F4_SUB(F4_LOAD(x + i), m)));
+    if (i < size) {
+        float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        memcpy(tail, x + i, (size_t)(size - i) * sizeof(float));
+        F4_STORE(tail, f4_exp_nonpositive(F4_SUB(F4_LOAD(tail), m)));
+        memcpy(x + i, tail, (size_t)(size - i) * sizeof(float));
     }
-    for (int i = 0; i < size; i++) x[i] /= sum;
+    float sum = 0.0f;
+    for (i = 0; i < size; i++) sum += x[i];
+    for (i = 0; i < size; i++) x[i] /= sum;
 }
 
 /* One step at position pos; the logits are computed only when want_logits (the prompt's last token and
@@ -431,10 +509,25 @@ static void forward(const config_t *c, const weights_t *w, state_t *s, int token
             const float *q = s->q + (size_t)h * hs;
             float *att = s->att + (size_t)h * c->seq_len;
             size_t hoff = loff + (size_t)(h / kv_mul) * hs;
-            for (int t = 0; t <= pos; t++) {
-                float score = dot(q, s->key_cache + hoff + (size_t)t * kv_dim, hs);
-                att[t] = score / scale;
+            const float *kh = s->key_cache + hoff;
+            int t = 0;
+            if ((hs & 3) == 0) {
+                /* Four keys at a time: each score is dot(q, k_t) / scale, added in dot()'s order. */
+                f4 scale4 = F4_SPLAT(scale);
+                for (; t + 3 <= pos; t += 4) {
+                    const float *k0 = kh + (size_t)t * kv_dim, *k1 = k0 + kv_dim, *k2 = k1 + kv_dim, *k3 = k2 + kv_dim;
+                    f4 a0 = F4_ZERO(), a1 = F4_ZERO(), a2 = F4_ZERO(), a3 = F4_ZERO();
+                    for (int i = 0; i < hs; i += 4) {
+                        f4 qv = F4_LOAD(q + i);
+                        a0 = F4_ADD(a0, F4_MUL(qv, F4_LOAD(k0 + i)));
+                        a1 = F4_ADD(a1, F4_MUL(qv, F4_LOAD(k1 + i)));
+                        a2 = F4_ADD(a2, F4_MUL(qv, F4_LOAD(k2 + i)));
+                        a3 = F4_ADD(a3, F4_MUL(qv, F4_LOAD(k3 + i)));
+                    }
+                    F4_STORE(att + t, F4_DIV(f4_sum4(a0, a1, a2, a3), scale4));
+                }
             }
+            for (; t <= pos; t++) att[t] = dot(q, kh + (size_t)t * kv_dim, hs) / scale;
             softmax(att, pos + 1);
             /* xb = sum over t (in order, from 0) of att[t] * v_t, four elements at a time in registers. */
             float *xb = s->xb + (size_t)h * hs;
