@@ -56,6 +56,8 @@ MAX_PROOF_ENTRIES = 256
 TREEHEAD_MAX = 512
 MAX_SET = 64
 """Jobs in one offer, and items in one bid or decline."""
+MAX_HELD = 256
+"""Blobs one bid may say its executor holds already (`Bid.held`)."""
 MAX_PUSHED = 16
 """Small outputs carried in one `result`."""
 RECEIPT_MAX = MAX_FRAME - 4096
@@ -194,13 +196,15 @@ class BidItem(Record):
 @dataclass(frozen=True, slots=True)
 class Bid(Message):
     """An executor's promise to start and finish each of the jobs it names, of one offer, by the given
-    times. There is no price."""
+    times. There is no price. `held`: roots of the blobs of those jobs (module, inputs, stdin) that the
+    executor holds already, so it fetches none of them: a claim the submitter uses only to break ties."""
 
     network: str = field(metadata=w(NETWORK))
     offer_id: Digest = field(metadata=w(Hash()))
     executor: NodeId = field(metadata=w(Key()))
     expires: int = field(metadata=w(TIME))
     items: tuple[BidItem, ...] = field(metadata=w(Seq(Sub(BidItem), MAX_SET, min_items=1, order_key=BY_JOB)))
+    held: tuple[Digest, ...] = field(default=(), metadata=w(Seq(Hash(), MAX_HELD, order_key=BY_RAW)))
 
     def item(self, job_id: Digest) -> BidItem | None:
         """The bid's terms for this job, if it bids for it."""

@@ -2,13 +2,16 @@
 reason for the others, and the live bids kept until assigned or lapsed.
 
 An offer (from gossip, or from this node's own submitter) gets its answers (rules.plan_bid) sent
-straight to the submitter. The offer is remembered under the bid's id until the bid expires, so an
-`assign` naming the bid can be matched to the exact manifest (`live`, `assigned`).
+straight to the submitter. A bid names the blobs of its jobs this node holds already (`held`: the
+submitter prefers such a bid when all else is equal). The offer is remembered under the bid's id until
+the bid expires, so an `assign` naming the bid can be matched to the exact manifest (`live`,
+`assigned`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -16,7 +19,7 @@ from e31.protocol.envelope import VerifiedEnvelope, check_fresh, sign_verified
 from e31.protocol.errors import ProtocolError
 from e31.protocol.ids import Digest
 from e31.protocol.jobs import JobManifest
-from e31.protocol.messages import REASON_TEXT_MAX, Bid, BidItem, Decline, Offer
+from e31.protocol.messages import MAX_HELD, REASON_TEXT_MAX, Bid, BidItem, Decline, Offer
 
 from ..store.db import Store
 from .context import MarketContext
@@ -166,7 +169,10 @@ class Bids:
             for reason, (ids, text, expires) in declined.items()
         ]
         if bid_expires is not None:
-            answers.append(Bid(self.ctx.network, env.message_id, self.ctx.node, bid_expires, tuple(items)))
+            held_blobs = self._held_blobs(manifests.values())
+            answers.append(
+                Bid(self.ctx.network, env.message_id, self.ctx.node, bid_expires, tuple(items), held_blobs)
+            )
         else:
             self._promised_bytes -= reserved  # no bid keeps this offer
         for answer in answers:  # bid items and declined ids are in the offer's (job id) order already
@@ -174,6 +180,15 @@ class Bids:
             if isinstance(answer, Bid):
                 self._promises[signed.message_id.raw] = Promise(env, answer.expires, manifests)
             await self.ctx.send_to(offer.submitter.raw, signed.raw)
+
+    def _held_blobs(self, manifests: Iterable[JobManifest]) -> tuple[Digest, ...]:
+        """The roots of the bid's jobs' blobs this node holds already (a stat each: the blob store's
+        `has`), the largest first when there are more than MAX_HELD, in the wire's order."""
+        refs = {
+            r.root.raw: r for m in manifests for r in (m.module, *(f.blob for f in m.inputs), m.stdin) if r
+        }
+        held = sorted((r for r in refs.values() if self.ctx.blobs.has(r.root.raw)), key=lambda r: -r.size)
+        return tuple(sorted((r.root for r in held[:MAX_HELD]), key=lambda d: d.raw))
 
     def _forget_old_promises(self, now: int) -> None:
         """Drop lapsed bids from the front: bids are made with one TTL (or expire earlier, with their

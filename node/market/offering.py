@@ -22,7 +22,7 @@ from e31.protocol.messages import MAX_SET, Bid, Decline, Offer
 from ..net.links import TokenBucket
 from ..store.db import Store, call
 from .context import MarketContext
-from .rules import BidView
+from .rules import BidView, held_bytes
 from .submitted import Jobs, Joining, Round, in_round
 
 log = logging.getLogger("e31.submitter")
@@ -237,7 +237,12 @@ class OfferLine:
                 rnd.answered.add(executor)
                 if live:
                     rnd.bids[executor] = BidView(
-                        env.message_id.raw, executor, item.expected_start, item.expected_finish, msg.expires
+                        env.message_id.raw,
+                        executor,
+                        item.expected_start,
+                        item.expected_finish,
+                        msg.expires,
+                        held_bytes(holder.manifest, msg.held),
                     )
                     rnd.raw[env.message_id.raw] = env.raw
                 rnd.wake.set()

@@ -22,9 +22,12 @@ services that act on these decisions are node/market_submitter.py and node/marke
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+
+from e31.protocol.ids import Digest
+from e31.protocol.jobs import JobManifest
 
 DEFAULT_FUEL_RATE = 1_000_000_000
 """Fuel per second one core burns before the node has measured its own rate (order of magnitude here)."""
@@ -124,6 +127,17 @@ class BidView:
     expected_start: int
     expected_finish: int
     expires: int
+    held_bytes: int = 0
+    """Bytes of the job's blobs the executor says it holds already (its bid's `held`)."""
+
+
+def held_bytes(manifest: JobManifest, held: Sequence[Digest]) -> int:
+    """Bytes of the job's blobs (module, inputs, stdin) among the roots a bid says its executor holds."""
+    have = {d.raw for d in held}
+    refs = {
+        r.root.raw: r.size for r in (manifest.module, *(f.blob for f in manifest.inputs), manifest.stdin) if r
+    }
+    return sum(size for root, size in refs.items() if root in have)
 
 
 def bid_rank(bid: BidView, load: int) -> tuple[int, int, bytes]:
@@ -157,9 +171,10 @@ def choose_bid(
     if not live:
         return None
 
-    def rank(b: BidView) -> tuple[int, int, bool, bytes]:
+    def rank(b: BidView) -> tuple[int, int, bool, int, bytes]:
         finish, start, _ = bid_rank(b, load.get(b.executor, 0))
-        return (finish, start, b.executor not in known, b.executor)
+        # all else equal: the executor that holds more of the job's bytes (no fetch), then by key
+        return (finish, start, b.executor not in known, -b.held_bytes, b.executor)
 
     return min(live, key=rank)
 

@@ -179,6 +179,13 @@ def samples() -> list[tuple[str, str, Message]]:
         ),
         ("bid", "executor", bid),
         (
+            "bid-holding-blobs",
+            "executor",
+            dataclasses.replace(
+                bid, held=tuple(sorted((man.module.root, man.inputs[0].blob.root), key=lambda d: d.raw))
+            ),
+        ),
+        (
             "decline",
             "arm-executor",
             Decline(
@@ -389,11 +396,15 @@ def invalid() -> list[dict[str, Any]]:
     # Bids and declines.
     bw = sample("bid").to_wire()
     one, two = bw[4]
-    signed("bid-finish-before-start", "bid", "executor", (*bw[:4], ((one[0], one[2], one[1]), two)))
-    signed("bid-no-items", "bid", "executor", (*bw[:4], ()))
-    signed("bid-items-unsorted", "bid", "executor", (*bw[:4], (two, one)))
+    signed("bid-finish-before-start", "bid", "executor", (*bw[:4], ((one[0], one[2], one[1]), two), ()))
+    signed("bid-no-items", "bid", "executor", (*bw[:4], (), ()))
+    signed("bid-items-unsorted", "bid", "executor", (*bw[:4], (two, one), ()))
     too_many = tuple(sorted((digest(f"job {i}").raw, T0, T0 + 1) for i in range(MAX_SET + 1)))
-    signed(f"bid-{MAX_SET + 1}-items", "bid", "executor", (*bw[:4], too_many))
+    signed(f"bid-{MAX_SET + 1}-items", "bid", "executor", (*bw[:4], too_many, ()))
+    held = sample("bid-holding-blobs").to_wire()[5]
+    signed("bid-held-unsorted", "bid", "executor", (*bw[:5], tuple(reversed(held))))
+    signed("bid-held-twice", "bid", "executor", (*bw[:5], (held[0], held[0])))
+    signed("bid-without-held", "bid", "executor", bw[:5])
     pw = sample("proof-two-receipts").to_wire()
     signed("proof-entries-unsorted", "proof", "executor", (*pw[:4], tuple(reversed(pw[4]))))
     signed("proof-no-entries", "proof", "executor", (*pw[:4], ()))
