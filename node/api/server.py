@@ -504,6 +504,7 @@ class _Connection:
         """Answer with an error and end the connection (lingering so the client can read the answer)."""
         if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
+        metrics.API_REQUESTS.inc(1, f"{error.status // 100}xx")
         try:
             await self.send_json(error.status, _error_body(error), close=True)
             await self.stream.send_eof()
