@@ -46,6 +46,19 @@ class WrongNetwork(ProtocolError):
     """A message or handshake for a different network name."""
 
 
+class NetworkMismatch(WrongNetwork):
+    """A handshake with a node of another network (docs/protocol.md §11.6): `ours` is this side's
+    network name, `theirs` the peer's as its network notice claims it (None where only its network
+    tag is known: the responder, before the initiator's notice), and `notice` the frame to send back
+    before closing (this side's own network notice)."""
+
+    def __init__(self, message: str, ours: str, theirs: str | None, notice: bytes) -> None:
+        super().__init__(message)
+        self.ours = ours
+        self.theirs = theirs
+        self.notice = notice
+
+
 class BadProof(ProtocolError):
     """A Merkle inclusion or consistency proof that does not verify."""
 

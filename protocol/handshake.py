@@ -24,6 +24,9 @@ received bytes to `receive_data`, and sends whatever bytes come back:
 
 Any bytes whatsoever raise only ProtocolError subclasses (HandshakeFailed, WrongNetwork, DecodeError,
 FrameTooLarge, ...); after an error the machine is dead and every further call raises HandshakeFailed.
+Two networks meeting raise NetworkMismatch (a WrongNetwork) carrying the network notice to send back:
+the responder answers message 1 with its notice, the initiator replies with its own
+(`read_network_notice` reads it), and then both close, each able to name both networks.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import nacl.exceptions
 import nacl.signing
 
 from .codec import encode_frame, pack, unpack_canonical
-from .errors import FrameTooLarge, HandshakeFailed, LocalProtocolError, ProtocolError, WrongNetwork
+from .errors import FrameTooLarge, HandshakeFailed, LocalProtocolError, NetworkMismatch, ProtocolError
 
 VERSION = 1
 """The handshake and session protocol version carried in message 1."""
@@ -79,6 +82,49 @@ def hkdf_expand(prk: bytes, info: bytes, length: int = KEY_SIZE) -> bytes:
 def network_tag(network: str) -> bytes:
     """The 16 bytes that name a network in message 1: SHA-256("e31/network\\x00" || name)[:16]."""
     return _h(b"e31/network\x00", network.encode())[:_NETWORK_TAG_SIZE]
+
+
+NOTICE = 0
+"""The first field of a network notice (an int: messages 2 and 3 begin with a bin)."""
+NETWORK_NAME_MAX = 32
+
+
+def network_notice(network: str) -> bytes:
+    """The framed network notice `[0, network]`: a responder's answer to a message 1 of another
+    network, and the initiator's reply to it, so both sides can say which two networks met."""
+    return encode_frame(pack([NOTICE, network]))
+
+
+def _notice_name(payload: bytes) -> str | None:
+    """The network name of a network notice payload, or None if the payload is not one."""
+    value = unpack_canonical(payload, max_len=MAX_HANDSHAKE_FRAME)
+    if not (isinstance(value, tuple) and len(value) == 2 and type(value[0]) is int and value[0] == NOTICE):
+        return None
+    name = value[1]
+    if (
+        not isinstance(name, str)
+        or not 0 < len(name) <= NETWORK_NAME_MAX
+        or name.strip("abcdefghijklmnopqrstuvwxyz0123456789-._")
+    ):
+        raise HandshakeFailed("a network notice must name a network (1..32 of a-z 0-9 - . _)")
+    return name
+
+
+def read_network_notice(data: bytes) -> str | None:
+    """The network name in the network notice `data` begins with, None while the frame is incomplete;
+    HandshakeFailed (or another ProtocolError) for anything else. For the responder after it sent its
+    own notice: the initiator answers with one (docs/protocol.md §11.6)."""
+    if len(data) < 4:
+        return None
+    n = int.from_bytes(data[:4], "big")
+    if n > MAX_HANDSHAKE_FRAME:
+        raise FrameTooLarge(f"handshake frame of {n} bytes announced; the limit is {MAX_HANDSHAKE_FRAME}")
+    if len(data) < 4 + n:
+        return None
+    name = _notice_name(bytes(data[4 : 4 + n]))
+    if name is None:
+        raise HandshakeFailed("expected a network notice")
+    return name
 
 
 def _initial_hash(network: str) -> bytes:
@@ -313,6 +359,16 @@ class Initiator(_Machine):
         return encode_frame(payload)
 
     def _on_frame(self, frame: bytes) -> bytes:
+        theirs = _notice_name(frame)
+        if theirs is not None:
+            if theirs == self._network:
+                raise HandshakeFailed(f"the responder claims network {theirs!r}, ours, in a network notice")
+            raise NetworkMismatch(
+                f"the responder is on network {theirs!r}, this node on {self._network!r}",
+                self._network,
+                theirs,
+                network_notice(self._network),
+            )
         peer_ephemeral, sealed = _fields(frame, (bytes, bytes), "handshake message 2")
         _bytes_len(peer_ephemeral, 32, "the responder's ephemeral key")
         self._mix(peer_ephemeral)
@@ -353,7 +409,12 @@ class Responder(_Machine):
         if version != VERSION:
             raise HandshakeFailed(f"the initiator speaks handshake version {version}; we speak {VERSION}")
         if tag != network_tag(self._network):
-            raise WrongNetwork(f"the initiator is not on network {self._network!r}")
+            raise NetworkMismatch(
+                f"the initiator is not on network {self._network!r} (its network tag {tag.hex()[:32]})",
+                self._network,
+                None,
+                network_notice(self._network),
+            )
         _bytes_len(peer_ephemeral, 32, "the initiator's ephemeral key")
         self._mix(frame)
         self._mix(self._public)

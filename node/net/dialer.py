@@ -22,7 +22,7 @@ from .limits import ConnectionCaps
 from .links import Random
 from .peers import Dial, PeerTable
 from .persistence import PeerPersistence
-from .transport import ConnectedToSelf, Connection, TransportError
+from .transport import ConnectedToSelf, Connection, NetworkMismatch, TransportError
 
 log = logging.getLogger("e31.peers")
 
@@ -112,7 +112,12 @@ class Dialer:
         who = d.address if d.node_id is None else f"{NodeId(d.node_id)} at {d.address}"
         target = self._table.targets.get(d.address)
         failures = peer.failures if peer is not None else target.failures if target is not None else 1
-        # The first failure in a row is news; the retries after it are not.
-        log.log(logging.INFO if failures <= 1 else logging.DEBUG, "cannot reach %s: %s", who, error)
+        # The first failure in a row is news; the retries after it are not. Another network is a
+        # setting to fix: a warning, naming both networks.
+        if isinstance(error, NetworkMismatch):
+            level = logging.WARNING if failures <= 1 else logging.DEBUG
+            log.log(level, "%s: nodes of different networks never connect (the `network` setting)", error)
+        else:
+            log.log(logging.INFO if failures <= 1 else logging.DEBUG, "cannot reach %s: %s", who, error)
         if peer is not None:
             self._persistence.failed(peer.node_id)

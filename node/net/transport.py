@@ -40,8 +40,9 @@ from functools import partial
 import nacl.signing
 import trio
 from e31.protocol.envelope import claimed_kind
+from e31.protocol.errors import NetworkMismatch as WrongNetworkNotice
 from e31.protocol.errors import ProtocolError
-from e31.protocol.handshake import HandshakeResult, Initiator, Responder
+from e31.protocol.handshake import HandshakeResult, Initiator, Responder, read_network_notice
 from e31.protocol.session import MAX_PLAINTEXT, Session, SessionExhausted
 
 from .. import metrics
@@ -114,6 +115,17 @@ class PeerRejected(TransportError):
 
 class ConnectedToSelf(PeerRejected):
     """The peer proved our own node key: the address dialled is this node's."""
+
+
+class NetworkMismatch(PeerRejected):
+    """The peer is a node of another network: `ours` and `theirs` name both (`theirs` as the peer's
+    network notice claims it; None when it sent none). Both sides see it (docs/protocol.md §11.6)."""
+
+    def __init__(self, message: str, ours: str, theirs: str | None, remote: Address) -> None:
+        super().__init__(message)
+        self.ours = ours
+        self.theirs = theirs
+        self.remote = remote
 
 
 class ConnectionClosed(TransportError):
@@ -395,6 +407,8 @@ async def _establish(
             leftover = await _run_handshake(stream, machine, first)
     except trio.TooSlowError:
         raise HandshakeTimeout(f"no complete handshake within {limit:g} s") from None
+    except WrongNetworkNotice as e:
+        raise await _exchange_notices(stream, e, remote) from None
     except ProtocolError as e:
         raise PeerRejected(f"invalid handshake: {e}") from e
     except trio.BrokenResourceError as e:
@@ -411,6 +425,37 @@ async def _establish(
         inbox=inbox,
         inbox_bytes=inbox_bytes,
     )
+
+
+NOTICE_WAIT = 2.0
+"""Seconds to send our network notice and (as responder) read the initiator's, after a mismatch."""
+
+
+async def _exchange_notices(
+    stream: trio.SocketStream, e: WrongNetworkNotice, remote: Address
+) -> NetworkMismatch:
+    """Send our network notice; as the responder, read the initiator's (it names its network)."""
+    theirs = e.theirs
+    with trio.move_on_after(NOTICE_WAIT):
+        try:
+            await stream.send_all(e.notice)
+            buf = bytearray()
+            while theirs is None:
+                data = await stream.receive_some(_RECEIVE_SIZE)
+                if not data:
+                    break
+                buf += data
+                theirs = read_network_notice(bytes(buf))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError):
+            pass
+    where = _fmt(remote)
+    if e.theirs is not None:  # we dialled
+        text = f"the node at {where} is on network {theirs!r}; this node is on {e.ours!r}"
+    elif theirs is not None:
+        text = f"a node at {where} on network {theirs!r} dialled this node, which is on {e.ours!r}"
+    else:
+        text = f"a node at {where} of another network (it did not say which) dialled this node, on {e.ours!r}"
+    return NetworkMismatch(text, e.ours, theirs, remote)
 
 
 def _sock_address(get: Callable[[], tuple[str, int] | tuple[str, int, int, int]]) -> Address | None:
@@ -539,6 +584,25 @@ async def _accepted(
         stream.socket.close()
 
 
+_MISMATCHES: dict[tuple[str, str | None], float] = {}
+"""When each (remote host, its network) that dialled us from another network was last shown."""
+MISMATCH_QUIET = 600.0
+MISMATCH_KEPT = 256
+
+
+def _first_mismatch(e: NetworkMismatch) -> bool:
+    """Whether to show this mismatch at WARNING: once per remote host and network per MISMATCH_QUIET
+    seconds (a misconfigured node retries; a stranger could dial in a loop), in bounded memory."""
+    key, now = (e.remote[0], e.theirs), trio.current_time()
+    last = _MISMATCHES.get(key)
+    if last is not None and now - last < MISMATCH_QUIET:
+        return False
+    if len(_MISMATCHES) >= MISMATCH_KEPT:
+        _MISMATCHES.pop(min(_MISMATCHES, key=_MISMATCHES.__getitem__))
+    _MISMATCHES[key] = now
+    return True
+
+
 async def _handle(
     stream: trio.SocketStream,
     remote: Address,
@@ -559,6 +623,10 @@ async def _handle(
             inbox=limits.inbox,
             inbox_bytes=limits.inbox_bytes,
         )
+    except NetworkMismatch as e:
+        level = logging.WARNING if _first_mismatch(e) else logging.DEBUG
+        log.log(level, "%s: nodes of different networks never connect (the `network` setting)", e)
+        return
     except TransportError as e:
         log.debug("dropped %s during the handshake: %s", _fmt(remote), e)
         return

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from e31.client import Client
-from test_jobs_e2e import MONTECARLO, Node, e31
+from test_jobs_e2e import MONTECARLO, Node, e31, wait_for
 
 ECHO = MONTECARLO.with_name("echo.wasm")
 
@@ -176,3 +176,17 @@ def test_node_stop_stops_the_node_cleanly(tmp_path: Path) -> None:
         n.stop()
     again = e31("node", "stop", data_dir=n.data_dir)
     _one_line_error(again, 1, "no node is running")
+
+
+def test_a_node_of_another_network_is_named_on_both_sides(node: Node, tmp_path: Path) -> None:
+    lab = Node(tmp_path / "lab", "--network", "lab", "--bootstrap", node.address)
+    try:
+        dialer = "is on network 'main'; this node is on 'lab': nodes of different networks never connect"
+        wait_for("the dialing side's warning", lambda: dialer in lab.log.read_text())
+        responder = "on network 'lab' dialled this node, which is on 'main'"
+        wait_for("the answering side's warning", lambda: responder in node.log.read_text())
+        for log, text in ((lab.log, dialer), (node.log, responder)):
+            (line,) = [ln for ln in log.read_text().splitlines() if text in ln]
+            assert " WARNING " in line, line
+    finally:
+        lab.stop()

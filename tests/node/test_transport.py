@@ -22,12 +22,13 @@ from e31.node.net.transport import (
     HandshakeTimeout,
     ListenFailed,
     MessageTooLarge,
+    NetworkMismatch,
     PeerRejected,
     SendTimeout,
     dial,
     serve,
 )
-from e31.protocol.handshake import Initiator
+from e31.protocol.handshake import Initiator, network_notice
 from e31.protocol.session import Session
 from nacl.signing import SigningKey
 
@@ -311,24 +312,39 @@ async def test_local_close_and_misuse() -> None:
 # --- bad peers ---
 
 
-async def test_wrong_network_is_dropped() -> None:
+async def test_another_network_is_refused_and_both_sides_name_both_networks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async with running() as server:
-        with pytest.raises(HandshakeAborted):
+        with pytest.raises(NetworkMismatch) as refused:
+            await dial(*server.address, identity=SigningKey.generate(), network="another", timeouts=FAST)
+        assert (refused.value.ours, refused.value.theirs) == ("another", NET)
+        assert f"is on network {NET!r}; this node is on 'another'" in str(refused.value)
+        for _ in range(int(SAFETY / 0.01)):  # the responder logs once the initiator's notice is in
+            if any(r.levelno == logging.WARNING for r in caplog.records if r.name == "e31.transport"):
+                break
+            await trio.sleep(0.01)
+        (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert f"on network 'another' dialled this node, which is on {NET!r}" in warning
+        # the same node again: the responder says it at debug level only (no flood of warnings)
+        with pytest.raises(NetworkMismatch):
             await dial(*server.address, identity=SigningKey.generate(), network="another", timeouts=FAST)
         async with linked(server.address) as conn:
             assert await roundtrip(conn, b"ok") == b"echo:ok"
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
     assert len(server.accepted) == 1
 
 
-async def test_wrong_network_is_dropped_without_an_answer(
+async def test_a_responder_of_another_network_answers_with_its_notice_only(
     caplog: pytest.LogCaptureFixture, raw: RawOpener
 ) -> None:
     async with running() as server:
         stream = await raw(server.address)
         ini = Initiator(SigningKey.generate(), "another", os.urandom(32))
         await stream.send_all(ini.initiate())
-        assert await until_closed_by_peer(stream) == b""
-    assert any("not on network" in line for line in drop_lines(caplog))
+        await stream.send_all(b"\x00\x00\x00\x02\x91\xc0")  # not a network notice: the responder stops
+        assert await until_closed_by_peer(stream) == network_notice(NET)
+    assert any("did not say which" in line for line in drop_lines(caplog))
     assert server.accepted == []
 
 

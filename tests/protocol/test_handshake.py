@@ -395,3 +395,60 @@ def test_the_documented_vector() -> None:
     assert (ini.result.send_key.hex(), ini.result.recv_key.hex()) == (VECTOR["i2r"], VECTOR["r2i"])
     assert (resp.result.recv_key.hex(), resp.result.send_key.hex()) == (VECTOR["i2r"], VECTOR["r2i"])
     assert Session(ini.result).encrypt(b"hello").hex() == VECTOR["hello"]
+
+
+# The network notice of docs/protocol.md §11.6, for network `main`.
+NOTICE_MAIN = "000000079200a46d61696e"
+
+
+def test_nodes_of_two_networks_exchange_network_notices_and_name_both() -> None:
+    from e31.protocol.errors import NetworkMismatch
+    from e31.protocol.handshake import network_notice, read_network_notice
+
+    assert network_notice("main").hex() == NOTICE_MAIN
+    ini = Initiator(ALICE, "lab", secret("i"))
+    resp = Responder(BOB, "main", secret("r"))
+    with pytest.raises(NetworkMismatch) as at_responder:
+        resp.receive_data(ini.initiate())
+    assert (at_responder.value.ours, at_responder.value.theirs) == ("main", None)
+    assert at_responder.value.notice.hex() == NOTICE_MAIN
+    with pytest.raises(NetworkMismatch) as at_initiator:
+        ini.receive_data(at_responder.value.notice)
+    assert (at_initiator.value.ours, at_initiator.value.theirs) == ("lab", "main")
+    reply = at_initiator.value.notice
+    assert read_network_notice(reply[:5]) is None  # not whole yet
+    assert read_network_notice(reply) == "lab"
+    for machine in (ini, resp):  # both machines are dead afterwards
+        with pytest.raises(HandshakeFailed):
+            machine.receive_data(b"\x00")
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pack([0, ""]),
+        pack([0, "UPPER"]),
+        pack([0, "x" * 33]),
+        pack([0, b"main"]),
+        pack([1, "main"]),
+        pack([0]),
+    ],
+)
+def test_a_bad_network_notice_is_a_failed_handshake(payload: bytes) -> None:
+    from e31.protocol.handshake import read_network_notice
+
+    ini = Initiator(ALICE, "lab", secret("i"))
+    ini.initiate()
+    with pytest.raises(ProtocolError):
+        ini.receive_data(encode_frame(payload))
+    with pytest.raises(ProtocolError):
+        read_network_notice(encode_frame(payload))
+
+
+def test_a_notice_naming_our_own_network_is_a_lie() -> None:
+    from e31.protocol.handshake import network_notice
+
+    ini = Initiator(ALICE, "main", secret("i"))
+    ini.initiate()
+    with pytest.raises(HandshakeFailed, match="ours"):
+        ini.receive_data(network_notice("main"))
