@@ -709,8 +709,14 @@ static int encode(const tokenizer_t *t, const unsigned char *text, size_t text_l
         }
     }
     /* Merges, with the candidate for each adjacent pair cached and recomputed only next to a merge. */
-    unsigned char *pair = xalloc((size_t)t->max_len * 2, "tokenizer");
-    int *cand = xalloc((size_t)(n > 0 ? n : 1) * sizeof(int), "tokenizer");
+    unsigned char *pair = malloc((size_t)t->max_len * 2);
+    int *cand = malloc((size_t)n * sizeof(int));
+    if (!pair || !cand) {
+        free(pair);
+        free(cand);
+        *err = "out of memory encoding the prompt";
+        return -1;
+    }
 #define PAIR_ID(k)                                                                          \
     do {                                                                                    \
         int a_ = tokens[k], b_ = tokens[(k) + 1];                                           \
@@ -1429,8 +1435,13 @@ static void run_line(model_t *m, const unsigned char *line, size_t n, long long 
     }
     if (plen + 2 > m->tokens_cap) {
         free(m->tokens);
+        m->tokens_cap = 0;
+        m->tokens = plen + 2 <= SIZE_MAX / sizeof(int) ? malloc((plen + 2) * sizeof(int)) : NULL;
+        if (!m->tokens) {
+            error_line(out, &r, line_no, "out of memory encoding the prompt");
+            goto done;
+        }
         m->tokens_cap = plen + 2;
-        m->tokens = xcalloc(m->tokens_cap, sizeof(int), "prompt tokens");
     }
     const char *err = NULL;
     int n_tokens = encode(&m->t, (const unsigned char *)(r.prompt.p ? r.prompt.p : ""), plen, m->tokens, &err);
