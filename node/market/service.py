@@ -175,6 +175,7 @@ def build_job_path(
         prover=None if receipt_log is None else log_prover(receipt_log),
     )
     submitter = Submitter(ctx, transfer=transfer, publish=publish, local_offer=executor.on_offer, track=track)
+    transfer.on_corrupt = submitter.on_corrupt_blob
     market = Market(ctx, submitter=submitter, executor=executor, transfer=transfer)
     return JobPath(ctx, transfer, scheduler, held, capacity, executor, submitter, market)
 

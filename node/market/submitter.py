@@ -219,6 +219,10 @@ class Submitter:
         """Withdraw a job: sign a `cancel`, end the job `cancelled`, tell its executor and the network.
         Returns the job's state afterwards and whether this call withdrew it (a job that had already
         ended keeps its state)."""
+        reason = "cancelled by its submitter" + (f": {text}" if text else "")
+        return await self._withdraw(job_id, "cancelled", reason, text)
+
+    async def _withdraw(self, job_id: bytes, state: str, reason: str, text: str) -> tuple[str, bool]:
         while True:
             row = await self.ctx.store.run(Store.job, job_id, ROLE)
             if row is None:
@@ -227,14 +231,13 @@ class Submitter:
                 return row.state, False
             env = await signed_cancel(self.ctx, job_id, int(row.deadline * 1000), "withdrawn", text)
             raw = env.raw
-            reason = "cancelled by its submitter" + (f": {text}" if text else "")
-            if await self._set_state(job_id, row.state, "cancelled", reason=reason[:500]):
+            if await self._set_state(job_id, row.state, state, reason=reason[:500]):
                 break
         job = self.jobs.get(job_id)
         if job is not None:
             job.finished.set()
             job.scope.cancel()
-        log.info("job %s cancelled", job_id.hex()[:12])
+        log.info("job %s %s: %s", job_id.hex()[:12], state, reason)
         if self.publish is not None:
             try:
                 self.publish(env)
@@ -242,7 +245,20 @@ class Submitter:
                 log.warning("cannot gossip the cancel of job %s: %s", job_id.hex()[:12], e)
         for executor in {a.message.executor.raw for a in await stored_assigns(self.ctx, job_id)}:
             await self.ctx.send_to(executor, raw)
-        return "cancelled", True
+        return state, True
+
+    def on_corrupt_blob(self, root: bytes, why: str) -> None:
+        """A blob of this node's was found corrupt (and quarantined) when a peer asked for it
+        (transfer.py): no peer can get it from here, so this node's unfinished jobs that need it fail
+        now, with the reason, instead of at their deadlines."""
+        if (nursery := self._tasks.nursery) is None:
+            return
+        for job_id, job in list(self.jobs.items()):
+            m = job.manifest
+            needed = [m.module, *(f.blob for f in m.inputs), *(() if m.stdin is None else (m.stdin,))]
+            if any(ref.root.raw == root for ref in needed):
+                reason = f"a blob it needs is corrupt on this node and cannot be sent: {why}; submit it again"
+                nursery.start_soon(self._withdraw, job_id, "failed", reason, "a blob it needs is corrupt")
 
     def on_link_up(self, peer: bytes) -> None:
         """A peer is reachable (again): re-send it the assignments of jobs still waiting on it, so it
@@ -267,7 +283,9 @@ class Submitter:
         row = await self.ctx.store.run(Store.job, job_id, ROLE)
         if row is not None and row.state not in TERMINAL and not job.completing:
             why = "the deadline passed before a verified result arrived"
-            if row.attempt == 0 and job.declined is not None:
+            if job.expired_at_executor is not None:
+                why += f"; its executor gave it back: {job.expired_at_executor}"
+            elif row.attempt == 0 and job.declined is not None:
                 why += f"; no node would take it ({job.declined})"
             elif row.attempt == 0:
                 why += "; no node bid for it"

@@ -32,7 +32,7 @@ from e31.protocol.messages import BlobChunk, BlobRequest
 
 from ..errors import Unavailable
 from ..nursery import TaskSlot
-from ..store.blobs import BlobError, BlobStore, PartialBlob
+from ..store.blobs import BlobCorrupt, BlobError, BlobStore, PartialBlob
 
 log = logging.getLogger("e31.transfer")
 
@@ -76,6 +76,7 @@ class BlobTransfer:
         wall_ms: Callable[[], int],
         settings: TransferSettings | None = None,
         small_blobs: SmallBlobs | None = None,
+        on_corrupt: Callable[[bytes, str], None] | None = None,
     ) -> None:
         self.identity = identity
         self.local = bytes(identity.verify_key)
@@ -85,6 +86,9 @@ class BlobTransfer:
         self.wall_ms = wall_ms
         self.settings = settings or TransferSettings()
         self.small_blobs = small_blobs
+        self.on_corrupt = on_corrupt
+        """Told (root, why) when a blob this node was asked for is found corrupt (and quarantined): it
+        cannot be served, so the node's own jobs that need it end now, not at their deadline."""
         self._waiters: dict[tuple[bytes, bytes, int | None], _Waiter] = {}
         self._locks: dict[bytes, trio.Lock] = {}
         self._lists: OrderedDict[bytes, bytes] = OrderedDict()
@@ -136,6 +140,11 @@ class BlobTransfer:
                     data = await trio.to_thread.run_sync(
                         self.blobs.read_chunk, request.blob.raw, request.index
                     )
+            except BlobCorrupt as e:
+                log.warning("cannot serve %s to %s: %s", request.blob, NodeId(peer), e)
+                if self.on_corrupt is not None:
+                    self.on_corrupt(request.blob.raw, str(e))
+                return
             except (BlobError, ValueError, OSError) as e:
                 log.debug("cannot serve %s[%s] to %s: %s", request.blob, request.index, NodeId(peer), e)
                 return

@@ -82,3 +82,24 @@ def test_an_input_written_during_the_run_fails_the_job_instead_of_being_signed(t
     os.utime(path)  # the file is touched while the sandbox reads it
     with pytest.raises(JobFailed, match="changed on disk during the run"):
         _inputs_unchanged(blobs, manifest)
+
+
+async def test_a_job_whose_own_input_is_corrupt_on_its_submitter_fails_at_once_with_the_reason(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)  # b runs a's jobs
+    await start(nursery, a, b)
+    stdin = blob_ref(DATA)
+    a.blobs.put(DATA)
+    copy = a.blobs.path(stdin.root.raw)  # the submitter's only copy: the file was damaged on its disk
+    damaged = bytearray(copy.read_bytes())
+    damaged[-1] ^= 0xFF
+    copy.write_bytes(bytes(damaged))
+    job = dataclasses.replace(a.manifest((), workload="echo", deadline_s=600.0), stdin=stdin)
+    await a.submitter.submit(job)
+    # b asks a for the blob; a finds its copy corrupt, quarantines it, and ends the job now (not in 600 s)
+    row = await wait_state(a, job.job_id.raw, "failed")
+    assert "corrupt on this node" in row.reason and stdin.root.hex() in row.reason
+    assert not a.blobs.has(stdin.root.raw)
+    assert list((a.blobs.root / "quarantine").iterdir())
+    assert await a.store.run(Store.receipts_for_job, job.job_id.raw) == []
