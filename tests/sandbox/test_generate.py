@@ -449,7 +449,8 @@ def test_malformed_lines_give_error_lines_and_the_rest_go_on(tiny: tuple[Path, P
 def test_results_come_in_the_prompts_order(tiny: tuple[Path, Path], tmp_path: Path) -> None:
     ids: list[object] = ["z", 3, "a", -7, 12345678901234567890, "m", 0, "é"]
     prompts = jsonl(*({"id": i, "prompt": "ab" * n, "max_tokens": 1 + n % 3} for n, i in enumerate(ids)))
-    rows = completions(generate(*tiny, prompts, tmp_path / "o"), tmp_path / "o")
+    # CRLF line ends, as a Windows editor saves them.
+    rows = completions(generate(*tiny, prompts.replace(b"\n", b"\r\n"), tmp_path / "o"), tmp_path / "o")
     assert [r["id"] for r in rows] == ids
     assert [r["completion_tokens"] for r in rows] == [1 + n % 3 for n in range(len(ids))]
 
