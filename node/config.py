@@ -423,6 +423,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def machine_cores() -> int:
+    """The cores of this machine (all of them, as os.cpu_count counts)."""
+    return os.cpu_count() or 1
+
+
+def check_offer(config: NodeConfig, cores: int | None = None) -> None:
+    """Refuse an offer the machine cannot keep: more cores than it has (ConfigError, exit 2)."""
+    have = machine_cores() if cores is None else cores
+    if config.cores > have:
+        where = f"{config.config_file} or --cores" if config.config_file else "--cores"
+        raise ConfigError(
+            f"cores {config.cores} is more than this machine's {have} ({where}): offer at most {have}"
+        )
+
+
+def describe_offer(config: NodeConfig) -> list[str]:
+    """What the node offers, in the lines `e31 node run` starts with (docs/operating.md)."""
+    from .units import format_duration
+
+    def size(n: int) -> str:
+        return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+    if config.cores == 0:
+        cores = "no cores (submit only: this node never runs jobs)"
+    else:
+        cores = f"{config.cores} of {machine_cores()} cores"
+    if config.only_when_idle:
+        idle = (
+            f"jobs run only while the owner is away (idle for {format_duration(config.idle_seconds)}, "
+            f"owner CPU under {config.idle_load:.0%} of the machine)"
+        )
+    else:
+        idle = "jobs run whenever cores are free; the offer shrinks while the owner uses the machine"
+    mdns = "on" + (f" ({', '.join(config.mdns_interfaces)})" if config.mdns_interfaces else "")
+    return [
+        f"offering {cores}, {size(config.memory)} of memory, {size(config.disk_ceiling)} of disk for blobs",
+        f"idle policy: {idle}",
+        f"network {config.network}; listen {config.listen}; mDNS {mdns if config.mdns else 'off'}; "
+        f"data dir {config.data_dir}",
+    ]
+
+
 def add_data_dir_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",

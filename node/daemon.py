@@ -32,7 +32,7 @@ import nacl.signing
 import trio
 
 from .api.server import Request, Router, serve_control
-from .config import NodeConfig
+from .config import NodeConfig, describe_offer
 from .errors import NodeError
 from .host import gctune
 from .host.memtrim import run_trimmer
@@ -62,6 +62,8 @@ class DaemonError(NodeError):
 def run(config: NodeConfig, settings: PeerSettings | None = None) -> int:
     """Run a node in the foreground until SIGINT/SIGTERM; returns the exit code (0 after a signal)."""
     setup_logging(config.log_level)
+    for line in describe_offer(config):  # the first lines: what this node gives away
+        log.info("%s", line)
     settings = settings or PeerSettings()
     os.umask(0o077)  # the database, blobs and logs hold job arguments and outputs: this user's only
     with _data_dir_lock(config.data_dir):

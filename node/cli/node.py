@@ -73,12 +73,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..config import ConfigError, config_from_args
+    from ..config import ConfigError, check_offer, config_from_args
 
     try:
         config = config_from_args(args)
     except ConfigError as e:
         raise CliError(str(e)) from None
+    check_offer(config)  # a ConfigError: a usage error, exit 2
     from .. import daemon
     from ..net.peers import PeerSettings
 

@@ -190,3 +190,10 @@ def test_a_node_of_another_network_is_named_on_both_sides(node: Node, tmp_path: 
             assert " WARNING " in line, line
     finally:
         lab.stop()
+
+
+def test_node_run_starts_by_saying_what_it_offers(node: Node) -> None:
+    first = [ln.split(" node: ", 1)[-1] for ln in node.log.read_text().splitlines()[:3]]
+    assert first[0].startswith("offering 1 of ") and " cores, " in first[0]
+    assert first[1].startswith("idle policy: jobs run whenever cores are free")
+    assert first[2].startswith("network main; listen 127.0.0.1:0; mDNS off; data dir ")
