@@ -266,7 +266,7 @@ Parser = Callable[[object, bool], Any]
 _PARSERS: dict[str, Parser] = {
     "listen": lambda v, t: parse_address(v),
     "bootstrap": lambda v, t: _parse_list(parse_bootstrap, v, t),
-    "cores": lambda v, t: _parse_int(v, t, low=1),
+    "cores": lambda v, t: _parse_int(v, t, low=0),  # 0: a submit-only node (never executes)
     "memory": _parse_size,
     "network": _parse_network,
     "log_level": _parse_log_level,
@@ -372,7 +372,7 @@ def load_config(
 _FLAG_HELP = {
     "listen": ("HOST:PORT", f"address to listen on (default 0.0.0.0:{DEFAULT_PORT}; port 0 picks one)"),
     "bootstrap": ("[NODEID@]HOST:PORT", "a peer to contact first; NODEID@ pins its identity (repeatable)"),
-    "cores": ("N", "cores to offer to jobs (default: all)"),
+    "cores": ("N", "cores to offer to jobs (default: all; 0: submit only, never run jobs)"),
     "memory": ("SIZE", "memory to offer to jobs, e.g. 4G or 4GiB (default: half of it)"),
     "network": ("NAME", f"network name; networks never mix (default {DEFAULT_NETWORK})"),
     "max_connections": ("N", "cap on peer connections in total"),

@@ -209,7 +209,7 @@ class CapacityService:
     async def _advertise_loop(self) -> None:
         while True:
             raw = self.advertisement()
-            if self.publish is not None:
+            if self.publish is not None and self.policy.cores > 0:  # a submit-only node offers nothing
                 try:
                     self.publish(raw)
                 except ProtocolError as e:

@@ -1,17 +1,21 @@
 """An executor's answers to offers: a signed `bid` for the jobs it can finish in time, a `decline` per
 reason for the others, and the live bids kept until assigned or lapsed.
 
-An offer (from gossip, or from this node's own submitter) gets its answers (rules.plan_bid) sent
-straight to the submitter. A bid names the blobs of its jobs this node holds already (`held`: the
-submitter prefers such a bid when all else is equal). The offer is remembered under the bid's id until
-the bid expires, so an `assign` naming the bid can be matched to the exact manifest (`live`,
-`assigned`).
+An offer (from gossip, or from this node's own submitter) gets its answers sent straight to the
+submitter: each job is checked alone (rules.plan_bid: profile, memory, room in the queue, a finish by
+its deadline on an idle core), then the offer's jobs are planned together with every job this node has
+promised (policy.admit: those queued, fetching or running, and those of its live bids not yet
+assigned); a job that would finish late, or make a promised job late, is declined `deadline`. A bid
+item's start and finish are the plan's.
+A bid names the blobs of its jobs this node holds already (`held`: the submitter prefers such a bid
+when all else is equal). The offer is remembered under the bid's id until the bid expires, so an
+`assign` naming the bid can be matched to the exact manifest (`live`, `assigned`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,7 +27,8 @@ from e31.protocol.messages import MAX_HELD, REASON_TEXT_MAX, Bid, BidItem, Decli
 
 from ..store.db import Store
 from .context import MarketContext
-from .rules import DeclinePlan, ExecutorView, OfferView, plan_bid
+from .policy import Admitted, Task, admit
+from .rules import BidPlan, DeclinePlan, ExecutorView, OfferView, plan_bid
 from .scheduler import Scheduler
 
 log = logging.getLogger("e31.executor")
@@ -66,8 +71,11 @@ class Bids:
         profile: bytes,
         memory_bytes: int,
         capacity: BidCapacity | None,
+        held_tasks: Callable[[], list[Task]] = list,
     ) -> None:
         self.ctx = ctx
+        self.held_tasks = held_tasks
+        """The jobs assigned here and not yet ended, as the policy sees them (the executor's)."""
         self.scheduler = scheduler
         self.profile = profile
         self.memory_bytes = memory_bytes
@@ -118,12 +126,14 @@ class Bids:
         if self.capacity is not None:
             offered_cores, offered_memory = self.capacity.for_bids
             cores, memory = min(cores, offered_cores), min(memory, offered_memory)
+        # plan_bid's own deadline check sees the job alone on an idle core at the bare rate: admission
+        # below plans it with every job promised here (policy.admit)
         me = ExecutorView(
             self.profile,
             0 if self.scheduler.suspended else cores,
             memory,
-            self.scheduler.backlog_ms,
-            self.scheduler.queue_length,
+            0,
+            self.scheduler.queue_length + self._promised_jobs(now),
             cores * self.ctx.settings.max_queue_per_core,
             self.scheduler.fuel_rate,
         )
@@ -131,6 +141,7 @@ class Bids:
         manifests: dict[bytes, JobManifest] = {}
         bid_expires = None
         declined: dict[str, tuple[list[Digest], str, int]] = {}
+        candidates: dict[bytes, tuple[JobManifest, BidPlan]] = {}
         self._forget_old_promises(now)
         room = self._promised_bytes + len(env.raw) <= PROMISED_BYTES_MAX
         reserved = len(env.raw) if room else 0  # taken now: answers to other offers run meanwhile
@@ -159,11 +170,29 @@ class Bids:
                 # one text for all: the first job's, unless another job's differs (then the code says it)
                 declined[plan.reason] = (ids, text if text == plan.text else "", min(expires, plan.expires))
                 continue
-            items.append(BidItem(job_id, plan.expected_start, plan.expected_finish))
-            manifests[job_id.raw] = manifest
+            candidates[job_id.raw] = (manifest, plan)
+        admitted = self._admit(now, cores, [m for m, _ in candidates.values()])
+        for key, (manifest, plan) in candidates.items():
+            job_id = manifest.job_id
+            if key not in admitted.accepted:
+                late_ms = admitted.declined.get(key, 0)
+                text = (
+                    f"expected to finish {late_ms} ms after the deadline, with the jobs promised here"
+                    if late_ms
+                    else "it would make a job promised here miss its deadline"
+                )
+                ids, first, expires = declined.get("deadline", ([], text, plan.expires))
+                ids.append(job_id)
+                declined["deadline"] = (ids, first if first == text else "", min(expires, plan.expires))
+                continue
+            start, finish = admitted.accepted[key]
+            items.append(BidItem(job_id, start, finish))
+            manifests[key] = manifest
             # the latest any item allows: a job near its deadline does not cut the others' bids short
             # (the submitter assigns no job after its deadline, whatever the bid's expiry)
             bid_expires = plan.expires if bid_expires is None else max(bid_expires, plan.expires)
+        for reason, (ids, text, expires) in list(declined.items()):  # in the offer's (job id) order
+            declined[reason] = (sorted(ids, key=lambda d: d.raw), text, expires)
         answers: list[Bid | Decline] = [
             Decline(self.ctx.network, tuple(ids), env.message_id, self.ctx.node, expires, reason, clip(text))
             for reason, (ids, text, expires) in declined.items()
@@ -189,6 +218,36 @@ class Bids:
         }
         held = sorted((r for r in refs.values() if self.ctx.blobs.has(r.root.raw)), key=lambda r: -r.size)
         return tuple(sorted((r.root for r in held[:MAX_HELD]), key=lambda d: d.raw))
+
+    def _admit(self, now: int, cores: int, manifests: list[JobManifest]) -> Admitted:
+        """Plan the offered jobs with every job promised here (policy.admit): those queued or held,
+        and those named by live bids not yet assigned (a bid is a promise until it lapses)."""
+        if not manifests:
+            return Admitted({}, {})
+        slots = sorted(self.scheduler.slots(now), key=lambda s: s.free_at)[: max(0, cores)]
+        offered = [self.task(m, now) for m in manifests]
+        keys = {t.key for t in offered}  # a job offered again replaces its earlier bid's promise
+        promised = {t.key: t for t in (*self._bid_tasks(now), *self.held_tasks()) if t.key not in keys}
+        return admit(slots, list(promised.values()), offered, now)
+
+    def task(self, manifest: JobManifest, now: int) -> Task:
+        """The job as the policy sees it, estimated at this node's calibrated rate and margin."""
+        lim = manifest.limits
+        estimate = self.scheduler.estimate_ms(manifest.profile.raw, lim.fuel, lim.wall_ms)
+        return Task(manifest.job_id.raw, manifest.submitter.raw, manifest.deadline, estimate, now, lim.fuel)
+
+    def _bid_tasks(self, now: int) -> list[Task]:
+        return [
+            self.task(m, now)
+            for p in self._promises.values()
+            if p.bid_expires > now
+            for m in p.jobs.values()
+            if m.deadline > now
+        ]
+
+    def _promised_jobs(self, now: int) -> int:
+        """Jobs named by live bids and not yet assigned."""
+        return sum(len(p.jobs) for p in self._promises.values() if p.bid_expires > now)
 
     def _forget_old_promises(self, now: int) -> None:
         """Drop lapsed bids from the front: bids are made with one TTL (or expire earlier, with their

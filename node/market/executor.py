@@ -63,8 +63,8 @@ from .context import MarketContext, transition
 from .delivery import Delivery, OnAcked, Prover, retention_ms
 from .held import Held, HeldJobs
 from .outputs import JobFailed, StoredOutputs, store_outputs
-from .rules import run_estimate_ms
-from .scheduler import RunRecord, Scheduler
+from .policy import Task
+from .scheduler import JobExpired, JobInfo, JobLate, RunRecord, Scheduler
 from .transfer import BlobTransfer, FetchError
 
 _TEST_LIE = 1 if os.environ.get("E31_TEST_CORRUPT_OUTPUT") == "1" else 0
@@ -88,6 +88,8 @@ TRASH_PREFIX = ".trash-"
 """Run directories moved aside to be deleted are named so (never a job id: GC removes them too)."""
 LEASE_LOST_TEXT = "the node stopped while holding the job and its lease ran out"
 GIVE_BACK_TEXT = "the machine's owner needs it back and the job would miss its deadline here"
+EXPIRED_TEXT = "its deadline passed before it could start here: it was never started"
+LATE_TEXT = "it was still running here at its deadline: it was stopped"
 
 
 class Executor:
@@ -110,7 +112,12 @@ class Executor:
         self.scheduler = scheduler
         self.runs_dir = runs_dir
         self.bids = Bids(
-            ctx, scheduler=scheduler, profile=profile, memory_bytes=memory_bytes, capacity=capacity
+            ctx,
+            scheduler=scheduler,
+            profile=profile,
+            memory_bytes=memory_bytes,
+            capacity=capacity,
+            held_tasks=self._held_tasks,
         )
         self.delivery = Delivery(ctx, on_acked=on_acked, prover=prover, tidy=self._tidy)
         self._active: set[bytes] = set()
@@ -270,8 +277,11 @@ class Executor:
             return
         self._active.add(job_id)
         work = self.runs_dir / job_id.hex()
-        estimate = run_estimate_ms(manifest.limits.fuel, manifest.limits.wall_ms, self.scheduler.fuel_rate)
-        held = self._held[job_id] = Held(trio.CancelScope(), manifest.deadline, estimate, submitter=submitter)
+        lim = manifest.limits
+        estimate = self.scheduler.estimate_ms(manifest.profile.raw, lim.fuel, lim.wall_ms)
+        held = self._held[job_id] = Held(
+            trio.CancelScope(), manifest.deadline, estimate, submitter=submitter, fuel=lim.fuel
+        )
         try:
             with held.scope:
                 await self._run(job_id, manifest, assign, work, held, fetched)
@@ -290,6 +300,17 @@ class Executor:
             self._active.discard(job_id)
             self._held.pop(job_id, None)
             self._discard(work)
+
+    def _held_tasks(self) -> list[Task]:
+        """Every job held here and not yet over, as the policy sees it (for bids): those waiting in the
+        queue as the queue has them, the others (fetching, starting) from what is held."""
+        queued = {t.key: t for t in self.scheduler.promised()}
+        now = self.ctx.clock()
+        return [
+            queued.get(key) or Task(key, h.submitter, h.deadline, h.estimate_ms, now, h.fuel)
+            for key, h in self._held.items()
+            if not (h.started or h.ran or h.ending or h.handed_back or h.withdrawn)
+        ]
 
     def _discard(self, work: Path) -> None:
         """Move a finished run's directory aside (one rename, here); the delivery loop deletes what was
@@ -339,6 +360,7 @@ class Executor:
 
             def started(at: int) -> None:
                 assert nursery is not None
+                held.started = True
                 nursery.start_soon(self._mark_running, job_id, at, held, marking, marked)
 
             blobs = self.ctx.blobs
@@ -357,6 +379,14 @@ class Executor:
                             partial(self._prepare, manifest, work),
                             work / "output",
                             estimate_ms=estimate,
+                            job=JobInfo(
+                                job_id,
+                                manifest.submitter.raw,
+                                manifest.deadline,
+                                manifest.limits.fuel,
+                                manifest.limits.wall_ms,
+                                manifest.profile.raw,
+                            ),
                             on_start=started,
                             streams_dir=work / "streams",
                             then=then,
@@ -375,6 +405,13 @@ class Executor:
             if stored is None:
                 stored = await trio.to_thread.run_sync(store_outputs, blobs, work, record.result)
             receipt = self._receipt(manifest, assign, record, stored.stdout, stored.stderr, stored.outputs)
+        except (JobExpired, JobLate) as e:  # no receipt: the meter records nothing for it
+            held.ending = True
+            row = await self.ctx.store.run(Store.job, job_id, ROLE)
+            why = EXPIRED_TEXT if isinstance(e, JobExpired) else LATE_TEXT
+            log.info("job %s given back: %s", job_id.hex()[:12], why)
+            await self._fail(job_id, row.state if row else "queued", why, reason="deadline")
+            return
         except (JobFailed, FetchError, SandboxError, BlobError, OSError, InvalidMessage) as e:
             held.ending = True
             row = await self.ctx.store.run(Store.job, job_id, ROLE)
@@ -668,4 +705,10 @@ def _blob_refs(manifest: JobManifest) -> list[BlobRef]:
 
 def _release_reason(why: str | None) -> str:
     """The release reason of a job that failed here, from the reason recorded when it did."""
-    return {GIVE_BACK_TEXT: "deadline", LEASE_LOST_TEXT: "lease"}.get(why or "", "failed")
+    reasons = {
+        GIVE_BACK_TEXT: "deadline",
+        EXPIRED_TEXT: "deadline",
+        LATE_TEXT: "deadline",
+        LEASE_LOST_TEXT: "lease",
+    }
+    return reasons.get(why or "", "failed")

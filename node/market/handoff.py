@@ -96,7 +96,9 @@ class HandOff:
             msg.reason,
             f": {msg.text}" if msg.text else "",
         )
-        if msg.reason not in RETRYABLE_RELEASES:
+        if msg.reason == "deadline" and job.manifest.deadline <= self.ctx.clock():
+            job.expired_at_executor = msg.text or msg.reason  # the job expires now (submitter._rounds)
+        elif msg.reason not in RETRYABLE_RELEASES:
             job.refusal = msg.text or msg.reason
         if job.assignment == msg.assignment_id.raw and job.assigned_to == msg.executor.raw:
             job.outcome_failed.set()

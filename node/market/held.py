@@ -27,6 +27,8 @@ class Held:
     deadline: int
     estimate_ms: int
     ran: bool = False
+    started: bool = False
+    """Its run has started (it holds a worker: bids plan it as a busy core, not a waiting job)."""
     handed_back: bool = False
     running: bool = False
     """Whether the store has it `running` (executor.RUNNING_MARK_DELAY after its run started)."""
@@ -34,6 +36,8 @@ class Held:
     """Its result or release is on its way: an `accepted` now would come after it."""
     submitter: bytes = b""
     """The job's submitter (its key): only its `cancel` withdraws the job."""
+    fuel: int = 0
+    """Its fuel budget."""
     withdrawn: bool = False
     """Its submitter withdrew it (a `cancel`): stopped if its run was not over, else its result is not
     delivered again (executor.py)."""

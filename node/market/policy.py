@@ -16,8 +16,9 @@ decide through these functions; docs/scheduling.md explains them and shows what 
 - **Order** (`pick`). Among the waiting jobs, the next to start is the first in fair order whose start
   now keeps every other job on time in the EDF plan of the rest; when none does, the earliest deadline
   goes first (EDF among the jobs at risk). Fair order: a job that has waited past `SLOWDOWN_BOUND`
-  times its estimate goes first (aging bounds the slowdown of small jobs), then the submitter with the
-  least usage per weight (fuel, decayed with a half-life: `Usage`), then the smaller job, then arrival.
+  times its estimate goes ahead of those that have not (aging bounds the slowdown of small jobs); then
+  the submitter with the least usage per weight (fuel, decayed with a half-life: `Usage`), then the
+  job that has waited longest for its size, then the smaller job, then arrival.
 - **Expired work** (`expired`): a job whose deadline has passed never starts.
 """
 
@@ -212,15 +213,15 @@ def aged(task: Task, now: int, bound: float = SLOWDOWN_BOUND) -> bool:
 def fair_key(
     task: Task, now: int, usage: Usage, weights: Mapping[bytes, float], *, bound: float = SLOWDOWN_BOUND
 ) -> tuple[bool, float, float, int, int, bytes]:
-    """Fair order: aged jobs first (the longest-waiting relative to their size first), then the least
-    usage per weight, then the smaller job, then arrival."""
+    """Fair order: aged jobs first, then the least usage per weight, then (aged) the longest-waiting
+    relative to its size, then the smaller job, then arrival."""
     weight = max(weights.get(task.submitter, 1.0), 1e-9)
     slowdown = (now - task.arrived + task.estimate_ms) / task.estimate_ms
     is_aged = aged(task, now, bound)
     return (
         not is_aged,
-        -slowdown if is_aged else 0.0,
         usage.value(task.submitter, now) / weight,
+        -slowdown if is_aged else 0.0,
         task.estimate_ms,
         task.arrived,
         task.key,

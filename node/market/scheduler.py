@@ -1,9 +1,12 @@
 """The executor's queue: jobs wait for a free worker of the sandbox pool, then run there.
 
-`Scheduler.execute` enqueues one job and returns its RunRecord once it has run. Jobs start in the
-order they arrived (trio's Semaphore is FIFO), one per worker. The pool (sandbox/pool.py) is
-synchronous; each job is handed to it and waited for in a worker thread, so the event loop never
-blocks. A trio cancellation cancels the job in its worker.
+`Scheduler.execute` enqueues one job and returns its RunRecord once it has run. Which waiting job
+starts when a worker comes free is the policy's choice (policy.pick: fair share across submitters,
+bounded slowdown, earliest deadline first among the jobs at risk), one per worker. A job whose
+deadline passes while it waits never starts: `execute` raises JobExpired (at once: the queue watches the
+earliest deadline); a running job still running at its deadline is stopped and `execute` raises
+JobLate. The pool (sandbox/pool.py) is synchronous; each job is handed to it and waited for in a worker
+thread, so the event loop never blocks. A trio cancellation cancels the job in its worker.
 
 The meter: `queued_at` is when the job entered the queue, `started_at` when it got a worker,
 `finished_at` when it ended; the compute time billed is the sandbox's own `wall_seconds`, which
@@ -11,12 +14,18 @@ counts only while the guest holds the CPU (a suspended job's pause is excluded b
 fuel comes from the sandbox alone. The wait for a worker is visible (started_at - queued_at) and
 never billed.
 
+Calibration: each run teaches the policy's Calibration its profile's fuel rate (fuel over the time the
+run held its worker, not counting a pause) and the safety margin; a job stopped at its deadline raises
+the margin. Bids (bidding.py) plan with `promised()` and `slots()`.
+
 `suspend()` and `resume()` pause and continue every running job and hold back new ones (the
 owner of the machine needs it back); `backlog_ms` and `queue_length` feed the bid estimates.
+A scheduler of 0 workers (a submit-only node) starts no pool and runs nothing.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -31,7 +40,7 @@ from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import RunResult
 
 from .. import metrics
-from .rules import DEFAULT_FUEL_RATE, measured_fuel_rate
+from .policy import Calibration, Slot, Task, Usage, pick
 
 log = logging.getLogger("e31.scheduler")
 
@@ -73,11 +82,44 @@ class RunRecord:
         return math.ceil(self.result.wall_seconds * 1000)
 
 
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """What the policy needs to know of a job to queue it (none: it waits behind nothing, in arrival order,
+    with no deadline)."""
+
+    key: bytes
+    submitter: bytes
+    deadline: int
+    """ms since the Unix epoch."""
+    fuel: int
+    wall_ms: int
+    profile: bytes
+
+
+class JobExpired(Exception):
+    """The job's deadline passed while it waited: it was never started."""
+
+
+class JobLate(Exception):
+    """The job was still running at its deadline: it was stopped."""
+
+
+NO_DEADLINE = 1 << 62
+_ids = itertools.count()
+
+
 @dataclass(eq=False)
 class _Entry:
     estimate_ms: int
+    task: Task
+    job: JobInfo | None
+    go: trio.Event = field(default_factory=trio.Event)
+    expired: bool = False
+    started_at: int = 0
     handle: Handle | None = None
     running: bool = False
+    paused: bool = False
+    """Suspended at some time while it held its worker."""
 
 
 @dataclass
@@ -86,22 +128,38 @@ class Scheduler:
     pool_factory: Callable[[], Pool]
     """Builds the worker pool (blocking: it starts processes); called in a thread when the service starts."""
     clock: Callable[[], int] = wall_ms
-    fuel_rate: int = DEFAULT_FUEL_RATE
+    calibration: Calibration = field(default_factory=Calibration)
+    weights: dict[bytes, float] = field(default_factory=dict)
+    """Fair-share weight per submitter (1 for any not named)."""
+    usage: Usage = field(default_factory=Usage)
     _pool: Pool | None = None
     _ready: trio.Event = field(default_factory=trio.Event)
-    _slots: trio.Semaphore = field(init=False)
-    _entries: set[_Entry] = field(default_factory=set)
+    _waiting: list[_Entry] = field(default_factory=list)
+    _running: set[_Entry] = field(default_factory=set)
+    _changed: trio.Event = field(default_factory=trio.Event)
     _resumed: trio.Event = field(default_factory=trio.Event)
     completed: int = 0
+    expired: int = 0
+    """Jobs whose deadline passed before they started (never started)."""
+    stopped_late: int = 0
+    """Jobs stopped at their deadline."""
 
     def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ValueError("a scheduler needs at least one worker")
-        self._slots = trio.Semaphore(self.workers)
+        if self.workers < 0:
+            raise ValueError("a scheduler needs 0 or more workers")
         self._resumed.set()
+
+    @property
+    def fuel_rate(self) -> int:
+        """The calibrated fuel rate of this node's profile (the default before any run)."""
+        rates = self.calibration.rates
+        return next(iter(rates.values())) if len(rates) == 1 else self.calibration.default_rate
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the pool, serve until cancelled, then close the pool (cancelling running jobs)."""
+        if self.workers == 0:  # a submit-only node: nothing ever runs here
+            task_status.started()
+            await trio.sleep_forever()
         try:
             self._pool = await trio.to_thread.run_sync(self.pool_factory)
             self._ready.set()
@@ -114,13 +172,27 @@ class Scheduler:
                     len(orphans),
                     ", ".join(map(str, orphans)),
                 )
+            self._dispatch()
             task_status.started()
-            await trio.sleep_forever()
+            await self._watch_deadlines()
         finally:
             pool, self._pool = self._pool, None
             if pool is not None:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(pool.close)
+
+    async def _watch_deadlines(self) -> None:
+        """Wake at the earliest deadline of a waiting job (or when the queue changes), so a job whose
+        deadline passes while it waits is given back at once, not when a worker comes free."""
+        while True:
+            self._changed = trio.Event()
+            deadlines = [e.task.deadline for e in self._waiting if e.task.deadline < NO_DEADLINE]
+            if not deadlines:
+                await self._changed.wait()
+            else:
+                with trio.move_on_after(max(0.01, (min(deadlines) - self.clock()) / 1000)):
+                    await self._changed.wait()
+            self._dispatch()
 
     def worker_pids(self) -> list[int]:
         """The pids of the pool's worker processes (none before the pool has started)."""
@@ -129,11 +201,24 @@ class Scheduler:
 
     @property
     def queue_length(self) -> int:
-        return len(self._entries)
+        return len(self._waiting) + len(self._running)
 
     @property
     def backlog_ms(self) -> int:
-        return sum(e.estimate_ms for e in self._entries)
+        return sum(e.estimate_ms for e in (*self._waiting, *self._running))
+
+    def promised(self) -> list[Task]:
+        """The jobs waiting here, as the policy sees them (the jobs bids must plan with)."""
+        return [e.task for e in self._waiting]
+
+    def slots(self, now: int) -> list[Slot]:
+        """The workers: each free now, or at its running job's estimated end (at least 1 ms from now)."""
+        busy = [Slot(max(now + 1, e.started_at + e.task.estimate_ms)) for e in self._running if e.started_at]
+        busy += [Slot(now + e.task.estimate_ms) for e in self._running if not e.started_at]
+        return busy + [Slot(now)] * max(0, self.workers - len(self._running))
+
+    def estimate_ms(self, profile: bytes, fuel: int, wall_ms: int) -> int:
+        return self.calibration.estimate_ms(profile, fuel, wall_ms)
 
     @property
     def suspended(self) -> bool:
@@ -143,15 +228,40 @@ class Scheduler:
         if self.suspended:
             return
         self._resumed = trio.Event()
-        for entry in self._entries:
+        for entry in self._running:
+            entry.paused = True
             if entry.handle is not None:
                 entry.handle.suspend()
 
     def resume(self) -> None:
-        for entry in self._entries:
+        for entry in self._running:
             if entry.handle is not None:
                 entry.handle.resume()
         self._resumed.set()
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Give every free worker the job the policy picks; give back the jobs whose deadline passed."""
+        self._changed.set()
+        now = self.clock()
+        gone = [e for e in self._waiting if e.task.deadline <= now]  # given back even while suspended
+        for entry in gone:
+            self._waiting.remove(entry)
+            entry.expired = True
+            entry.go.set()
+        if not self._ready.is_set() or self.suspended:
+            return
+        while self._waiting and len(self._running) < self.workers:
+            busy = self.slots(now)[: len(self._running)]
+            task = pick([e.task for e in self._waiting], busy, now, self.usage, self.weights)
+            if task is None:
+                return
+            entry = next(e for e in self._waiting if e.task is task)
+            self._waiting.remove(entry)
+            self._running.add(entry)
+            if entry.job is not None:
+                self.usage.charge(entry.job.submitter, entry.job.fuel, now)
+            entry.go.set()
 
     async def execute(
         self,
@@ -159,71 +269,97 @@ class Scheduler:
         output_dir: Path,
         *,
         estimate_ms: int,
+        job: JobInfo | None = None,
         on_start: Callable[[int], object] | None = None,
         streams_dir: Path | None = None,
         then: Callable[[RunResult], object] | None = None,
     ) -> RunRecord:
-        """Queue the job, run it when a worker is free, return what it did and when.
+        """Queue the job, run it when the policy gives it a worker, return what it did and when.
 
         `spec` may be a function making the spec (reading the module, preparing directories): it is
         called in the thread that starts the run, once the job has a worker; `on_start` once the run
         has started. `then` is called with the run's result in the thread that waited for it (storing
         small outputs; the worker stays reserved meanwhile), its return value kept as the record's
         `after`; not, as a rule, once the wait was cancelled. Either may raise: `execute` raises it.
-        One thread hop each way."""
-        entry = _Entry(estimate_ms)
+        Raises JobExpired if the job's deadline passed before it started (it never did), JobLate if
+        it was still running at its deadline (it was stopped). One thread hop each way."""
         queued_at = self.clock()
-        self._entries.add(entry)
+        if job is None:
+            task = Task(b"~%d" % next(_ids), b"", NO_DEADLINE, max(1, estimate_ms), queued_at)
+        else:
+            est = self.calibration.estimate_ms(job.profile, job.fuel, job.wall_ms)
+            task = Task(job.key, job.submitter, job.deadline, est, queued_at, job.fuel)
+        entry = _Entry(estimate_ms, task, job)
+        self._waiting.append(entry)
+        self._dispatch()
         try:
-            await self._ready.wait()
-            async with self._slots:
-                await self._resumed.wait()
-                pool = self._pool
-                if pool is None:
-                    raise trio.ClosedResourceError("the scheduler has stopped")
-                started_at = max(self.clock(), queued_at)
-                entry.handle = await trio.to_thread.run_sync(
-                    partial(_start, pool, spec, output_dir, streams_dir)
+            await entry.go.wait()
+            if entry.expired:
+                self.expired += 1
+                raise JobExpired(
+                    f"its deadline passed after {queued_at and self.clock() - queued_at} ms queued"
                 )
-                if on_start is not None:
-                    try:
-                        on_start(started_at)
-                    except BaseException:
-                        entry.handle.cancel()  # started: nobody would wait for it otherwise
-                        raise
-                entry.running = True
-                if self.suspended:
-                    entry.handle.suspend()
-                result, finished_at, after = await self._wait(entry.handle, started_at, then)
+            await self._resumed.wait()
+            pool = self._pool
+            if pool is None:
+                raise trio.ClosedResourceError("the scheduler has stopped")
+            started_at = entry.started_at = max(self.clock(), queued_at)
+            entry.handle = await trio.to_thread.run_sync(partial(_start, pool, spec, output_dir, streams_dir))
+            if on_start is not None:
+                try:
+                    on_start(started_at)
+                except BaseException:
+                    entry.handle.cancel()  # started: nobody would wait for it otherwise
+                    raise
+            entry.running = True
+            if self.suspended:
+                entry.paused = True
+                entry.handle.suspend()
+            result, finished_at, after = await self._wait(entry.handle, started_at, then, task.deadline)
         finally:
-            self._entries.discard(entry)
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+            self._running.discard(entry)
+            self._dispatch()
         record = RunRecord(result, queued_at, started_at, finished_at, after)
         self.completed += 1
         metrics.RUNS.inc(1, str(result.status))
         metrics.FUEL_SERVED.inc(result.fuel_used)
         metrics.COMPUTE_SERVED.inc(record.compute_ms / 1000)
         metrics.QUEUE_WAIT.observe((started_at - queued_at) / 1000)
-        self.fuel_rate = measured_fuel_rate(self.fuel_rate, result.fuel_used, record.compute_ms)
+        if job is not None and not entry.paused:  # a paused run's elapsed time says nothing of the rate
+            self.calibration = self.calibration.ran(job.profile, result.fuel_used, finished_at - started_at)
         return record
 
     async def _wait(
-        self, handle: Handle, started_at: int, then: Callable[[RunResult], object] | None
+        self, handle: Handle, started_at: int, then: Callable[[RunResult], object] | None, deadline: int
     ) -> tuple[RunResult, int, object]:
         cancelled = False
 
-        def wait() -> tuple[RunResult, int, object]:
-            result = handle.wait()
+        def wait() -> tuple[RunResult, int, object] | None:
+            try:
+                result = handle.wait(
+                    None if deadline >= NO_DEADLINE else max(0.0, (deadline - self.clock()) / 1000)
+                )
+            except TimeoutError:
+                return None
             finished_at = max(self.clock(), started_at)  # the run's end, before `then` works on it
             if then is None or cancelled:  # nobody waits for a cancelled run's `then` any more
                 return result, finished_at, None
             return result, finished_at, then(result)
 
         try:
-            return await trio.to_thread.run_sync(wait, abandon_on_cancel=True)
+            done = await trio.to_thread.run_sync(wait, abandon_on_cancel=True)
         except trio.Cancelled:
             cancelled = True
             handle.cancel()
             raise
+        if done is None:  # still running at its deadline: it cannot be on time any more
+            handle.cancel()
+            self.stopped_late += 1
+            self.calibration = self.calibration.missed()
+            raise JobLate("it was still running at its deadline")
+        return done
 
 
 def _start(

@@ -90,6 +90,9 @@ class SubmittedJob:
     """Set when the outcome being verified (while `completing`) has been accepted or refused."""
     declined: str | None = None
     """The last decline heard for this job's offers (it explains an expiry)."""
+    expired_at_executor: str | None = None
+    """Its executor gave it back (`release`, reason `deadline`) once its deadline had passed there: why
+    (it explains the expiry, and is held against no executor)."""
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     """The driver's scope: a cancel stops the driver through it."""
     lanes: list[SubmittedJob] | None = None

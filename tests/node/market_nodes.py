@@ -135,7 +135,11 @@ class RealNode:
         )
 
     def manifest(
-        self, args: tuple[str, ...], deadline_s: float = 60.0, workload: str = "montecarlo"
+        self,
+        args: tuple[str, ...],
+        deadline_s: float = 60.0,
+        workload: str = "montecarlo",
+        fuel: int = 10**10,
     ) -> JobManifest:
         module = (WORKLOADS / f"{workload}.wasm").read_bytes()
         self.blobs.put(module)
@@ -146,7 +150,7 @@ class RealNode:
             args=args,
             env=(),
             stdin=None,
-            limits=Limits(10**10, 64 << 20, 30_000, 1 << 20),
+            limits=Limits(fuel, 64 << 20, 30_000, 1 << 20),
             deadline=now + int(deadline_s * 1000),
             retention_ms=60_000,
             replicas=1,

@@ -102,6 +102,13 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     assert cfg.memory == 512 << 20
 
 
+def test_cores_0_makes_a_submit_only_node_in_the_file_or_by_flag(tmp_path: Path) -> None:
+    write(tmp_path, "cores = 0\n")
+    assert load_config(tmp_path, environ={}).cores == 0
+    write(tmp_path, "cores = 2\n")
+    assert config_from_args(parse_flags("--data-dir", str(tmp_path), "--cores", "0"), environ={}).cores == 0
+
+
 def test_data_dir_from_flag_env_or_platform(tmp_path: Path) -> None:
     env = {"E31_DATA_DIR": str(tmp_path / "env"), "HOME": "/home/u"}
     assert resolve_data_dir(str(tmp_path / "flag"), env) == tmp_path / "flag"
@@ -235,7 +242,7 @@ def test_bad_addresses(bad: object) -> None:
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        ("cores = 0", "'cores': must be at least 1"),
+        ("cores = -1", "'cores': must be at least 0"),
         ('cores = "4"', "'cores': expected a whole number"),
         ("cores = true", "'cores': expected a whole number"),
         ('network = "Main"', "'network': a network name"),

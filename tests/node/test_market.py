@@ -984,7 +984,8 @@ async def test_a_sweep_goes_out_in_offers_of_many_jobs_each_assigned_through_its
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
-    manifests = [a.manifest((str(i), "100")) for i in range(12)]
+    # budgets the two nodes can promise all together (admission plans every job at its whole budget)
+    manifests = [a.manifest((str(i), "100"), fuel=10**8) for i in range(12)]
     await a.submitter.submit_batch(manifests)
     ids = [m.job_id.raw for m in manifests]
     for job_id in ids:

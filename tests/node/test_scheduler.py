@@ -1,4 +1,5 @@
-"""The executor's queue over a real sandbox worker pool: order, the meter, suspension, cancellation."""
+"""The executor's queue over a real sandbox worker pool: order (arrival order for jobs the policy knows
+nothing of, fair turns across submitters), deadlines, calibration, the meter, suspension, cancellation."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import trio
-from e31.node.market.scheduler import RunRecord, Scheduler
+from e31.node.market.scheduler import JobExpired, JobInfo, JobLate, RunRecord, Scheduler, wall_ms
 from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import Limits, Status, whole_stream
 from e31.sandbox.pool import WorkerPool
 from e31.sandbox.runner import wat_to_wasm
+from market_nodes import until
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "sandbox" / "workloads"
 LOOP = wat_to_wasm('(module (func (export "_start") (loop (br 0))))')
@@ -145,3 +147,114 @@ async def test_suspending_a_running_job_changes_nothing_in_its_result(
         baseline.result.fuel_used,
         baseline.result.stdout,
     )
+
+
+def info(key: bytes, submitter: bytes, deadline: int, fuel: int = 10**8) -> JobInfo:
+    return JobInfo(key, submitter, deadline, fuel, 30_000, b"p" * 32)
+
+
+async def test_two_submitters_queued_together_are_served_in_turn_not_batch_after_batch(
+    scheduler: Scheduler, tmp_path: Path
+) -> None:
+    """Eight jobs of A queued before four of B: B's first job does not wait behind A's whole batch
+    (the FIFO queue this replaced started them AAAAAAAABBBB)."""
+    order: list[bytes] = []
+    far = wall_ms() + 600_000
+
+    async def one(sub: bytes, i: int) -> None:
+        await scheduler.execute(
+            montecarlo(i, 1000),
+            tmp_path / f"{sub.decode()}{i}",
+            estimate_ms=10,
+            job=info(b"%s%d" % (sub, i), sub, far),
+            on_start=lambda at: order.append(sub),
+        )
+
+    scheduler.suspend()
+    async with trio.open_nursery() as n:
+        for i in range(8):
+            n.start_soon(one, b"A", i)
+        await until_queued(scheduler, 8)
+        for i in range(4):
+            n.start_soon(one, b"B", i)
+        await until_queued(scheduler, 12)
+        scheduler.resume()
+    assert len(order) == 12
+    first_b = order.index(b"B")
+    assert first_b <= 2, order  # not behind A's eight
+    assert order[:8].count(b"B") >= 3, order  # and B's jobs interleaved with A's
+
+
+async def until_queued(scheduler: Scheduler, n: int) -> None:
+    await until(lambda: scheduler.queue_length >= n, 30)
+    assert scheduler.queue_length == n
+
+
+async def test_a_job_whose_deadline_passes_while_it_waits_never_starts(
+    scheduler: Scheduler, tmp_path: Path
+) -> None:
+    started: list[str] = []
+    long_started = trio.Event()
+
+    async def long() -> None:
+        await scheduler.execute(
+            montecarlo(4, 100_000_000),
+            tmp_path / "long",
+            estimate_ms=1,
+            on_start=lambda at: (started.append("long"), long_started.set()),
+        )
+
+    async with trio.open_nursery() as n:
+        n.start_soon(long)
+        with trio.fail_after(30):
+            await long_started.wait()
+        deadline = wall_ms() + 300
+        with pytest.raises(JobExpired):
+            await scheduler.execute(
+                montecarlo(5, 1000),
+                tmp_path / "short",
+                estimate_ms=1,
+                job=info(b"short", b"S", deadline),
+                on_start=lambda at: started.append("short"),
+            )
+        assert wall_ms() >= deadline
+        assert started == ["long"] and scheduler.expired == 1
+        assert scheduler.queue_length == 1  # given back while the long job still runs, not after it
+        n.cancel_scope.cancel()
+
+
+async def test_a_job_still_running_at_its_deadline_is_stopped(scheduler: Scheduler, tmp_path: Path) -> None:
+    before = scheduler.calibration.margin
+    deadline = wall_ms() + 500
+    with pytest.raises(JobLate):
+        await scheduler.execute(
+            montecarlo(6, 2_000_000_000), tmp_path / "late", estimate_ms=1, job=info(b"late", b"S", deadline)
+        )
+    assert wall_ms() >= deadline and scheduler.stopped_late == 1
+    assert scheduler.calibration.margin > before  # a missed promise makes the next estimates more careful
+    # the worker is free again
+    with trio.fail_after(30):
+        record = await scheduler.execute(montecarlo(7, 1000), tmp_path / "next", estimate_ms=1)
+    assert record.result.status is Status.EXITED
+
+
+async def test_runs_calibrate_the_fuel_rate_of_their_profile(scheduler: Scheduler, tmp_path: Path) -> None:
+    profile = b"p" * 32
+    assert profile not in scheduler.calibration.rates
+    far = wall_ms() + 600_000
+    record = await scheduler.execute(
+        montecarlo(8, 20_000_000), tmp_path / "cal", estimate_ms=1, job=info(b"cal", b"S", far, fuel=10**11)
+    )
+    rate = scheduler.calibration.rates[profile]
+    held_ms = record.finished_at - record.started_at
+    assert rate == record.result.fuel_used * 1000 // held_ms
+    assert scheduler.estimate_ms(profile, record.result.fuel_used, 10**9) >= held_ms  # margin included
+
+
+async def test_a_scheduler_of_no_workers_starts_no_pool(nursery: trio.Nursery) -> None:
+    def no_pool() -> WorkerPool:
+        raise AssertionError("a submit-only node starts no sandbox pool")
+
+    s = Scheduler(0, no_pool)
+    await nursery.start(s.run)
+    assert s.worker_pids() == [] and s.slots(wall_ms()) == []
