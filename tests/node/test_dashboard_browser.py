@@ -137,6 +137,31 @@ def test_the_page_without_the_token_shows_no_data(node: NodeProcess, browser: An
     assert wrong == 401
 
 
+def test_a_token_link_signs_in_drops_the_token_from_the_url_and_sign_out_forgets_it(
+    node: NodeProcess, browser: Any
+) -> None:
+    browser.get(f"{node.url}/#token={node.token}")
+    dom(
+        browser,
+        "the node's id on the page",
+        "return document.getElementById('node-id').textContent.includes(arguments[0])",
+        node.node_id,
+    )
+    assert node.token not in browser.current_url
+    assert browser.execute_script("return history.length") >= 1 and "#" not in browser.current_url
+    browser.find_element(By.ID, "sign-out").click()
+    dom(browser, "the sign-in form", "return !document.getElementById('login').hidden")
+    assert browser.execute_script("return sessionStorage.getItem('e31-token')") is None
+    browser.refresh()
+    dom(browser, "the sign-in form again", "return !document.getElementById('login').hidden")
+    assert browser.find_element(By.ID, "app").get_attribute("hidden") is not None
+    # a wrong token is refused and leaves the page signed out, saying why
+    browser.find_element(By.ID, "token").send_keys("not-the-token")
+    browser.find_element(By.ID, "sign-in").click()
+    why = dom(browser, "the refusal", "return document.getElementById('login-error').textContent")
+    assert "refused" in why and browser.execute_script("return sessionStorage.getItem('e31-token')") is None
+
+
 def test_sign_in_watch_a_sweep_download_a_result_and_open_its_receipt(
     node: NodeProcess, browser: Any, downloads: Path, tmp_path: Path
 ) -> None:

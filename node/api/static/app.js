@@ -6,7 +6,7 @@
 const KEY = "e31-token";
 const $ = (id) => document.getElementById(id);
 let token = null;
-let stopped = true;
+let following = 0; // the generation of the loop that follows the node; signing out or in ends older ones
 
 class SignedOut extends Error {}
 
@@ -132,18 +132,19 @@ async function showReceipt(jobId) {
   $("receipt").hidden = false;
 }
 
-async function follow() {
+async function follow(mine) {
   let version = null;
-  while (!stopped) {
+  while (mine === following) {
     try {
       const query = version === null ? "" : `?after=${version}&timeout=20`;
       const doc = await (await api(`/v1/overview${query}`)).json();
-      if (stopped) return;
+      if (mine !== following) return;
       render(doc);
       version = doc.version;
       $("connection").textContent = "live";
       $("connection").className = "pill live";
     } catch (e) {
+      if (mine !== following) return;
       if (e instanceof SignedOut) { signOut(e.message); return; }
       $("connection").textContent = `reconnecting: ${e.message}`;
       $("connection").className = "pill";
@@ -158,12 +159,12 @@ function signIn(value) {
   $("login").hidden = true;
   $("app").hidden = false;
   $("sign-out").hidden = false;
-  stopped = false;
-  follow();
+  following += 1;
+  follow(following);
 }
 
 function signOut(why = "") {
-  stopped = true;
+  following += 1;
   token = null;
   sessionStorage.removeItem(KEY);
   $("app").hidden = true;
@@ -184,7 +185,14 @@ $("sign-out").addEventListener("click", () => signOut());
 $("receipt-close").addEventListener("click", () => { $("receipt").hidden = true; });
 
 // A link may carry the token in its fragment (#token=..., never sent to a server): take it, drop it from the URL.
-const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
-if (fromHash) history.replaceState(null, "", location.pathname);
-const saved = fromHash || sessionStorage.getItem(KEY);
+function tokenFromHash() {
+  const value = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (value) history.replaceState(null, "", location.pathname);
+  return value;
+}
+window.addEventListener("hashchange", () => {
+  const value = tokenFromHash();
+  if (value) { signOut(); signIn(value); }
+});
+const saved = tokenFromHash() || sessionStorage.getItem(KEY);
 if (saved) signIn(saved);
