@@ -36,22 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "module", type=Path, nargs="?", metavar="MODULE", help="the WebAssembly (WASI preview 1) module"
     )
     python_job.add_arguments(parser)
-    parser.add_argument(
-        "--input",
-        action="append",
-        default=[],
-        metavar="[NAME=]PATH",
-        help="a file the job reads as /input/NAME (default NAME: the file's name); repeatable",
-    )
-    parser.add_argument(
-        "--arg",
-        action="append",
-        default=[],
-        metavar="A",
-        help="one argument for the module; repeatable (or put them after --)",
-    )
-    parser.add_argument("--env", action="append", default=[], metavar="K=V", help="an environment variable")
-    parser.add_argument("--stdin", type=Path, metavar="FILE", help="a file to feed as standard input")
+    options.add_job_arguments(parser)  # --input, --arg, --env, --stdin: as `e31 sandbox run` has them
     options.add_limit_arguments(parser)
     parser.add_argument(
         "--deadline",
@@ -119,18 +104,8 @@ def _absolute(path: Path) -> str:
 
 
 def request_body(args: argparse.Namespace, now: float) -> dict[str, object]:
-    inputs = []
-    for item in args.input:
-        name, sep, path = item.partition("=")
-        if not sep or Path(item).exists():  # a plain path (which may itself contain "=")
-            name, path = Path(item).name, item
-        inputs.append({"name": name, "path": _absolute(Path(path))})
-    env = []
-    for item in args.env:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise CliError(f"--env {item!r}: expected NAME=VALUE")
-        env.append([name, value])
+    inputs = [{"name": name, "path": str(path)} for name, path in options.input_entries(args.input)]
+    env = [[name, value] for name, value in args.env]
     limits = {
         "fuel": args.fuel,
         "memory": args.memory,
@@ -216,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     python_job.prepare(args)
     body = batch_body(args, time.time()) if args.batch is not None else request_body(args, time.time())
     body = python_job.apply(args, body)
-    api = client(args)
+    api = client(args) if args.python is None else client(args, timeout=python_job.API_TIMEOUT)
     if args.batch is not None:
         answer = call(api, "POST", "/v1/batches", body)
         ids, name, batch = answer["job_ids"], answer["batch_id"], answer["batch_id"]
