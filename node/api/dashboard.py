@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -117,9 +118,12 @@ class DashboardApi:
     async def overview(self, request: Request) -> dict[str, Any]:
         after = request.query.get("after")
         try:
-            timeout = min(max(float(request.query.get("timeout", "20")), 0.0), MAX_WAIT)
+            timeout = float(request.query.get("timeout", "20"))
         except ValueError:
-            raise HttpError(400, "timeout is a number of seconds") from None
+            timeout = math.nan
+        if timeout != timeout:
+            raise HttpError(400, "timeout is a number of seconds")
+        timeout = min(max(timeout, 0.0), MAX_WAIT)
         doc = await self._overview()
         if after is None:
             return doc

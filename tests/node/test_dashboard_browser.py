@@ -269,6 +269,9 @@ def test_requests_from_other_sites_and_rebound_names_are_refused(node: NodeProce
     assert status == 403
     status, body = raw_get(node, "/v1/status", {**auth, "Host": f"evil.test:{node.port}"})
     assert status == 400 and b"unexpected Host header" in body
+    for bad in ("nan", "soon", "-inf"):  # a bad long-poll wait is a 400, never a 500
+        status, body = raw_get(node, f"/v1/overview?after=x&timeout={bad}", auth)
+        assert status == (200 if bad == "-inf" else 400), body
 
     # A rebound name: the browser reaches the node at evil.test; the node refuses even the shell.
     browser.get(f"http://evil.test:{node.port}/")
