@@ -20,7 +20,7 @@ import wasmtime
 
 from .errors import ProfileMismatch
 
-WASI_VIRTUALISATION = "e31-wasi-preview1/1"
+WASI_VIRTUALISATION = "e31-wasi-preview1/2"
 """Version of our virtual WASI (vfs.py, wasi.py): bump on any change a guest could observe."""
 
 _ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}

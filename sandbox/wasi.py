@@ -125,6 +125,7 @@ FST_ATIM, FST_ATIM_NOW, FST_MTIM, FST_MTIM_NOW = 1, 2, 4, 8
 WHENCE_SET, WHENCE_CUR, WHENCE_END = 0, 1, 2
 EVENT_CLOCK, EVENT_FD_READ, EVENT_FD_WRITE = 0, 1, 2
 SUBCLOCK_ABSTIME = 1
+FD_READWRITE_HANGUP = 1
 
 
 class GuestExit(Exception):
@@ -314,10 +315,12 @@ class Context:
             o.need(right)
         return o
 
-    def dir_fd(self, fd: int, right: int) -> VDir:
+    def dir_fd(self, fd: int, right: int, on_file: E = E.BADF) -> VDir:
+        """The directory a path starts from. Not a directory: EBADF, or `on_file` for a file (as
+        wasmtime answers: ENOTDIR from path_open, EBADF from every other path_* call)."""
         o = self.fd(fd)
         if not isinstance(o.node, VDir):
-            raise Errno(E.NOTDIR)
+            raise Errno(on_file if o.kind == "file" else E.BADF)
         o.need(right)
         return o.node
 
@@ -411,10 +414,17 @@ def environ_sizes_get(ctx: Context, m: Memory, count: int, size: int) -> int:
     return 0
 
 
+CLOCK_REALTIME, CLOCK_MONOTONIC = 0, 1
+
+
 def _clock_id(clock: int) -> int:
-    if clock & _U32 > 3:
+    """REALTIME or MONOTONIC; the CPU-time clocks are EBADF (wasmtime has none), other ids EINVAL."""
+    clock &= _U32
+    if clock > 3:
         raise Errno(E.INVAL)
-    return clock & _U32
+    if clock > CLOCK_MONOTONIC:
+        raise Errno(E.BADF)
+    return clock
 
 
 @wasi("ii")
@@ -458,40 +468,42 @@ def proc_raise(ctx: Context, m: Memory, sig: int) -> int:
 
 @wasi("iiii")
 def poll_oneoff(ctx: Context, m: Memory, subs: int, events: int, n: int, nevents: int) -> int:
-    """Clock waits finish at once and advance the virtual clock; fd waits are always ready."""
+    """Clock waits finish at once and advance the virtual clock; fd waits are always ready (as in
+    wasmtime: nbytes 1, and HANGUP for a file read at its end). A subscription to an fd that cannot be
+    polled (closed, a directory, stdout for reading) fails the whole call with EBADF, a clock other
+    than REALTIME and MONOTONIC with EINVAL, as wasmtime answers."""
     n &= _U32
     if n == 0:
         return E.INVAL
     if n > MAX_FDS:
         return E.NOTSUP
     parsed = [m.get(subs + SUBSCRIPTION.size * i, SUBSCRIPTION) for i in range(n)]
-    ready: list[tuple[int, int, int, int]] = []  # userdata, errno, type, nbytes
-    for userdata, tag, fd, _, _, _ in parsed:
+    ready: list[tuple[int, int, int]] = []  # userdata, type, flags
+    waits: list[tuple[int, int]] = []  # delay, userdata
+    for userdata, tag, fd, timeout, _, flags in parsed:
         if tag in (EVENT_FD_READ, EVENT_FD_WRITE):
-            try:
-                o = ctx.fd(fd)
-                nbytes = max(0, o.node.size - o.pos) if (tag == EVENT_FD_READ and o.node) else 0
-                ready.append((userdata, 0, tag, nbytes))
-            except Errno as e:
-                ready.append((userdata, e.code, tag, 0))
-        elif tag != EVENT_CLOCK:
-            return E.INVAL
-    if not ready:
-        waits = []
-        for userdata, _, clock, timeout, _, flags in parsed:
-            try:
-                base = REALTIME_EPOCH_NS if _clock_id(clock) == 0 else 0
-            except Errno as e:
-                ready.append((userdata, e.code, EVENT_CLOCK, 0))
-                continue
+            o = ctx.fd(fd)
+            if o.kind not in (("file", "stdin") if tag == EVENT_FD_READ else ("file", "stdout", "stderr")):
+                return E.BADF
+            o.need(R_POLL_FD_READWRITE)
+            at_end = tag == EVENT_FD_READ and o.pos >= (o.node.size if o.node is not None else 0)
+            ready.append((userdata, tag, FD_READWRITE_HANGUP if at_end else 0))
+        elif tag == EVENT_CLOCK:
+            clock = fd  # the clock id sits where an fd subscription has its fd
+            if clock & _U32 > CLOCK_MONOTONIC:
+                return E.INVAL
+            base = REALTIME_EPOCH_NS if clock == CLOCK_REALTIME else 0
             delta = timeout - (base + ctx.clock_ns) if flags & SUBCLOCK_ABSTIME else timeout
             waits.append((max(0, delta), userdata))
-        if waits and not ready:
-            first = min(w for w, _ in waits)
-            ctx.clock_ns += first
-            ready = [(u, 0, EVENT_CLOCK, 0) for w, u in waits if w == first]
-    for i, (userdata, err, kind, nbytes) in enumerate(ready):
-        m.put(events + EVENT.size * i, EVENT, userdata, err, kind, nbytes, 0)
+        else:
+            return E.INVAL
+    if not ready:
+        first = min(w for w, _ in waits)
+        ctx.clock_ns += first
+        ready = [(u, EVENT_CLOCK, 0) for w, u in waits if w == first]
+    for i, (userdata, kind, rwflags) in enumerate(ready):
+        nbytes = 0 if kind == EVENT_CLOCK else 1
+        m.put(events + EVENT.size * i, EVENT, userdata, 0, kind, nbytes, rwflags)
     m.put(nevents, U32, len(ready))
     return 0
 
@@ -856,7 +868,7 @@ def path_open(
     """Writable when the rights hold FD_WRITE or the flags create or truncate (as in wasmtime, where
     other rights, such as the FD_FILESTAT_SET_SIZE Go asks for on every open, grant nothing)."""
     o = ctx.fd(fd)
-    start = ctx.dir_fd(fd, R_PATH_OPEN)
+    start = ctx.dir_fd(fd, R_PATH_OPEN, on_file=E.NOTDIR)
     raw = m.read(path, path_len & _U32)
     m._check(out, 4)
     base &= _U64

@@ -7,6 +7,9 @@ sandbox (/input read-only at fd 3, /output writable at fd 4); `theirs()` runs it
 WASI with two host directories preopened at the same fds and with the same mutability. Comparing
 the two lists is the differential test: same calls, same errnos.
 
+`Probe` builds such a body step by step, each step with the value it must record (and, where
+wasmtime answers otherwise on purpose, the value wasmtime records), and `verify()` runs both.
+
 Memory layout: 0..8 an iovec, 8..16 a result slot (u32 or u64), 16..24 a second one, 24..128 scratch
 structs (fdstat, filestat: the helpers below read their fields), strings at 256 and up, buffers at
 1024 and up, the record list at 32768 and up.
@@ -121,6 +124,7 @@ class Step:
     text: str
     expected: int
     wasmtime: int | None
+    record: bool = True
 
 
 class Probe:
@@ -133,12 +137,16 @@ class Probe:
         self.next_string = 256
         self.steps: list[Step] = []
 
-    def _str(self, text: str) -> str:
+    def addr(self, text: str) -> int:
+        """Where `text` sits in the guest's memory."""
         if text not in self.strings:
             self.strings[text] = self.next_string
             self.next_string += len(text.encode()) + 1
             assert self.next_string < 1024, "strings overflow their area"
-        return f"(i32.const {self.strings[text]}) (i32.const {len(text.encode())})"
+        return self.strings[text]
+
+    def _str(self, text: str) -> str:
+        return f"(i32.const {self.addr(text)}) (i32.const {len(text.encode())})"
 
     def call(self, name: str, *args: Arg) -> str:
         kinds = list(SIGNATURES[name][0]) if name in SIGNATURES else None
@@ -160,6 +168,10 @@ class Probe:
     def check(self, expr: str, expected: int, *, wasmtime: int | None = None) -> None:
         self.steps.append(Step(expr, int(expected), None if wasmtime is None else int(wasmtime)))
 
+    def do(self, statement: str) -> None:
+        """A statement that records nothing (setting up memory for the next call)."""
+        self.steps.append(Step(statement, 0, None, record=False))
+
     def errno(self, name: str, *args: Arg, expected: int, wasmtime: int | None = None) -> None:
         self.check(self.call(name, *args), expected, wasmtime=wasmtime)
 
@@ -174,7 +186,7 @@ class Probe:
         self.check(text, expected)
 
     def module(self) -> bytes:
-        body = " ".join(f"(call $rec {s.text})" for s in self.steps)
+        body = " ".join(f"(call $rec {s.text})" if s.record else s.text for s in self.steps)
         return probe(body, data={v: k for k, v in self.strings.items()})
 
     def verify(
@@ -184,17 +196,23 @@ class Probe:
         args: tuple[str, ...] = (),
         env: tuple[tuple[str, str], ...] = (),
         against_wasmtime: bool = True,
+        exit_code: int = 0,
     ) -> None:
-        """Run under our WASI (and wasmtime's), and assert every step gave what was expected."""
+        """Run under our WASI (and wasmtime's), and assert every step gave what was expected and the
+        guest exited with `exit_code` (a guest that exits early calls $flush itself first)."""
         module = self.module()
         got, code = ours(module, inputs, args=args, env=env)
-        assert code == 0
-        problems = _compare(self.steps, got, lambda s: s.expected, "ours")
+        assert code == exit_code
+        recorded = [s for s in self.steps if s.record]
+        problems = _compare(recorded, got, lambda s: s.expected, "ours")
         if against_wasmtime:
             theirs_got, theirs_code = theirs(module, inputs, args=args, env=env)
-            assert theirs_code == 0
+            assert theirs_code == exit_code
             problems += _compare(
-                self.steps, theirs_got, lambda s: s.expected if s.wasmtime is None else s.wasmtime, "wasmtime"
+                recorded,
+                theirs_got,
+                lambda s: s.expected if s.wasmtime is None else s.wasmtime,
+                "wasmtime",
             )
         assert not problems, "\n".join(problems)
 
