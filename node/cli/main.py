@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("e31.node.cli.cancel", "withdraw submitted jobs (or batches) with a signed cancel"),
     "results": ("e31.node.cli.results", "write finished jobs' outputs and receipts into a directory"),
     "logs": ("e31.node.cli.logs", "print a finished job's standard output and error (--follow: wait first)"),
+    "generate": (
+        "e31.node.cli.generate",
+        "language-model inference: a prompts file in as one batch, completions out later",
+    ),
     "receipts": (
         "e31.node.cli.receipts",
         "export signed receipts and proofs into a bundle for auditing",

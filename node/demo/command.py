@@ -1,5 +1,7 @@
 """`e31 demo [--nodes N] [--jobs M] [--json] [--keep DIR]`: a local network renders a Mandelbrot image.
 
+With `--workload generate` the network runs batch inference instead (node/demo/inference.py).
+
 The work is node/demo.py's; this module parses the flags, shows progress (one updating line on a TTY,
 plain lines otherwise; on stderr when --json keeps stdout for the JSON object), prints the per-node table
 and maps the outcome to the exit code: 0 when every job verified, 1 otherwise, 2 for a usage error,
@@ -51,9 +53,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--jobs",
         type=_count(1, MAX_TILES),
-        default=24,
         metavar="M",
-        help="tiles to render, one job each (default 24)",
+        help="tiles to render, one job each (default 24); with --workload generate, the jobs the "
+        "prompts are spread over (default 8)",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=("mandelbrot", "generate"),
+        default="mandelbrot",
+        help="mandelbrot (default): render ./e31-demo.png; generate: the shipped language model answers "
+        "the shipped prompts into ./e31-demo-completions.jsonl",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object with the outcome")
     parser.add_argument(
@@ -62,6 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="keep the data dirs, logs and receipts bundle in DIR (new or empty)",
     )
+    # The generate workload's prompts file instead of the shipped one (tests); not for users.
+    parser.add_argument("--prompts", type=Path, metavar="FILE", help=argparse.SUPPRESS)
     # Each job's fuel limit, for tests that need jobs to fail (out of fuel); not for users.
     parser.add_argument("--job-fuel", type=_count(1, 10**12), metavar="N", help=argparse.SUPPRESS)
 
@@ -166,6 +177,11 @@ def format_summary(result: DemoResult) -> str:
     lines = []
     if result.rows:
         lines += ["", format_nodes(result.rows), ""]
+    if result.output is not None:
+        lines.append(f"completions: {shown(result.output)}")
+    if result.blob_bytes:
+        moved = ", ".join(f"{name} {n:,}" for name, n in result.blob_bytes.items())
+        lines.append(f"blob bytes received (model, tokenizer, module and prompts; each once): {moved}")
     if result.receipts is not None:
         bundle = shown(result.receipts)
         lines.append(f"receipts: {bundle} (audit them yourself: e31 audit {bundle} --reexecute)")
@@ -199,8 +215,18 @@ def run(args: argparse.Namespace) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _Sigterm.handler) if main_thread else None
     try:
-        options = DemoOptions(nodes=args.nodes, jobs=args.jobs, keep=args.keep, fuel=args.job_fuel)
-        result = run_demo(options, progress)
+        if args.workload == "generate":
+            from .inference import DEFAULT_JOBS, run_generate_demo
+
+            jobs = DEFAULT_JOBS if args.jobs is None else args.jobs
+            options = DemoOptions(
+                nodes=args.nodes, jobs=jobs, keep=args.keep, workload="generate", prompts=args.prompts
+            )
+            result = run_generate_demo(options, progress)
+        else:
+            jobs = 24 if args.jobs is None else args.jobs
+            options = DemoOptions(nodes=args.nodes, jobs=jobs, keep=args.keep, fuel=args.job_fuel)
+            result = run_demo(options, progress)
     except DemoError as e:
         progress.close()
         raise CliError(str(e), e.code) from None

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -71,6 +71,12 @@ class DemoOptions:
     """Seconds the demo waits for all jobs to finish once submitted."""
     fuel: int | None = None
     """Each job's fuel limit instead of fuel_for(tile) (tests use it to make jobs fail)."""
+    workload: str = "mandelbrot"
+    """`mandelbrot` (this module) or `generate` (inference.py)."""
+    prompts: Path | None = None
+    """The generate workload's prompts file (default: the shipped one)."""
+    completions: Path = Path("e31-demo-completions.jsonl")
+    """Where the generate workload writes the merged completions."""
 
     def check(self) -> None:
         if not 1 <= self.nodes <= MAX_NODES:
@@ -97,6 +103,11 @@ class DemoResult:
     rows: list[NodeRow] = field(default_factory=list)
     wall_seconds: float = 0.0
     peak_rss_bytes: int | None = None
+    workload: str = "mandelbrot"
+    output: Path | None = None
+    """The generate workload's merged completions file."""
+    blob_bytes: dict[str, int] = field(default_factory=dict)
+    """The generate workload: bytes of blob chunks each node received (its GET /metrics)."""
 
     @property
     def ok(self) -> bool:
@@ -119,6 +130,15 @@ class DemoResult:
             "per_node": [r.to_json() for r in self.rows],
             "wall_seconds": round(self.wall_seconds, 3),
             "peak_rss_bytes": self.peak_rss_bytes,
+            **(
+                {}
+                if self.workload == "mandelbrot"
+                else {
+                    "workload": self.workload,
+                    "completions": None if self.output is None else str(self.output),
+                    "blob_bytes_received": self.blob_bytes,
+                }
+            ),
         }
 
 
@@ -263,8 +283,15 @@ def _why(row: dict[str, Any]) -> str:
     return str(text or row.get("reason") or row.get("state", "?"))
 
 
+class Named(Protocol):
+    """What the demo calls one of its jobs (a tile, a span of prompts)."""
+
+    @property
+    def name(self) -> str: ...
+
+
 def _wait(
-    net: LocalNetwork, jobs: dict[str, Tile], options: DemoOptions, events: Events, result: DemoResult
+    net: LocalNetwork, jobs: Mapping[str, Named], options: DemoOptions, events: Events, result: DemoResult
 ) -> dict[str, dict[str, Any]]:
     start = time.monotonic()
     deadline = start + options.job_timeout
@@ -353,7 +380,7 @@ def _assemble(
 
 def _audit(
     data_dir: Path,
-    jobs: dict[str, Tile],
+    jobs: Mapping[str, Named],
     done: set[str],
     bundle: Path,
     names: dict[str, str],
