@@ -5,14 +5,20 @@ so no host file, socket, clock or entropy source is reachable from a guest. A mo
 preview-1 function with the right signature gets ours; anything else it imports makes it
 `invalid_module` before it runs (runner.compile_module checks the import list against `SIGNATURES`).
 
+Answers follow wasmtime's own preview-1 implementation, errno for errno (tests/sandbox/
+test_wasi_conformance.py runs the same probes under both), except where docs/security.md ("WASI:
+where we differ from the standard, and why") says otherwise and why.
+
 Deterministic by construction:
-- Clocks are virtual. All four clock ids read one counter that starts at 0 and advances 1 µs per
+- Clocks are virtual. REALTIME and MONOTONIC read one counter that starts at 0 and advances 1 µs per
   `clock_time_get` call and by the timeout of every clock wait in `poll_oneoff` (waits return at
-  once). REALTIME adds a fixed epoch (2024-01-01T00:00:00Z); the others return the counter itself.
+  once). REALTIME adds a fixed epoch (2024-01-01T00:00:00Z); MONOTONIC is the counter itself. The
+  CPU-time clocks do not exist (EBADF), as in wasmtime.
 - `random_get` is SHA-256 in counter mode keyed by the job seed: block i is
   SHA-256("e31/random/1" || seed || u64le(i)); the stream is consumed in order across calls.
 - fds: 0 stdin (a stream over the job's stdin file, or empty), 1 stdout, 2 stderr, 3 the /input
-  preopen (read-only), 4 the /output preopen; new fds take the lowest free number from 5.
+  preopen (read-only), 4 the /output preopen (with a writable root: 3 is "/", the only preopen);
+  new fds take the lowest free number above the preopens.
 - argv[0] is "job.wasm"; the environment is exactly the job's.
 
 Host functions run with the guest's memory as a ctypes view; every pointer and length coming from
@@ -296,6 +302,7 @@ class Context:
         }
         for name, root in tree.preopens():
             self.fds[len(self.fds)] = _preopen(root, name)
+        self.first_new_fd = len(self.fds)
 
     def close(self) -> None:
         self.host.close_all()
@@ -327,7 +334,7 @@ class Context:
     def add_fd(self, o: Open) -> int:
         if len(self.fds) >= MAX_FDS:
             raise Errno(E.MFILE)
-        n = 5
+        n = self.first_new_fd
         while n in self.fds:
             n += 1
         if isinstance(o.node, InputFile):

@@ -9,6 +9,17 @@ from the standard, and why").
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import os
+import time
+from pathlib import Path
+
+import pytest
+from e31.sandbox.errors import JobSpecError
+from e31.sandbox.job import JobSpec
+from e31.sandbox.limits import Limits, Status
+from e31.sandbox.runner import run
 from e31.sandbox.vfs import E
 from e31.sandbox.wasi import (
     R_FD_ALLOCATE,
@@ -24,6 +35,7 @@ from e31.sandbox.wasi import (
     RIGHTS_PREOPEN,
     RIGHTS_PREOPEN_INHERITING,
 )
+from e31.sandbox.worker import ProtocolViolation, encode_spec, read_frame, serve, write_frame
 from wasi_probe import FD, SKIP, Probe, Str, ours
 
 INPUTS = {"a.txt": b"hello", "d/b.txt": b"bb"}
@@ -604,3 +616,116 @@ def test_sockets_none_exist_so_every_fd_is_not_one() -> None:
     p.errno("sock_send", 99, 0, 1, 0, 16, expected=E.BADF)
     p.errno("sock_shutdown", 99, 0, expected=E.BADF)
     p.verify(INPUTS)
+
+
+# -- a writable root (e31 sandbox run --writable-root), for standard test programs --------------
+
+ROOT_FILES = {"sub/f.txt": b"seeded", "top.txt": b"t"}
+
+
+def test_a_writable_root_behaves_as_wasmtime_with_dir_mapped_to_root() -> None:
+    p = Probe()
+    p.errno("fd_prestat_get", 3, 16, expected=0)
+    p.check("(i32.load (i32.const 20))", 1)
+    p.errno("fd_prestat_dir_name", 3, 1024, 1, expected=0)
+    p.check("(i32.load8_u (i32.const 1024))", ord("/"))
+    p.errno("fd_prestat_get", 4, 16, expected=E.BADF)  # the only preopen
+    p.open(3, "sub/f.txt")
+    p.check("(call $fd)", 4)  # new fds start right after it
+    p.check(p.call("read", FD, 1024, 100), 0)
+    p.check("(call $count)", 6)
+    p.errno("path_create_directory", 3, Str("new"), expected=0)
+    p.open(3, "new/g.txt", oflags=O_CREAT, rights=R_FD_WRITE)
+    p.check(p.call("write", FD, p.addr("hello"), 5), 0)
+    p.errno("path_unlink_file", 3, Str("top.txt"), expected=0)
+    p.errno("path_rename", 3, Str("sub/f.txt"), 3, Str("moved.txt"), expected=0)
+    p.errno("path_remove_directory", 3, Str("sub"), expected=0)
+    p.errno("path_filestat_set_times", 3, 0, Str("moved.txt"), 2_000_000_000, 0, ATIM, expected=0)
+    p.errno("path_filestat_get", 3, 0, Str("moved.txt"), 64, expected=0)
+    p.check("(call $stat_atim_s)", 2)
+    p.open(3, "..", expected=E.PERM)
+    p.open(3, "/top.txt", expected=E.PERM)
+    p.verify(root=ROOT_FILES)
+
+
+def test_a_writable_root_starts_as_a_copy_and_ends_in_the_output_dir(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "f.txt").write_bytes(b"seeded")
+    (root / "empty").mkdir()
+    p = Probe()
+    p.open(3, "sub/f.txt", oflags=O_TRUNC, rights=R_FD_WRITE)
+    p.check(p.call("write", FD, p.addr("changed"), 7), 0)
+    p.errno("path_create_directory", 3, Str("made"), expected=0)
+    out = tmp_path / "out"
+    r = run(JobSpec(p.module()), out, writable_root=root)
+    assert (r.status, r.exit_code) == (Status.EXITED, 0)
+    assert (root / "sub" / "f.txt").read_bytes() == b"seeded"  # never written back
+    assert sorted(str(q.relative_to(out)) for q in out.rglob("*")) == ["empty", "made", "sub", "sub/f.txt"]
+    assert (out / "sub" / "f.txt").read_bytes() == b"changed"
+    # The copy counts against the output budget, as the guest's writes and stdout do.
+    assert r.output_bytes == len(b"seeded") + len(b"changed") + r.stdout_bytes
+
+
+def test_a_writable_root_refuses_links_special_files_and_too_much(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a").write_bytes(b"12345")
+    module = Probe().module()
+    with pytest.raises(JobSpecError, match="output limit"):
+        run(JobSpec(module, limits=Limits(max_output_bytes=4)), writable_root=root)
+    (root / "link").symlink_to(root / "a")
+    with pytest.raises(JobSpecError, match="symbolic link"):
+        run(JobSpec(module), writable_root=root)
+    (root / "link").unlink()
+    os.mkfifo(root / "fifo")
+    with pytest.raises(JobSpecError, match="neither a regular file nor a directory"):
+        run(JobSpec(module), writable_root=root)
+    (root / "fifo").unlink()
+    inp = tmp_path / "in.txt"
+    inp.write_bytes(b"x")
+    with pytest.raises(JobSpecError, match="cannot have both"):
+        run(JobSpec(module, inputs={"in.txt": inp}), writable_root=root)
+
+
+def test_no_job_from_the_network_can_ask_for_a_writable_root(tmp_path: Path) -> None:
+    # A job reaches a worker as a JobSpec inside a 5-field run request. A JobSpec has no field for a
+    # root, and the worker refuses a request with any other field count before it runs anything.
+    assert not any("root" in f.name for f in dataclasses.fields(JobSpec))
+    spec = JobSpec(Probe().module())
+    requests, replies = io.BytesIO(), io.BytesIO()
+    write_frame(requests, ["run", 1, encode_spec(spec), None, None, os.fsencode(tmp_path)])
+    requests.seek(0)
+    with pytest.raises(ProtocolViolation):
+        serve(requests, replies, tmp_path / "cache", time.monotonic)
+    assert [m[0] for m in _frames(replies)] == ["ready"]
+
+
+def _frames(buf: io.BytesIO) -> list[list[object]]:
+    buf.seek(0)
+    frames = []
+    while (frame := read_frame(buf)) is not None:
+        frames.append(frame)
+    return frames
+
+
+def test_e31_sandbox_run_writable_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from e31.node.cli.main import main
+
+    monkeypatch.setenv("E31_DATA_DIR", str(tmp_path / "data"))
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "top.txt").write_bytes(b"t")
+    p = Probe()
+    p.errno("path_unlink_file", 3, Str("top.txt"), expected=0)
+    p.do("(call $flush) (call $proc_exit (i32.const 9))")
+    module = tmp_path / "probe.wasm"
+    module.write_bytes(p.module())
+    out = tmp_path / "out"
+    argv = ["sandbox", "run", "--no-cache", "--writable-root", str(root), "--output", str(out), str(module)]
+    assert main(argv) == 9
+    assert (root / "top.txt").exists() and not out.exists()  # the guest emptied its copy
+    assert main(["sandbox", "run", "--writable-root", str(root), "--input", str(root), str(module)]) == 2
+    assert main(["sandbox", "run", "--writable-root", str(tmp_path / "missing"), str(module)]) == 2
+    (root / "link").symlink_to(root / "top.txt")
+    assert main(["sandbox", "run", "--writable-root", str(root), str(module)]) == 2

@@ -197,16 +197,17 @@ class Probe:
         env: tuple[tuple[str, str], ...] = (),
         against_wasmtime: bool = True,
         exit_code: int = 0,
+        root: Mapping[str, bytes] | None = None,
     ) -> None:
         """Run under our WASI (and wasmtime's), and assert every step gave what was expected and the
         guest exited with `exit_code` (a guest that exits early calls $flush itself first)."""
         module = self.module()
-        got, code = ours(module, inputs, args=args, env=env)
+        got, code = ours(module, inputs, args=args, env=env, root=root)
         assert code == exit_code
         recorded = [s for s in self.steps if s.record]
         problems = _compare(recorded, got, lambda s: s.expected, "ours")
         if against_wasmtime:
-            theirs_got, theirs_code = theirs(module, inputs, args=args, env=env)
+            theirs_got, theirs_code = theirs(module, inputs, args=args, env=env, root=root)
             assert theirs_code == exit_code
             problems += _compare(
                 recorded,
@@ -235,21 +236,36 @@ def records(raw: bytes) -> list[int]:
     return [v for (v,) in struct.iter_unpack("<i", raw[: len(raw) // 4 * 4])]
 
 
+def _write_tree(root: Path, files: Mapping[str, bytes]) -> None:
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+
+
 def ours(
     module: bytes,
     inputs: Mapping[str, bytes] | None = None,
     *,
     args: tuple[str, ...] = (),
     env: tuple[tuple[str, str], ...] = (),
+    root: Mapping[str, bytes] | None = None,
 ) -> tuple[list[int], int | None]:
-    """(records, exit code) of a run in our sandbox with `inputs` under /input."""
+    """(records, exit code) of a run in our sandbox with `inputs` under /input, or with a writable
+    root holding `root` (the only preopen, "/", at fd 3)."""
     with tempfile.TemporaryDirectory() as tmp:
         files = {}
         for name, content in (inputs or {}).items():
             path = Path(tmp) / name.replace("/", "_")
             path.write_bytes(content)
             files[name] = path
-        r = run(JobSpec(module, args=args, env=env, inputs=files, limits=Limits(fuel=10**8)))
+        writable_root = None
+        if root is not None:
+            writable_root = Path(tmp) / "root"
+            writable_root.mkdir()
+            _write_tree(writable_root, root)
+        spec = JobSpec(module, args=args, env=env, inputs=files, limits=Limits(fuel=10**8))
+        r = run(spec, writable_root=writable_root)
     assert r.status is Status.EXITED, (r.status, r.trap, r.message)
     return records(r.stdout), r.exit_code
 
@@ -260,24 +276,28 @@ def theirs(
     *,
     args: tuple[str, ...] = (),
     env: tuple[tuple[str, str], ...] = (),
+    root: Mapping[str, bytes] | None = None,
 ) -> tuple[list[int], int | None]:
     """(records, exit code) of a run under wasmtime's own WASI: a read-only host directory holding
-    `inputs` preopened as /input (fd 3), an empty writable one as /output (fd 4)."""
+    `inputs` preopened as /input (fd 3), an empty writable one as /output (fd 4); or, with `root`,
+    one writable directory holding `root` preopened as "/" (as `wasmtime --dir DIR::/`)."""
     engine = wasmtime.Engine()
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        (root / "in").mkdir()
-        (root / "out").mkdir()
-        for name, content in (inputs or {}).items():
-            path = root / "in" / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
+        base = Path(tmp)
         config = wasmtime.WasiConfig()
         config.argv = ["job.wasm", *args]
         config.env = list(env)
-        config.preopen_dir(str(root / "in"), "/input", fs_mutable=False)
-        config.preopen_dir(str(root / "out"), "/output")
-        config.stdout_file = str(root / "stdout")
+        if root is not None:
+            (base / "root").mkdir()
+            _write_tree(base / "root", root)
+            config.preopen_dir(str(base / "root"), "/")
+        else:
+            (base / "in").mkdir()
+            (base / "out").mkdir()
+            _write_tree(base / "in", inputs or {})
+            config.preopen_dir(str(base / "in"), "/input", fs_mutable=False)
+            config.preopen_dir(str(base / "out"), "/output")
+        config.stdout_file = str(base / "stdout")
         linker = wasmtime.Linker(engine)
         linker.define_wasi()
         store = wasmtime.Store(engine)
@@ -292,4 +312,4 @@ def theirs(
             code = e.code
         finally:
             store.close()
-        return records((root / "stdout").read_bytes()), code
+        return records((base / "stdout").read_bytes()), code
