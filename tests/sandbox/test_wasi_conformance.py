@@ -337,9 +337,15 @@ def test_fd_calls_on_directories() -> None:
 def test_fd_readdir() -> None:
     p = Probe()
     p.errno("fd_readdir", IN, 1024, 4096, 0, 16, expected=0)
-    # ".", "..", "a.txt", "d": 4 entries of 24 bytes plus their names.
-    p.check("(i32.load (i32.const 16))", 4 * 24 + 1 + 2 + 5 + 1, wasmtime=SKIP)  # wasmtime: no "."/".."?
-    p.check("(i32.load8_u (i32.const 1044))", 3, wasmtime=SKIP)  # the first entry: a directory
+    # ".", "..", "a.txt", "d": 4 entries of 24 bytes plus their names, "." first, cookies 1, 2, ...
+    p.check("(i32.load (i32.const 16))", 4 * 24 + 1 + 2 + 5 + 1)
+    p.check("(i32.load (i32.const 1024))", 1)  # d_next
+    p.check("(i32.load (i32.const 1040))", 1)  # d_namlen
+    p.check("(i32.load8_u (i32.const 1044))", 3)  # d_type: a directory
+    p.check("(i32.load8_u (i32.const 1048))", ord("."))
+    p.errno("fd_readdir", IN, 1024, 4096, 2, 16, expected=0)  # from cookie 2: "a.txt", "d"
+    p.check("(i32.load (i32.const 16))", 2 * 24 + 5 + 1)
+    p.check("(i32.load8_u (i32.const 1048))", ord("a"), wasmtime=SKIP)  # ours sorted; wasmtime: host order
     p.errno("fd_readdir", IN, 1024, 10, 0, 16, expected=0)  # a short buffer is filled, not refused
     p.check("(i32.load (i32.const 16))", 10)
     p.open(IN, "a.txt")
