@@ -39,6 +39,7 @@ PROMISED_BYTES_MAX = 16 << 20
 the assignment): past it, offers are declined `busy` until bids lapse or are assigned. A set of 64 tiny
 jobs is about 20 KiB, so this is hundreds of open bids; it bounds what a signer gossiping large offers
 that it never assigns can make every executor hold."""
+SUBMIT_ONLY_TEXT = "this node runs no jobs (cores = 0: it only submits)"
 ANSWERED_PRUNE_MIN = 1024
 """Answered offers held before the expired ones are first forgotten (an expired offer is refused anyway)."""
 
@@ -149,6 +150,8 @@ class Bids:
         full = DeclinePlan(
             "busy", "this node holds as many open bids as it keeps", now + self.ctx.settings.bid_ttl_ms
         )
+        if self.scheduler.workers == 0:  # a submit-only node: says so, and keeps no bid
+            full, room = DeclinePlan("policy", SUBMIT_ONLY_TEXT, now + self.ctx.settings.bid_ttl_ms), False
         for manifest in offer.manifests:
             job_id = manifest.job_id
             if job_id.raw in held:
@@ -175,12 +178,8 @@ class Bids:
         for key, (manifest, plan) in candidates.items():
             job_id = manifest.job_id
             if key not in admitted.accepted:
-                late_ms = admitted.declined.get(key, 0)
-                text = (
-                    f"expected to finish {late_ms} ms after the deadline, with the jobs promised here"
-                    if late_ms
-                    else "it would make a job promised here miss its deadline"
-                )
+                # one text for the offer (the jobs' lateness differs): what they would wait behind
+                text = f"it cannot finish by its deadline behind the {admitted.promised} job(s) promised here"
                 ids, first, expires = declined.get("deadline", ([], text, plan.expires))
                 ids.append(job_id)
                 declined["deadline"] = (ids, first if first == text else "", min(expires, plan.expires))

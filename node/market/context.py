@@ -64,6 +64,9 @@ class MarketSettings:
     with one signed `ack` (node/acks.py), well inside the executor's first re-delivery."""
     max_queue_per_core: int = 64
     execute_own_jobs: bool = True
+    own_share: float = 1.0
+    """The fair-share weight this node's own jobs get in its queue, against 1 for every other submitter
+    (policy.py): no preference by default."""
     transfer: TransferSettings = field(default_factory=TransferSettings)
     collect_wait: float = 30.0
     """Seconds a restarted submitter waits for the executor of a job whose lease ran out while it was

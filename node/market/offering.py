@@ -253,6 +253,7 @@ class OfferLine:
             if holder is None or (rnd := holder.round) is None:
                 continue
             rnd.answered.add(executor)
-            holder.declined = why
+            if holder.declined is None or msg.reason != "policy":  # a node that runs nothing says least
+                holder.declined = why
             log.debug("job %s: %s declined (%s)", job_id.hex()[:12], msg.executor, why)
             rnd.wake.set()

@@ -133,7 +133,8 @@ class Usage:
         return used * decay
 
     def charge(self, submitter: bytes, fuel: int, now: int) -> None:
-        self._used[submitter] = (self.value(submitter, now) + fuel, now)
+        """Add `fuel` (negative: a correction, as when a run used less than its budget; never below 0)."""
+        self._used[submitter] = (max(0.0, self.value(submitter, now) + fuel), now)
 
     def forget_below(self, now: int, floor: float = 1.0) -> None:
         """Drop submitters whose usage has faded to nothing (bounds the table)."""
@@ -174,6 +175,8 @@ class Admitted:
     """Accepted task -> its planned (start, finish)."""
     declined: dict[bytes, int]
     """Declined task -> ms it would have finished after its deadline (0: it would make another late)."""
+    promised: int = 0
+    """Tasks planned: those promised before and those accepted now."""
 
 
 def admit(slots: Sequence[Slot], promised: Sequence[Task], offered: Sequence[Task], now: int) -> Admitted:
@@ -194,7 +197,7 @@ def admit(slots: Sequence[Slot], promised: Sequence[Task], offered: Sequence[Tas
         chosen.append(task)
         accepted.append(task)
     final = plan(slots, chosen, now)
-    return Admitted({t.key: final[t.key] for t in accepted}, declined)
+    return Admitted({t.key: final[t.key] for t in accepted}, declined, len(chosen))
 
 
 # --- order ---------------------------------------------------------------------------------------------

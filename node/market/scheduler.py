@@ -327,6 +327,8 @@ class Scheduler:
         metrics.FUEL_SERVED.inc(result.fuel_used)
         metrics.COMPUTE_SERVED.inc(record.compute_ms / 1000)
         metrics.QUEUE_WAIT.observe((started_at - queued_at) / 1000)
+        if job is not None:  # its submitter was charged the budget at the start: now what it used
+            self.usage.charge(job.submitter, min(result.fuel_used, job.fuel) - job.fuel, finished_at)
         if job is not None and not entry.paused:  # a paused run's elapsed time says nothing of the rate
             self.calibration = self.calibration.ran(job.profile, result.fuel_used, finished_at - started_at)
         return record

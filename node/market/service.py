@@ -143,7 +143,7 @@ def build_job_path(
     def pool() -> WorkerPool:
         return WorkerPool(workers, config.data_dir / MODULE_CACHE_DIR, data_limit_bytes=data_limit)
 
-    scheduler = Scheduler(workers, pool)
+    scheduler = Scheduler(workers, pool, weights={bytes(identity.verify_key): settings.own_share})
     held = HeldJobs(ctx.clock)
     track = TrackRecord(ctx.clock, bootstrap_keys(config))
     capacity = CapacityService(
@@ -174,7 +174,8 @@ def build_job_path(
         on_acked=on_acked or log_appender(receipt_log),
         prover=None if receipt_log is None else log_prover(receipt_log),
     )
-    submitter = Submitter(ctx, transfer=transfer, publish=publish, local_offer=executor.on_offer, track=track)
+    own = executor.on_offer if workers > 0 else None  # a submit-only node offers its jobs to others only
+    submitter = Submitter(ctx, transfer=transfer, publish=publish, local_offer=own, track=track)
     transfer.on_corrupt = submitter.on_corrupt_blob
     market = Market(ctx, submitter=submitter, executor=executor, transfer=transfer)
     return JobPath(ctx, transfer, scheduler, held, capacity, executor, submitter, market)

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import trio
+from e31.node.market.bidding import SUBMIT_ONLY_TEXT
 from e31.node.market.executor import EXPIRED_TEXT, LATE_TEXT
 from e31.node.market.policy import Calibration
 from e31.node.store.db import Store
@@ -123,5 +124,6 @@ async def test_a_submit_only_node_declines_every_offer_and_runs_nothing(
     manifest = job(b, c, 3, 100, fuel=10**8, deadline_ms=60_000)
     b.path.executor.on_offer(c.offer(manifest))
     decline = (await c.only(Decline)).message
-    assert decline.reason == "busy" and decline.job_ids == (manifest.job_id,)
+    assert (decline.reason, decline.text) == ("policy", SUBMIT_ONLY_TEXT)
+    assert decline.job_ids == (manifest.job_id,)
     assert c.kinds(Bid) == [] and b.path.scheduler.worker_pids() == []
