@@ -57,14 +57,12 @@ class E(enum.IntEnum):
     NAMETOOLONG = 37
     NOENT = 44
     NOSPC = 51
-    NOSYS = 52
     NOTDIR = 54
     NOTEMPTY = 55
     NOTSOCK = 57
     NOTSUP = 58
     OVERFLOW = 61
     PERM = 63
-    ROFS = 69
     SPIPE = 70
     XDEV = 75
     NOTCAPABLE = 76
