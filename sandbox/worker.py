@@ -241,7 +241,7 @@ def serve(inp: BinaryIO, out: BinaryIO, cache_dir: Path, clock: Callable[[], flo
             output_dir = _decode_dir(raw_dir, "output_dir")
             streams_dir = _decode_dir(raw_streams, "streams_dir")
             try:
-                module = cache.get(engine, spec.module)
+                module = cache.get(engine, spec.module, bytes.fromhex(spec.module_sha256))
             except InvalidModule:
                 module = None  # the runner reports it as an invalid_module result
             write_frame(out, ["started", job_id])
