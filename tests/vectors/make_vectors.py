@@ -245,6 +245,18 @@ def samples() -> list[tuple[str, str, Message]]:
                 "no bid or job here for that assignment",
             ),
         ),
+        (
+            "release-deadline",
+            "executor",
+            Release(
+                NET,
+                man.job_id,
+                assignment_id,
+                nid("executor"),
+                "deadline",
+                "its deadline passed before it could start here: it was never started",
+            ),
+        ),
         ("ack", "submitter", Ack(NET, nid("submitter"), nid("executor"), T0 + 80_000, (receipt_id,))),
         (
             "ack-two-receipts",
