@@ -44,6 +44,8 @@ typedef v128_t f4;
 #define F4_POW2(n) wasm_i32x4_shl(wasm_i32x4_add(wasm_i32x4_trunc_sat_f32x4(n), wasm_i32x4_splat(127)), 23)
 /* a where x >= lo, else 0 */
 #define F4_KEEP_GE(a, x, lo) wasm_v128_and((a), wasm_f32x4_ge((x), (lo)))
+/* b where b > a, else a (lane by lane: a NaN in b never wins) */
+#define F4_MAX(a, b) wasm_v128_bitselect((b), (a), wasm_f32x4_gt((b), (a)))
 static inline float f4_sum(f4 v) {
     return (wasm_f32x4_extract_lane(v, 0) + wasm_f32x4_extract_lane(v, 1)) +
            (wasm_f32x4_extract_lane(v, 2) + wasm_f32x4_extract_lane(v, 3));
@@ -69,6 +71,10 @@ typedef __m128 f4;
 #define F4_SUB(a, b) _mm_sub_ps((a), (b))
 #define F4_POW2(n) _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(_mm_cvttps_epi32(n), _mm_set1_epi32(127)), 23))
 #define F4_KEEP_GE(a, x, lo) _mm_and_ps((a), _mm_cmpge_ps((x), (lo)))
+static inline f4 F4_MAX(f4 a, f4 b) {
+    f4 gt = _mm_cmpgt_ps(b, a);
+    return _mm_or_ps(_mm_and_ps(gt, b), _mm_andnot_ps(gt, a));
+}
 static inline float f4_sum(f4 v) {
     float l[4];
     _mm_storeu_ps(l, v);
@@ -121,6 +127,11 @@ static inline f4 F4_POW2(f4 n) {
 static inline f4 F4_KEEP_GE(f4 a, f4 x, f4 lo) {
     f4 r;
     for (int k = 0; k < 4; k++) r.v[k] = x.v[k] >= lo.v[k] ? a.v[k] : 0.0f;
+    return r;
+}
+static inline f4 F4_MAX(f4 a, f4 b) {
+    f4 r;
+    for (int k = 0; k < 4; k++) r.v[k] = b.v[k] > a.v[k] ? b.v[k] : a.v[k];
     return r;
 }
 static inline f4 F4_DIV(f4 a, f4 b) {
@@ -448,24 +459,39 @@ static inline f4 f4_exp_nonpositive(f4 x) {
     return F4_KEEP_GE(F4_MUL(e, F4_POW2(n)), x, F4_SPLAT(-87.0f));
 }
 
-/* The attention's softmax. The exponentials are computed four at a time (a tail is padded with zeros
- * and dropped); the sums stay in order. */
+/* The attention's softmax, four lanes at a time: the maximum (lane maxima, then across lanes), the
+ * exponentials with their sum (lane j adds elements j, j+4, ...; then f4_sum; then the tail in order; a
+ * tail of fewer than four is computed padded with zeros), then the division. */
 static void softmax(float *x, int size) {
+    int n4 = size & ~3, i;
     float max_val = x[0];
-    for (int i = 1; i < size; i++)
-        if (x[i] > max_val) max_val = x[i];
-    f4 m = F4_SPLAT(max_val);
-    int i = 0;
-    for (; i + 4 <= size; i += 4) F4_STORE(x + i, f4_exp_nonpositive(F4_SUB(F4_LOAD(x + i), m)));
-    if (i < size) {
-        float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        memcpy(tail, x + i, (size_t)(size - i) * sizeof(float));
-        F4_STORE(tail, f4_exp_nonpositive(F4_SUB(F4_LOAD(tail), m)));
-        memcpy(x + i, tail, (size_t)(size - i) * sizeof(float));
+    if (n4) {
+        f4 m4 = F4_SPLAT(x[0]);
+        for (i = 0; i < n4; i += 4) m4 = F4_MAX(m4, F4_LOAD(x + i));
+        float l[4];
+        F4_STORE(l, m4);
+        for (int k = 0; k < 4; k++)
+            if (l[k] > max_val) max_val = l[k];
     }
-    float sum = 0.0f;
-    for (i = 0; i < size; i++) sum += x[i];
-    for (i = 0; i < size; i++) x[i] /= sum;
+    for (i = n4; i < size; i++)
+        if (x[i] > max_val) max_val = x[i];
+    f4 m = F4_SPLAT(max_val), acc = F4_ZERO();
+    for (i = 0; i < n4; i += 4) {
+        f4 e = f4_exp_nonpositive(F4_SUB(F4_LOAD(x + i), m));
+        F4_STORE(x + i, e);
+        acc = F4_ADD(acc, e);
+    }
+    float sum = f4_sum(acc);
+    if (n4 < size) {
+        float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        memcpy(tail, x + n4, (size_t)(size - n4) * sizeof(float));
+        F4_STORE(tail, f4_exp_nonpositive(F4_SUB(F4_LOAD(tail), m)));
+        memcpy(x + n4, tail, (size_t)(size - n4) * sizeof(float));
+        for (i = n4; i < size; i++) sum += x[i];
+    }
+    f4 sum4 = F4_SPLAT(sum);
+    for (i = 0; i < n4; i += 4) F4_STORE(x + i, F4_DIV(F4_LOAD(x + i), sum4));
+    for (i = n4; i < size; i++) x[i] /= sum;
 }
 
 /* One step at position pos; the logits are computed only when want_logits (the prompt's last token and
