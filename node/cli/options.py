@@ -1,4 +1,6 @@
-"""argparse `type=` functions for sizes, counts and durations, so every command reads them alike.
+"""argparse `type=` functions for sizes, counts and durations, so every command reads them alike, and
+the flags `e31 sandbox run` and `e31 submit` share (a job's inputs, arguments, environment, stdin and
+limits: `add_job_arguments`, `add_limit_arguments`), defined once so they mean the same in both.
 
 Each is a node/units.py parser whose UnitError becomes argparse.ArgumentTypeError with the same
 message: a bad value gets argparse's usual one-line error and exit status 2. Ranges belong to whoever
@@ -67,6 +69,69 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         metavar=SIZE,
         help="cap on stdout + stderr + /output bytes (default 64MiB)",
     )
+
+
+def env_pair(text: str) -> tuple[str, str]:
+    """`--env NAME=VALUE` as a pair (the value may hold more `=`)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a job is given, one definition for `e31 sandbox run` and `e31 submit` (and the keys of a
+    spec file): --input, --arg, --env, --stdin mean the same in both."""
+    parser.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="[NAME=]PATH",
+        help="a file the job reads as /input/NAME (default NAME: the file's name), or a directory whose "
+        "files it reads under /input (NAME/ first when NAME= is given); repeatable",
+    )
+    parser.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="A",
+        help="one argument for the module; repeatable (or put them after --)",
+    )
+    parser.add_argument(
+        "--env", action="append", type=env_pair, default=[], metavar="K=V", help="an environment variable"
+    )
+    parser.add_argument("--stdin", type=Path, metavar="FILE", help="a file to feed as standard input")
+
+
+def input_entries(items: list[str]) -> list[tuple[str, Path]]:
+    """The (guest name, host path) of each `--input [NAME=]PATH`: a file as NAME (default its file
+    name), a directory as every regular file under it (NAME/ before their paths); UsageError for a
+    path that is neither, a symbolic link inside a directory, or a name given twice."""
+    from e31.sandbox.errors import JobSpecError
+    from e31.sandbox.job import input_files_from_dir
+
+    found: dict[str, Path] = {}
+
+    def add(name: str, path: Path) -> None:
+        if name in found:
+            raise UsageError(f"--input: two inputs are named {name!r}")
+        found[name] = path
+
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or Path(item).exists():  # a plain path (which may itself contain "=")
+            name, text = "", item
+        path = Path(text).expanduser()
+        if path.is_dir():
+            try:
+                files = input_files_from_dir(path)
+            except JobSpecError as e:
+                raise UsageError(f"--input {item}: {e}") from None
+            for rel, host in sorted(files.items()):
+                add(f"{name.rstrip('/')}/{rel}" if name else rel, host.absolute())
+        else:
+            add(name or path.name, path.absolute())
+    return list(found.items())
 
 
 def file_kind(mode: int) -> str:

@@ -70,7 +70,8 @@ class Bar:
 
 class Ticker:
     """`with Ticker("exporting receipts", show):` redraws "exporting receipts... 12s" every second on
-    stderr from a thread while the block runs (one blocking request, a local computation)."""
+    stderr from a thread while the block runs (one blocking request, a local computation), from its
+    first second on: work that ends sooner draws nothing."""
 
     def __init__(self, what: str, show: bool, stream: TextIO | None = None) -> None:
         self.what = what
@@ -81,15 +82,19 @@ class Ticker:
         self._thread: threading.Thread | None = None
         self._start = time.monotonic()
         self._lock = threading.Lock()
+        self._drawn = False
+        """Whether the line is on the screen: only once the work has taken TICK seconds."""
 
     def note(self, detail: str) -> None:
-        """What the line says after the elapsed time (3/12 jobs re-run, ...); redrawn at once."""
+        """What the line says after the elapsed time (3/12 jobs re-run, ...); redrawn once it shows."""
         self.detail = detail
-        self._draw()
+        if self._drawn:
+            self._draw()
 
     def _draw(self) -> None:
         if not self.show:
             return
+        self._drawn = True
         elapsed = time.monotonic() - self._start
         with self._lock:
             text = f"{self.what}... {elapsed:.0f}s" + (f"  {self.detail}" if self.detail else "")
@@ -112,5 +117,6 @@ class Ticker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-            self._draw()
-            print(file=self.stream, flush=True)
+            if self._drawn:  # work of under a second leaves no line
+                self._draw()
+                print(file=self.stream, flush=True)

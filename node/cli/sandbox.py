@@ -48,13 +48,6 @@ OUTCOME_EXIT_CODES = {
 }
 
 
-def _env(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, value
-
-
 def _seed(text: str) -> bytes:
     try:
         raw = bytes.fromhex(text)
@@ -82,28 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "appended to any --arg",
     )
     p.set_defaults(accepts_passthrough=True)
-    p.add_argument(
-        "--arg",
-        dest="args",
-        action="append",
-        default=[],
-        metavar="A",
-        help="an argument for the guest (repeatable; argv[0] is always job.wasm)",
-    )
-    p.add_argument(
-        "--env",
-        action="append",
-        type=_env,
-        default=[],
-        metavar="K=V",
-        help="an environment variable for the guest (repeatable)",
-    )
-    p.add_argument(
-        "--stdin", type=Path, metavar="FILE", help="file the guest reads as stdin (default: empty)"
-    )
-    p.add_argument(
-        "--input", type=Path, metavar="DIR", help="directory whose files the guest sees under /input"
-    )
+    options.add_job_arguments(p)  # --input, --arg, --env, --stdin: as `e31 submit` has them
     p.add_argument(
         "--output",
         type=Path,
@@ -165,7 +137,7 @@ def _read_module(path: Path) -> bytes:
 
 def run(args: argparse.Namespace) -> int:
     from e31.sandbox.errors import InvalidModule, JobSpecError, SandboxError
-    from e31.sandbox.job import JobSpec, input_files_from_dir
+    from e31.sandbox.job import JobSpec
     from e31.sandbox.profile import PROFILE
     from e31.sandbox.runner import invalid_result, run, wat_to_wasm
 
@@ -174,16 +146,14 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--output {str(args.output)!r} exists and is not a directory", 2)
     if args.stdin is not None and not args.stdin.is_file():
         raise CliError(f"--stdin {str(args.stdin)!r}: no such file", 2)
-    if args.input is not None and not args.input.is_dir():
-        raise CliError(f"--input {str(args.input)!r}: not a directory", 2)
     if args.writable_root is not None:
-        if args.input is not None:
+        if args.input:
             raise CliError("--writable-root replaces /input: give one of --input and --writable-root", 2)
         if not args.writable_root.is_dir():
             raise CliError(f"--writable-root {str(args.writable_root)!r}: not a directory", 2)
     try:
         limits = limits_from(args)
-        inputs = input_files_from_dir(args.input) if args.input is not None else {}
+        inputs = dict(options.input_entries(args.input))
     except JobSpecError as e:
         raise CliError(str(e), 2) from e
 
@@ -197,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         spec = JobSpec(
             module=module or b"",
-            args=(*args.args, *args.guest_args, *args.passthrough),
+            args=(*args.arg, *args.guest_args, *args.passthrough),
             env=tuple(args.env),
             stdin=args.stdin,
             inputs=inputs,

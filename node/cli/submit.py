@@ -8,7 +8,8 @@ if it is a regular file of at most 1 MiB (batch_file.MAX_BATCH_BYTES); the node 
 input or stdin path that is not a regular file or whose last component is a symbolic link. A submission
 is safe to leave (this node may stop) once it is handed off: its executor holds its data.
 `--wait-handoff` waits for that. `--python SCRIPT.py` runs a Python script instead of a MODULE
-(python_job.py).
+(python_job.py). `--spec JOB.toml` reads every flag from a TOML file; flags given override it
+(spec_file.py).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from typing import TYPE_CHECKING
 
 from ..config import add_data_dir_argument
 from ..units import UnitError, parse_duration
-from . import options, python_job
+from . import options, python_job, spec_file
 from .main import CliError
+from .progress import add_progress_argument
 
 if TYPE_CHECKING:
     from ..api.client import ApiClient
@@ -72,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give up waiting for the hand-off after this long (exit 1; the jobs stay submitted)",
     )
     parser.add_argument("--json", action="store_true", help="print the node's answer as JSON")
+    spec_file.add_spec_argument(parser)
+    add_progress_argument(parser)
     parser.set_defaults(accepts_passthrough=True)
 
 
@@ -188,16 +192,24 @@ def run(args: argparse.Namespace) -> int:
 
     from .common import call, client
 
+    if args.spec is not None:
+        spec_file.apply_spec(args)
     python_job.prepare(args)
     body = batch_body(args, time.time()) if args.batch is not None else request_body(args, time.time())
     body = python_job.apply(args, body)
     api = client(args) if args.python is None else client(args, timeout=python_job.API_TIMEOUT)
+    from .progress import Ticker, wanted
+
+    what = "the node is reading and storing the module and inputs"  # an upload: the node reads the files
     if args.batch is not None:
-        answer = call(api, "POST", "/v1/batches", body)
+        count = len(body["jobs"]) if isinstance(body["jobs"], list) else 0
+        with Ticker(f"submitting {count} jobs: {what}", wanted(args)):
+            answer = call(api, "POST", "/v1/batches", body)
         ids, name, batch = answer["job_ids"], answer["batch_id"], answer["batch_id"]
         line = f"submitted {len(ids)} jobs as batch {name}"
     else:
-        answer = call(api, "POST", "/v1/jobs", body)
+        with Ticker(f"submitting: {what}", wanted(args)):
+            answer = call(api, "POST", "/v1/jobs", body)
         ids, name, batch = [answer["job_id"]], answer["job_id"], None
         line = f"submitted job {name}"
     waiting: list[str] = []

@@ -184,7 +184,6 @@ def test_usage_errors_exit_2(echo: Path, tmp_path: Path, capsys: pytest.CaptureF
         ["sandbox", "run", str(echo), "--memory", "0.1K"],
         ["sandbox", "run", str(echo), "--env", "NOEQUALS"],
         ["sandbox", "run", str(echo), "--stdin", str(tmp_path / "missing")],
-        ["sandbox", "run", str(echo), "--input", str(a_file)],
         ["sandbox", "run", str(echo), "--input", str(linked)],
         ["sandbox", "run", str(echo), "--output", str(a_file)],
         ["sandbox", "run", str(echo), "--seed", "abc"],
