@@ -19,7 +19,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ class NetNode:
         bootstrap: Sequence[str] = (),
         args: Sequence[str] = (),
         owner_load: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.host = host
         self.data_dir = data_dir
@@ -61,6 +62,8 @@ class NetNode:
         self.bootstrap = list(bootstrap)
         self.args = list(args)
         self.owner_load = owner_load
+        self.env = dict(env or {})
+        """Extra environment for the process (test knobs such as E31_TEST_MARKET_TIMING)."""
         self.log = data_dir.with_suffix(".log")
         self.proc: subprocess.Popen[bytes] | None = None
         self.node_id = ""
@@ -93,7 +96,7 @@ class NetNode:
         if load is None:  # no owner at work: the machine's own load must not make it offer nothing
             load = self.data_dir.with_suffix(".owner-load")
             load.write_text("")
-        env = dict(os.environ, E31_TEST_OWNER_LOAD_FILE=str(load), E31_DEBUG="1")
+        env = dict(os.environ, E31_TEST_OWNER_LOAD_FILE=str(load), E31_DEBUG="1", **self.env)
         self.starts += 1
         with open(self.log, "ab") as out:
             out.write(f"--- start {self.starts}\n".encode())
@@ -106,17 +109,18 @@ class NetNode:
             self.wait_ready()
         return self
 
+    def ready(self) -> bool:
+        """Whether this start of the node has said it listens (its API answers from then on)."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise AssertionError(f"{self.name} exited ({self.exit_code()}):\n{self.log_tail()}")
+        text = self.log.read_text(errors="replace").rsplit(f"--- start {self.starts}\n", 1)[-1]
+        match = READY.search(text)
+        if match is not None:
+            self.node_id = match[1]
+        return match is not None
+
     def wait_ready(self) -> None:
-        starts = self.starts
-
-        def ready() -> str | None:
-            if self.proc is None or self.proc.poll() is not None:
-                raise AssertionError(f"{self.name} exited ({self.exit_code()}):\n{self.log_tail()}")
-            text = self.log.read_text(errors="replace").rsplit(f"--- start {starts}\n", 1)[-1]
-            match = READY.search(text)
-            return None if match is None else match[1]
-
-        self.node_id = wait_until(f"{self.name} to start", ready, START_WAIT)
+        wait_until(f"{self.name} to start", self.ready, START_WAIT)
 
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
