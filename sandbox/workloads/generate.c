@@ -543,7 +543,15 @@ static void forward(const config_t *c, const weights_t *w, state_t *s, int token
                 for (; t + 3 <= pos; t += 4) {
                     const float *k0 = kh + (size_t)t * kv_dim, *k1 = k0 + kv_dim, *k2 = k1 + kv_dim, *k3 = k2 + kv_dim;
                     f4 a0 = F4_ZERO(), a1 = F4_ZERO(), a2 = F4_ZERO(), a3 = F4_ZERO();
-                    for (int i = 0; i < hs; i += 4) {
+                    int i = 0;
+                    for (; i + 8 <= hs; i += 8) {
+                        f4 qv = F4_LOAD(q + i), qw = F4_LOAD(q + i + 4);
+                        a0 = F4_ADD(F4_ADD(a0, F4_MUL(qv, F4_LOAD(k0 + i))), F4_MUL(qw, F4_LOAD(k0 + i + 4)));
+                        a1 = F4_ADD(F4_ADD(a1, F4_MUL(qv, F4_LOAD(k1 + i))), F4_MUL(qw, F4_LOAD(k1 + i + 4)));
+                        a2 = F4_ADD(F4_ADD(a2, F4_MUL(qv, F4_LOAD(k2 + i))), F4_MUL(qw, F4_LOAD(k2 + i + 4)));
+                        a3 = F4_ADD(F4_ADD(a3, F4_MUL(qv, F4_LOAD(k3 + i))), F4_MUL(qw, F4_LOAD(k3 + i + 4)));
+                    }
+                    for (; i < hs; i += 4) {
                         f4 qv = F4_LOAD(q + i);
                         a0 = F4_ADD(a0, F4_MUL(qv, F4_LOAD(k0 + i)));
                         a1 = F4_ADD(a1, F4_MUL(qv, F4_LOAD(k1 + i)));
@@ -559,6 +567,17 @@ static void forward(const config_t *c, const weights_t *w, state_t *s, int token
             float *xb = s->xb + (size_t)h * hs;
             const float *vh = s->value_cache + hoff;
             int i = 0;
+            for (; i + 8 <= hs; i += 8) {
+                f4 acc = F4_ZERO(), acc2 = F4_ZERO();
+                for (int t = 0; t <= pos; t++) {
+                    f4 a = F4_SPLAT(att[t]);
+                    const float *vt = vh + (size_t)t * kv_dim + i;
+                    acc = F4_ADD(acc, F4_MUL(a, F4_LOAD(vt)));
+                    acc2 = F4_ADD(acc2, F4_MUL(a, F4_LOAD(vt + 4)));
+                }
+                F4_STORE(xb + i, acc);
+                F4_STORE(xb + i + 4, acc2);
+            }
             for (; i + 4 <= hs; i += 4) {
                 f4 acc = F4_ZERO();
                 for (int t = 0; t <= pos; t++) acc = F4_ADD(acc, F4_MUL(F4_SPLAT(att[t]), F4_LOAD(vh + (size_t)t * kv_dim + i)));
