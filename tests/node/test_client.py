@@ -158,3 +158,27 @@ def test_the_sync_client_does_not_import_trio(node: Node) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_sweep_in_the_guide_runs_as_shown(node: Node, tmp_path: Path) -> None:
+    import os
+    import re
+    import shutil
+    import subprocess
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "submitting.md").read_text()
+    section = guide[guide.index("## From Python: `e31.client`") :]
+    script = re.search(r"```python\n(.*?)```", section, re.S)
+    assert script is not None
+    code = script.group(1)
+    assert len([ln for ln in code.splitlines() if ln.strip()]) == 5  # "a sweep in five lines"
+    shutil.copy(MONTECARLO, tmp_path / "montecarlo.wasm")
+    (tmp_path / "sweep.py").write_text(code)
+    env = {**os.environ, "E31_DATA_DIR": str(node.data_dir)}
+    done = subprocess.run(
+        [sys.executable, "sweep.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "8/8 ended"
+    index = json.loads((tmp_path / "pi-sweep" / "index.json").read_text())
+    assert len(index["jobs"]) == 8 and all(e["succeeded"] for e in index["jobs"])
