@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import add_data_dir_argument
-from ..units import UnitError, parse_duration
 from . import options, python_job, spec_file
 from .main import CliError
 from .progress import add_progress_argument
@@ -89,18 +87,15 @@ def _deadline(text: str) -> str:
 
 
 def parse_deadline(text: str, now: float) -> int:
-    """Milliseconds since the Unix epoch, from a duration or an ISO-8601 time (naive: local time)."""
+    """Milliseconds since the Unix epoch, from a duration or an ISO-8601 time (naive: local time): the
+    Python client's reading (e31.client), so a deadline means the same to a script."""
+    from ..client.errors import OptionError
+    from ..client.ops import parse_deadline as read
+
     try:
-        return round((now + parse_duration(text)) * 1000)
-    except UnitError:
-        pass
-    try:
-        when = datetime.fromisoformat(text.strip().replace("z", "Z").replace("Z", "+00:00"))
-    except ValueError:
+        return read(text, now)
+    except OptionError:
         raise CliError(f"--deadline {text!r}: {_NOT_A_DEADLINE}") from None
-    if when.tzinfo is None:
-        when = when.astimezone()
-    return round(when.astimezone(UTC).timestamp() * 1000)
 
 
 def _absolute(path: Path) -> str:
