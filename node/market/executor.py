@@ -302,15 +302,8 @@ class Executor:
             self._discard(work)
 
     def _held_tasks(self) -> list[Task]:
-        """Every job held here and not yet over, as the policy sees it (for bids): those waiting in the
-        queue as the queue has them, the others (fetching, starting) from what is held."""
-        queued = {t.key: t for t in self.scheduler.promised()}
-        now = self.ctx.clock()
-        return [
-            queued.get(key) or Task(key, h.submitter, h.deadline, h.estimate_ms, now, h.fuel)
-            for key, h in self._held.items()
-            if not (h.started or h.ran or h.ending or h.handed_back or h.withdrawn)
-        ]
+        """The jobs held here that have not started, as the policy sees them (for bids: held.py)."""
+        return self._held.waiting(self.scheduler.promised(), self.ctx.clock())
 
     def _discard(self, work: Path) -> None:
         """Move a finished run's directory aside (one rename, here); the delivery loop deletes what was
@@ -379,14 +372,7 @@ class Executor:
                             partial(self._prepare, manifest, work),
                             work / "output",
                             estimate_ms=estimate,
-                            job=JobInfo(
-                                job_id,
-                                manifest.submitter.raw,
-                                manifest.deadline,
-                                manifest.limits.fuel,
-                                manifest.limits.wall_ms,
-                                manifest.profile.raw,
-                            ),
+                            job=JobInfo.of(manifest),
                             on_start=started,
                             streams_dir=work / "streams",
                             then=then,
@@ -705,10 +691,5 @@ def _blob_refs(manifest: JobManifest) -> list[BlobRef]:
 
 def _release_reason(why: str | None) -> str:
     """The release reason of a job that failed here, from the reason recorded when it did."""
-    reasons = {
-        GIVE_BACK_TEXT: "deadline",
-        EXPIRED_TEXT: "deadline",
-        LATE_TEXT: "deadline",
-        LEASE_LOST_TEXT: "lease",
-    }
-    return reasons.get(why or "", "failed")
+    late = dict.fromkeys((GIVE_BACK_TEXT, EXPIRED_TEXT, LATE_TEXT), "deadline")
+    return {**late, LEASE_LOST_TEXT: "lease"}.get(why or "", "failed")

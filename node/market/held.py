@@ -9,10 +9,12 @@ the executor, it is what each of them is given.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import trio
+
+from .policy import Task
 
 WITHDRAWN_KEPT = 4096
 """Withdrawn jobs remembered (a withdrawal matters only while an assignment of the job is on its way,
@@ -68,6 +70,17 @@ class HeldJobs(dict[bytes, Held]):
         if not (held.ran or held.ending):
             held.scope.cancel()
         return held
+
+    def waiting(self, queued: Iterable[Task], now: int) -> list[Task]:
+        """Every job held here that has not started and is not ending, as the policy sees it: those in
+        the queue (`queued`) as the queue has them, the others (fetching, being queued) from what is
+        held. A started job is a busy core in the plan, not a waiting job."""
+        known = {t.key: t for t in queued}
+        return [
+            known.get(key) or Task(key, h.submitter, h.deadline, h.estimate_ms, now, h.fuel)
+            for key, h in self.items()
+            if not (h.started or h.ran or h.ending or h.handed_back or h.withdrawn)
+        ]
 
     def was_withdrawn(self, job_id: bytes, submitter: bytes) -> bool:
         return self._withdrawn.get(job_id) == submitter

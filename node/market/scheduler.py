@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Protocol
 
 import trio
+from e31.protocol.jobs import JobManifest
 from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import RunResult
 
@@ -94,6 +95,18 @@ class JobInfo:
     fuel: int
     wall_ms: int
     profile: bytes
+
+    @classmethod
+    def of(cls, manifest: JobManifest) -> JobInfo:
+        lim = manifest.limits
+        return cls(
+            manifest.job_id.raw,
+            manifest.submitter.raw,
+            manifest.deadline,
+            lim.fuel,
+            lim.wall_ms,
+            manifest.profile.raw,
+        )
 
 
 class JobExpired(Exception):
