@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -36,7 +38,7 @@ from e31.sandbox.wasi import (
     RIGHTS_PREOPEN_INHERITING,
 )
 from e31.sandbox.worker import ProtocolViolation, encode_spec, read_frame, serve, write_frame
-from wasi_probe import FD, SKIP, Probe, Str, ours
+from wasi_probe import FD, SKIP, Probe, Str, ours, run_ours, run_theirs
 
 INPUTS = {"a.txt": b"hello", "d/b.txt": b"bb"}
 IN, OUT = 3, 4
@@ -735,3 +737,49 @@ def test_e31_sandbox_run_writable_root(tmp_path: Path, monkeypatch: pytest.Monke
     assert main(["sandbox", "run", "--writable-root", str(tmp_path / "missing"), str(module)]) == 2
     (root / "link").symlink_to(root / "top.txt")
     assert main(["sandbox", "run", "--writable-root", str(root), str(module)]) == 2
+
+
+# -- wasi-libc on top: a C program's view, compared line by line ----------------------------------
+
+GUESTS = Path(__file__).parent / "wasi_guests"
+LIBC_PROBE = GUESTS / "libc_probe.wasm"
+LIBC_INPUTS = {"a.txt": b"hello", "d/b.txt": b"bb"}
+
+
+def test_a_c_program_sees_through_wasi_libc_what_it_sees_under_wasmtime() -> None:
+    module = LIBC_PROBE.read_bytes()
+    args = ("/input", "/output", "read-only")
+    mine, code = run_ours(module, LIBC_INPUTS, args=args)
+    assert code == 0
+    assert (mine, code) == run_theirs(module, LIBC_INPUTS, args=args)
+    lines = set(mine.decode().splitlines())
+    errno = {e.name: int(e) for e in E}
+    assert {
+        "open_read 5 0",  # the read-only open libc makes succeeds, and so does the read
+        f"ftruncate_read_only -1 {errno['PERM']}",
+        f"write_read_only -1 {errno['BADF']}",
+        f"ro_open_rdwr -1 {errno['PERM']}",
+        f"ro_creat -1 {errno['PERM']}",
+        "dotdot_inside 5 0",
+        f"rmdir_not_empty -1 {errno['NOTEMPTY']}",
+        "atime 5 0",  # utimensat kept the times it set
+        "mtime 7 0",
+    } <= lines
+    # The same program in a writable root, as `wasmtime --dir DIR::/` runs it.
+    root = {"in/a.txt": b"hello", "in/d/b.txt": b"bb", "out/.keep": b""}
+    mine, code = run_ours(module, args=("/in", "/out"), root=root)
+    assert code == 0
+    assert (mine, code) == run_theirs(module, args=("/in", "/out"), root=root)
+    assert "ro_open_rdwr" not in mine.decode()
+
+
+def test_the_libc_probe_is_what_its_source_builds_to(tmp_path: Path) -> None:
+    if shutil.which(os.environ.get("CC", "clang")) is None:
+        pytest.skip("no clang (Debian: apt-get install clang lld wasi-libc libclang-rt-dev-wasm32)")
+    proc = subprocess.run(
+        ["sh", str(GUESTS / "build.sh"), str(tmp_path)], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0 and "wasm32-wasi" in proc.stderr + proc.stdout:
+        pytest.skip(f"clang cannot build for wasm32-wasi here: {proc.stderr.strip()[:200]}")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "libc_probe.wasm").read_bytes() == LIBC_PROBE.read_bytes()

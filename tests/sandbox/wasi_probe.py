@@ -251,7 +251,33 @@ def ours(
     env: tuple[tuple[str, str], ...] = (),
     root: Mapping[str, bytes] | None = None,
 ) -> tuple[list[int], int | None]:
-    """(records, exit code) of a run in our sandbox with `inputs` under /input, or with a writable
+    """(records, exit code) of a run in our sandbox (run_ours)."""
+    out, code = run_ours(module, inputs, args=args, env=env, root=root)
+    return records(out), code
+
+
+def theirs(
+    module: bytes,
+    inputs: Mapping[str, bytes] | None = None,
+    *,
+    args: tuple[str, ...] = (),
+    env: tuple[tuple[str, str], ...] = (),
+    root: Mapping[str, bytes] | None = None,
+) -> tuple[list[int], int | None]:
+    """(records, exit code) of a run under wasmtime's WASI (run_theirs)."""
+    out, code = run_theirs(module, inputs, args=args, env=env, root=root)
+    return records(out), code
+
+
+def run_ours(
+    module: bytes,
+    inputs: Mapping[str, bytes] | None = None,
+    *,
+    args: tuple[str, ...] = (),
+    env: tuple[tuple[str, str], ...] = (),
+    root: Mapping[str, bytes] | None = None,
+) -> tuple[bytes, int | None]:
+    """(stdout, exit code) of a run in our sandbox with `inputs` under /input, or with a writable
     root holding `root` (the only preopen, "/", at fd 3)."""
     with tempfile.TemporaryDirectory() as tmp:
         files = {}
@@ -267,18 +293,18 @@ def ours(
         spec = JobSpec(module, args=args, env=env, inputs=files, limits=Limits(fuel=10**8))
         r = run(spec, writable_root=writable_root)
     assert r.status is Status.EXITED, (r.status, r.trap, r.message)
-    return records(r.stdout), r.exit_code
+    return r.stdout, r.exit_code
 
 
-def theirs(
+def run_theirs(
     module: bytes,
     inputs: Mapping[str, bytes] | None = None,
     *,
     args: tuple[str, ...] = (),
     env: tuple[tuple[str, str], ...] = (),
     root: Mapping[str, bytes] | None = None,
-) -> tuple[list[int], int | None]:
-    """(records, exit code) of a run under wasmtime's own WASI: a read-only host directory holding
+) -> tuple[bytes, int | None]:
+    """(stdout, exit code) of a run under wasmtime's own WASI: a read-only host directory holding
     `inputs` preopened as /input (fd 3), an empty writable one as /output (fd 4); or, with `root`,
     one writable directory holding `root` preopened as "/" (as `wasmtime --dir DIR::/`)."""
     engine = wasmtime.Engine()
@@ -312,4 +338,4 @@ def theirs(
             code = e.code
         finally:
             store.close()
-        return records((base / "stdout").read_bytes()), code
+        return (base / "stdout").read_bytes(), code
