@@ -38,6 +38,8 @@ OWNER_AWAY = ("--only-when-idle", *FAST)
 BUSY = str(os.cpu_count() or 1)
 """Owner load (in cores) that keeps a whole machine busy."""
 MIB = 1 << 20
+START = 180.0
+"""Seconds a node may take to start (a bound, not a figure)."""
 # Writes 3 MiB (a 4 KiB block 768 times) to stdout and 100 bytes to stderr.
 CHATTY_WAT = """
 (module
@@ -80,7 +82,8 @@ class Network:
         load = self.load_file if name == "a" else self.tmp / "no-owner-load"
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("E31_TEST_OWNER_LOAD_FILE", str(load))
-            node = self.nodes[name] = Node(self.tmp / name, *args)
+            # five nodes starting at once on a loaded 2-core machine can take well over 30 s
+            node = self.nodes[name] = Node(self.tmp / name, *args, start_deadline=START)
         return node
 
     def start_all(self, names: str) -> None:
@@ -227,33 +230,48 @@ def expected_fuel(job: str, args: list[str], fuel: int) -> int:
     return run(spec).fuel_used
 
 
+def executor_states(node: Node) -> dict[str, str]:
+    """The state of every job this node holds as an executor (one API call)."""
+    return {r["job_id"]: r["state"] for r in node.api.get("/v1/jobs?role=executor")}
+
+
 def test_every_node_killed_and_restarted_mid_sweep_loses_no_job(net: Network) -> None:
+    """Kill -9 every node while the sweep runs, start them all again: every job ends done, nothing ran
+    twice over. The kill must come mid-sweep: each job runs for seconds (two rounds over the four
+    executors), and the wait for one to run asks each executor once per look. (It used to look 64
+    times per turn, for jobs of a second: on a loaded machine a turn outlasted the whole sweep, and
+    the test timed out waiting for a job to run, or killed a sweep that was over.) The time limit is
+    far above the run so a loaded machine cannot turn a run into a timeout, and the nodes may take
+    minutes to start again, all five at once, on a loaded machine (it was 30 s)."""
     a = net.nodes["a"]
     jobs = [
         a.api.post(
             "/v1/jobs",
             {
                 "module": str(MONTECARLO),
-                "args": [str(seed), "40000000"],
-                "limits": {"fuel": 20_000_000_000, "timeout": 20},
+                "args": [str(seed), "200000000"],
+                "limits": {"fuel": 40_000_000_000, "timeout": 600},
             },
         )["job_id"]
         for seed in range(8)
     ]
 
-    def some_running() -> bool:
+    def running() -> bool:
         return any(
-            executor_row(n, j) is not None and executor_row(n, j)["state"] == "running"  # type: ignore[index]
+            state == "running" and job in jobs
             for n in net.executors()
-            for j in jobs
+            for job, state in executor_states(n).items()
         )
 
-    wait_for("a job to run", some_running)
+    wait_for("a job to run", running, deadline=120.0)
     for node in net.nodes.values():
         node.proc.send_signal(signal.SIGKILL)
         node.proc.wait(timeout=30)
+    with sqlite3.connect(f"file:{a.data_dir / 'node.sqlite'}?mode=ro", uri=True) as db:
+        done = {bytes(j).hex() for (j,) in db.execute("SELECT job_id FROM jobs WHERE state = 'done'")}
+    assert set(jobs) - done, "the sweep was over before the kill"
     net.start_all("abcde")
-    docs = [wait_for(f"job {j[:8]}", lambda j=j: ended(a, j), deadline=90.0) for j in jobs]
+    docs = [wait_for(f"job {j[:8]}", lambda j=j: ended(a, j), deadline=180.0) for j in jobs]
     assert all(d["state"] == "done" and d["succeeded"] for d in docs), docs
     # No executor signed two receipts for one attempt of a job: nothing ran twice over.
     signed = Counter(r for n in net.executors() for r in receipts(n) if r[0] in jobs)

@@ -62,7 +62,7 @@ def wait_for(what: str, check: Callable[[], Any], deadline: float = DEADLINE) ->
 
 
 class Node:
-    def __init__(self, data_dir: Path, *args: str) -> None:
+    def __init__(self, data_dir: Path, *args: str, start_deadline: float = DEADLINE) -> None:
         self.data_dir = data_dir
         self.log = data_dir.with_suffix(".log")
         env = dict(os.environ)
@@ -95,7 +95,7 @@ class Node:
                 stderr=out,
                 env=env,
             )
-        self.node_id, _, self.address = wait_for(f"{data_dir.name} to start", self._ready)
+        self.node_id, _, self.address = wait_for(f"{data_dir.name} to start", self._ready, start_deadline)
         self.api = ApiClient(data_dir, timeout=60.0)
 
     def _ready(self) -> tuple[str, str, str] | None:
