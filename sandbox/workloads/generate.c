@@ -435,11 +435,13 @@ static void alloc_state(const config_t *c, state_t *s) {
 
 static void rmsnorm(float *o, const float *x, const float *weight, int size) {
     float ss = 0.0f;
-    for (int j = 0; j < size; j++) ss += x[j] * x[j];
+    int j = 0;
+    for (; j + 4 <= size; j += 4) ss = (((ss + x[j] * x[j]) + x[j + 1] * x[j + 1]) + x[j + 2] * x[j + 2]) + x[j + 3] * x[j + 3];
+    for (; j < size; j++) ss += x[j] * x[j];
     ss /= size;
     ss += 1e-5f;
     ss = 1.0f / sqrtf(ss);
-    for (int j = 0; j < size; j++) o[j] = weight[j] * (ss * x[j]);
+    for (j = 0; j < size; j++) o[j] = weight[j] * (ss * x[j]);
 }
 
 /* e^x for x <= 0, four lanes, the same operations in every build (so not libm's expf, whose wasm and
@@ -467,7 +469,10 @@ static void softmax(float *x, int size) {
     float max_val = x[0];
     if (n4) {
         f4 m4 = F4_SPLAT(x[0]);
-        for (i = 0; i < n4; i += 4) m4 = F4_MAX(m4, F4_LOAD(x + i));
+        i = 0;
+        for (; i + 16 <= n4; i += 16)
+            m4 = F4_MAX(F4_MAX(F4_MAX(F4_MAX(m4, F4_LOAD(x + i)), F4_LOAD(x + i + 4)), F4_LOAD(x + i + 8)), F4_LOAD(x + i + 12));
+        for (; i < n4; i += 4) m4 = F4_MAX(m4, F4_LOAD(x + i));
         float l[4];
         F4_STORE(l, m4);
         for (int k = 0; k < 4; k++)
@@ -490,7 +495,11 @@ static void softmax(float *x, int size) {
         for (i = n4; i < size; i++) sum += x[i];
     }
     f4 sum4 = F4_SPLAT(sum);
-    for (i = 0; i < n4; i += 4) F4_STORE(x + i, F4_DIV(F4_LOAD(x + i), sum4));
+    for (i = 0; i + 8 <= n4; i += 8) {
+        F4_STORE(x + i, F4_DIV(F4_LOAD(x + i), sum4));
+        F4_STORE(x + i + 4, F4_DIV(F4_LOAD(x + i + 4), sum4));
+    }
+    for (; i < n4; i += 4) F4_STORE(x + i, F4_DIV(F4_LOAD(x + i), sum4));
     for (i = n4; i < size; i++) x[i] /= sum;
 }
 
@@ -569,7 +578,18 @@ static void forward(const config_t *c, const weights_t *w, state_t *s, int token
             int i = 0;
             for (; i + 8 <= hs; i += 8) {
                 f4 acc = F4_ZERO(), acc2 = F4_ZERO();
-                for (int t = 0; t <= pos; t++) {
+                int t = 0;
+                for (; t + 3 <= pos; t += 4) { /* four positions per step, added in order */
+                    const float *v0 = vh + (size_t)t * kv_dim + i, *v1 = v0 + kv_dim, *v2 = v1 + kv_dim, *v3 = v2 + kv_dim;
+                    f4 a0 = F4_SPLAT(att[t]), a1 = F4_SPLAT(att[t + 1]), a2 = F4_SPLAT(att[t + 2]), a3 = F4_SPLAT(att[t + 3]);
+                    acc = F4_ADD(F4_ADD(F4_ADD(F4_ADD(acc, F4_MUL(a0, F4_LOAD(v0))), F4_MUL(a1, F4_LOAD(v1))),
+                                        F4_MUL(a2, F4_LOAD(v2))),
+                                 F4_MUL(a3, F4_LOAD(v3)));
+                    acc2 = F4_ADD(F4_ADD(F4_ADD(F4_ADD(acc2, F4_MUL(a0, F4_LOAD(v0 + 4))), F4_MUL(a1, F4_LOAD(v1 + 4))),
+                                         F4_MUL(a2, F4_LOAD(v2 + 4))),
+                                  F4_MUL(a3, F4_LOAD(v3 + 4)));
+                }
+                for (; t <= pos; t++) {
                     f4 a = F4_SPLAT(att[t]);
                     const float *vt = vh + (size_t)t * kv_dim + i;
                     acc = F4_ADD(acc, F4_MUL(a, F4_LOAD(vt)));
@@ -864,9 +884,22 @@ static int cmp_prob(const void *pa, const void *pb) {
 }
 
 static int argmax(const float *v, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
+    int best = 0, i = 1;
+    float bv = v[0];
+#define TAKE(k)                  \
+    do {                         \
+        int gt_ = v[k] > bv;     \
+        best = gt_ ? (k) : best; \
+        bv = gt_ ? v[k] : bv;    \
+    } while (0)
+    for (; i + 4 <= n; i += 4) {
+        TAKE(i);
+        TAKE(i + 1);
+        TAKE(i + 2);
+        TAKE(i + 3);
+    }
+    for (; i < n; i++) TAKE(i);
+#undef TAKE
     return best;
 }
 
