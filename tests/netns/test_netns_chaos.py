@@ -1,4 +1,4 @@
-"""The chaos run's short version (chaos.py; the full one is tests/bench/bench_chaos.py): a sweep over
+"""The chaos run's short version (chaos.py; the full one is tests/bench/bench_chaos.py): 30 jobs over
 five hosts, two of them behind NAT, under a seeded schedule of kill -9 (the submitter's included),
 pulled links and partitions; then every invariant is checked from the nodes' stores and their
 exported receipts, and every bundle passes `e31 audit`."""
@@ -14,7 +14,7 @@ from harness import Topology
 def test_a_short_chaos_run_loses_nothing_and_runs_no_finished_job_again(
     nat_topology: Topology, tmp_path: Path
 ) -> None:
-    config = ChaosConfig(seed=7, jobs=40, faults=14, public=2, homes=2, hold=(0.5, 2.0), settle=150)
+    config = ChaosConfig(seed=7, jobs=30, faults=10, public=2, homes=2, hold=(0.5, 2.0), settle=150)
     chaos = Chaos(nat_topology, tmp_path, config)
     try:
         report = chaos.run()
