@@ -876,11 +876,35 @@ typedef struct {
     int index;
 } prob_index_t;
 
-static int cmp_prob(const void *pa, const void *pb) {
-    const prob_index_t *a = pa, *b = pb;
-    if (a->prob > b->prob) return -1;
-    if (a->prob < b->prob) return 1;
-    return (a->index > b->index) - (a->index < b->index);
+/* Sorts a[0..n) by probability, highest first, the lower index first on a tie (a is in index order on
+ * entry): a stable radix sort, three passes of 11 bits over the inverted float bits (probabilities are
+ * >= 0, so their bits order as they do). tmp holds n entries. */
+static void sort_by_prob(prob_index_t *a, prob_index_t *tmp, int n) {
+    static uint32_t count[2048];
+    prob_index_t *src = a, *dst = tmp;
+    for (int shift = 0; shift < 33; shift += 11) {
+        memset(count, 0, sizeof count);
+        for (int i = 0; i < n; i++) {
+            uint32_t bits;
+            memcpy(&bits, &src[i].prob, 4);
+            count[(~bits >> shift) & 2047]++;
+        }
+        uint32_t total = 0;
+        for (int d = 0; d < 2048; d++) {
+            uint32_t c = count[d];
+            count[d] = total;
+            total += c;
+        }
+        for (int i = 0; i < n; i++) {
+            uint32_t bits;
+            memcpy(&bits, &src[i].prob, 4);
+            dst[count[(~bits >> shift) & 2047]++] = src[i];
+        }
+        prob_index_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    memcpy(a, src, (size_t)n * sizeof *a); /* three passes: the result is in tmp */
 }
 
 static int argmax(const float *v, int n) {
@@ -903,7 +927,8 @@ static int argmax(const float *v, int n) {
     return best;
 }
 
-static int sample(float *logits, int n, float temperature, float top_p, rng_t *rng, prob_index_t *scratch) {
+static int sample(float *logits, int n, float temperature, float top_p, rng_t *rng, prob_index_t *scratch,
+                  prob_index_t *scratch2) {
     if (temperature == 0.0f) return argmax(logits, n);
     float max_val = logits[0];
     for (int i = 1; i < n; i++)
@@ -933,7 +958,7 @@ static int sample(float *logits, int n, float temperature, float top_p, rng_t *r
             n0++;
         }
     if (n0 == 0) return argmax(logits, n);
-    qsort(scratch, (size_t)n0, sizeof *scratch, cmp_prob);
+    sort_by_prob(scratch, scratch2, n0);
     float cum = 0.0f;
     int last = n0 - 1;
     for (int i = 0; i < n0; i++) {
@@ -1472,7 +1497,7 @@ typedef struct {
     weights_t w;
     state_t s;
     tokenizer_t t;
-    prob_index_t *scratch;
+    prob_index_t *scratch, *scratch2;
     int *tokens;
     size_t tokens_cap;
 } model_t;
@@ -1551,7 +1576,7 @@ static void run_line(model_t *m, const unsigned char *line, size_t n, long long 
             token = m->tokens[pos + 1];
             continue;
         }
-        int next = sample(m->s.logits, c->vocab_size, temperature, top_p, &rng, m->scratch);
+        int next = sample(m->s.logits, c->vocab_size, temperature, top_p, &rng, m->scratch, m->scratch2);
         if (next == 1 || next == 2) {
             finish = "stop";
             break;
@@ -1615,6 +1640,7 @@ int main(int argc, char **argv) {
     load_tokenizer(tok_path, m.c.vocab_size, &m.t);
     alloc_state(&m.c, &m.s);
     m.scratch = xcalloc(m.c.vocab_size, sizeof *m.scratch, "sampler");
+    m.scratch2 = xcalloc(m.c.vocab_size, sizeof *m.scratch2, "sampler");
 
     size_t psize;
     const char *err;
