@@ -210,7 +210,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _submit(call: Any, api: Any, body: dict[str, Any]) -> Any:
+    from .batch_file import MAX_BATCH_BYTES
+
     wire = {k: v for k, v in body.items() if not k.startswith("_")}
+    size = len(json.dumps(wire).encode())
+    if size > MAX_BATCH_BYTES:
+        raise CliError(
+            f"{len(wire['jobs'])} jobs do not fit one batch request ({size} bytes; the node takes "
+            f"{MAX_BATCH_BYTES}): give more --prompts-per-job",
+            code=2,
+        )
     return call(api, "POST", "/v1/batches", wire)
 
 

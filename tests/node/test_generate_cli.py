@@ -3,11 +3,11 @@ llama2.c files' checks, the limits, the merge's order and line numbers, and the 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import struct
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from e31.node.cli.llama_files import (
     limits_for,
     read_model_shape,
 )
+from e31.node.cli.main import main
 from e31.node.cli.merge import Incomplete, MergeError, completion_lines, merge, parts_of, write_merged
 from e31.node.cli.prompts import PromptsError, read_prompts, split
 
@@ -28,15 +29,15 @@ MODELS = ROOT / "sandbox" / "workloads" / "models"
 STORIES = ROOT.parent / "shared" / "models" / "stories260K"
 
 
-def e31(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "e31.node", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+def e31(*args: str) -> tuple[int, str]:
+    """Run `e31 ARGS` through its entry point in this process: (exit status, stderr)."""
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code if isinstance(e.code, int) else 2
+    return code, err.getvalue()
 
 
 def write_lines(path: Path, *lines: str) -> Path:
@@ -301,6 +302,7 @@ def test_the_command_refuses_bad_input_with_one_line(tmp_path: Path) -> None:
     data = ["--data-dir", str(tmp_path / "nobody")]
     good = write_lines(tmp_path / "p.jsonl", prompt(1))
     bad = write_lines(tmp_path / "bad.jsonl", prompt(1), "{")
+    many = write_lines(tmp_path / "many.jsonl", *(prompt(i) for i in range(6000)))
     cases = [
         (["generate", str(tmp_path / "absent.jsonl"), *data], 2, "no such file"),
         (["generate", str(bad), *data], 2, "line 2: not JSON"),
@@ -312,15 +314,19 @@ def test_the_command_refuses_bad_input_with_one_line(tmp_path: Path) -> None:
         ),
         (["generate", str(good), "--prompts-per-job", "0", *data], 2, "must be more than 0"),
         (["generate", str(good), "--deadline", "soon", *data], 2, "not a duration"),
+        (
+            ["generate", str(many), "--prompts-per-job", "1", *data],
+            2,
+            "6000 jobs do not fit one batch request",
+        ),
         (["generate", str(good), *data], 1, "no node is running"),
         (["results", "batch-0123456789abcdef", "--merge", str(tmp_path / "c.jsonl"), *data], 1, "no node"),
         (["results", "abcdef0123", "--merge", str(tmp_path / "c.jsonl"), *data], 2, "takes a batch id"),
         (["results", "abcdef0123", *data], 2, "--out DIR is required"),
     ]
     for argv, code, message in cases:
-        done = e31(*argv, cwd=tmp_path)
-        assert done.returncode == code, (argv, done.stdout, done.stderr)
-        lines = done.stderr.strip().splitlines()
-        assert "Traceback" not in done.stderr
-        assert len([ln for ln in lines if "error" in ln]) == 1, done.stderr
-        assert re.search(message, done.stderr), (message, done.stderr)
+        status, stderr = e31(*argv)
+        assert status == code, (argv, stderr)
+        assert "Traceback" not in stderr
+        assert len([ln for ln in stderr.strip().splitlines() if "error" in ln]) == 1, stderr
+        assert re.search(message, stderr), (message, stderr)
