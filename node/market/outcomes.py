@@ -3,7 +3,8 @@
 An outcome is a `result` carrying the signed `receipt` and the small outputs (protocol/results.py).
 The receipt is checked against the manifest and the assignment it names (protocol/receipts.py), the
 output blobs it lists that the result did not carry are fetched from the executor (every chunk
-verified), and only then is the job `done`, in one commit with the receipt and the carried outputs
+verified; a fetch that finds no link or no answer leaves the outcome to its next delivery, without
+judging it), and only then is the job `done`, in one commit with the receipt and the carried outputs
 (kept in the database). The receipt is countersigned with the next `ack` to its executor, one per
 executor for the receipts verified over a short while (acks.py). A repeated outcome for a finished job
 gets the stored ack again (or, lost in a stop, a new one), so an executor that missed it stops
@@ -50,7 +51,7 @@ from .submitted import (
     stored_assigns,
     submitted_transition,
 )
-from .transfer import BlobTransfer, FetchError
+from .transfer import BlobTransfer, FetchError, PeerUnreachable
 
 log = logging.getLogger("e31.submitter")
 
@@ -134,6 +135,12 @@ class Outcomes:
         job.completing, job.settled = True, trio.Event()
         try:
             await self._complete(job_id, job, row, receipt_env, carried)
+        except PeerUnreachable as e:
+            # Not a verdict on the outcome: its outputs could not be fetched for now (the link went
+            # down, or no answer). Its executor delivers it again until acknowledged, and it is taken
+            # then; failing the attempt here would run a finished job again elsewhere.
+            log.info("job %s: the outcome from %s waits: %s", job_id.hex()[:12], receipt_env.signer, e)
+            self._forget_outcome(job_id, env)
         except (Mismatch, ProtocolError, FetchError) as e:
             metrics.VERIFICATION_FAILURES.inc(1, "outcome")
             log.warning(

@@ -47,6 +47,10 @@ class FetchError(Unavailable):
     """A blob could not be fetched from a peer (no link, no answer, or bad data); the message says why."""
 
 
+class PeerUnreachable(FetchError):
+    """The peer could not be asked (no link) or did not answer: the same fetch may succeed later."""
+
+
 @dataclass(frozen=True, slots=True)
 class TransferSettings:
     window: int = 8
@@ -216,12 +220,12 @@ class BlobTransfer:
         except (BlobError, ValueError, OSError) as e:
             raise FetchError(f"cannot store blob {ref.root}: {e}") from None
         pending = iter(missing)
-        failures: list[str] = []
+        failures: list[FetchError] = []
         async with trio.open_nursery() as nursery:
             for _ in range(min(self.settings.window, len(missing))):
                 nursery.start_soon(self._fetch_chunks, peer, ref, chunks, partial, pending, failures)
         if failures:
-            raise FetchError(failures[0])
+            raise failures[0]
         try:
             await trio.to_thread.run_sync(partial.finalise)
         except (BlobError, OSError) as e:
@@ -234,7 +238,7 @@ class BlobTransfer:
         chunks: ChunkList,
         partial: PartialBlob,
         pending: Iterator[int],
-        failures: list[str],
+        failures: list[FetchError],
     ) -> None:
         for index in pending:  # shared iterator: each index is taken by exactly one task
             if failures:
@@ -245,11 +249,11 @@ class BlobTransfer:
                 await trio.to_thread.run_sync(partial.write_chunk, index, data, chunks.hashes[index].raw)
                 self.fetched_chunks += 1
             except BadBlob as e:
-                failures.append(f"{NodeId(peer)} sent a bad chunk of {ref.root}: {e}")
+                failures.append(FetchError(f"{NodeId(peer)} sent a bad chunk of {ref.root}: {e}"))
             except FetchError as e:
-                failures.append(str(e))
+                failures.append(e)
             except (BlobError, OSError) as e:
-                failures.append(f"cannot store a chunk of {ref.root}: {e}")
+                failures.append(FetchError(f"cannot store a chunk of {ref.root}: {e}"))
 
     async def _ask(self, peer: bytes, root: Digest, index: int | None) -> bytes:
         key = (peer, root.raw, index)
@@ -265,7 +269,7 @@ class BlobTransfer:
                     self.wall_ms() + self.settings.request_ttl_ms,
                 )
                 if not await self.send(peer, sign_message(request, self.identity)):
-                    raise FetchError(f"no link to {NodeId(peer)} to fetch blob {root}")
+                    raise PeerUnreachable(f"no link to {NodeId(peer)} to fetch blob {root}")
                 with trio.move_on_after(self.settings.request_timeout):
                     await waiter.event.wait()
             finally:
@@ -274,7 +278,7 @@ class BlobTransfer:
             if waiter.data is not None:
                 return waiter.data
         what = "the chunk list" if index is None else f"chunk {index}"
-        raise FetchError(
+        raise PeerUnreachable(
             f"{NodeId(peer)} did not send {what} of blob {root} "
             f"({self.settings.retries} tries of {self.settings.request_timeout:g} s)"
         )
