@@ -15,8 +15,9 @@
  * The dot products are written with explicit 4-lane vectors: wasm SIMD (-msimd128) in the shipped
  * module; SSE, or plain C (with -DGENERATE_PLAIN, or when neither is available), in a native build of the
  * same source. Every path adds in the same order (lane j sums elements j, j+4, j+8, ...; then
- * (lane0 + lane1) + (lane2 + lane3); then the tail in order), so a native build with -ffp-contract=off
- * gives the same completions as the module.
+ * (lane0 + lane1) + (lane2 + lane3); then the tail in order), and the exponentials, sines and cosines
+ * are our own (libm's differ between wasi-libc and glibc in the last bit), so a native build with
+ * -ffp-contract=off gives the same completions as the module, sampled ones included.
  */
 #include <errno.h>
 #include <math.h>
@@ -444,6 +445,51 @@ static void rmsnorm(float *o, const float *x, const float *weight, int size) {
     for (j = 0; j < size; j++) o[j] = weight[j] * (ss * x[j]);
 }
 
+/* Our own exp, sin and cos in double precision, rounded to float by the callers: the same operations in
+ * every build, so the wasm module and a native build agree bit for bit (libm's expf, powf, sinf and cosf
+ * differ between wasi-libc and glibc in the last bit for some inputs). Accurate to a few units in the
+ * 16th digit, so the float results are the correctly rounded ones except in the rarest of near ties. */
+static double two_to(int k) { /* 2^k for k in [-1022, 1023] */
+    uint64_t bits = (uint64_t)(k + 1023) << 52;
+    double d;
+    memcpy(&d, &bits, 8);
+    return d;
+}
+
+static double exp_d(double x) {
+    if (x != x) return x;
+    if (x > 700.0) x = 700.0; /* far past float's range either way */
+    if (x < -700.0) return 0.0;
+    double k = x * 1.4426950408889634 + 6755399441055744.0 - 6755399441055744.0; /* round to whole */
+    double r = (x - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10;
+    double p = 1.0 / 6227020800.0; /* Taylor to r^13 / 13!, |r| <= 0.35 */
+    static const double inv_fact[] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+                                      1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,     1.0 / 120.0,
+                                      1.0 / 24.0,        1.0 / 6.0,        0.5,             1.0,
+                                      1.0};
+    for (int i = 0; i < 13; i++) p = p * r + inv_fact[i];
+    return p * two_to((int)k);
+}
+
+static float expf_ours(float x) { return (float)exp_d((double)x); }
+
+/* sin and cos of x (|x| < 2^30) at once: x = k pi/2 + r (Cody-Waite), Taylor series on |r| <= pi/4. */
+static void sincos_d(double x, double *s_out, double *c_out) {
+    double k = x * 6.36619772367581382433e-01 + 6755399441055744.0 - 6755399441055744.0;
+    double r = ((x - k * 1.57079632673412561417e+00) - k * 6.07710050650619224932e-11) -
+               k * 2.02226624879595063154e-21;
+    double r2 = r * r;
+    double sp = 0.0, cp = 0.0; /* sin r = r (1 - r^2/3! + ...), cos r = 1 - r^2/2! + ..., to r^18 */
+    for (int i = 9; i >= 1; i--) {
+        sp = 1.0 - sp * r2 / ((2.0 * i) * (2.0 * i + 1.0));
+        cp = 1.0 - cp * r2 / ((2.0 * i - 1.0) * (2.0 * i));
+    }
+    double sn = r * sp, cs = cp;
+    int q = (int)(((long long)k) & 3);
+    *s_out = q == 0 ? sn : q == 1 ? cs : q == 2 ? -sn : -cs;
+    *c_out = q == 0 ? cs : q == 1 ? -sn : q == 2 ? -cs : sn;
+}
+
 /* e^x for x <= 0, four lanes, the same operations in every build (so not libm's expf, whose wasm and
  * native versions may differ): x = n ln2 + r with n whole, e^r from Cephes' expf polynomial (within about
  * 2 ulp), times 2^n from the exponent bits; 0 below -87 (where 2^n would leave the normal range). */
@@ -512,10 +558,13 @@ static void forward(const config_t *c, const weights_t *w, state_t *s, int token
     memcpy(x, w->token_embedding + (size_t)token * dim, (size_t)dim * sizeof(float));
 
     for (int i = 0; i < hs; i += 2) {
-        float freq = 1.0f / powf(10000.0f, i / (float)hs);
+        float e = i / (float)hs;
+        float freq = 1.0f / (float)exp_d((double)e * 9.21034037197618273607); /* 10000^e, ln 10000 */
         float val = pos * freq;
-        s->rope_cos[i / 2] = cosf(val);
-        s->rope_sin[i / 2] = sinf(val);
+        double sn, cs;
+        sincos_d((double)val, &sn, &cs);
+        s->rope_cos[i / 2] = (float)cs;
+        s->rope_sin[i / 2] = (float)sn;
     }
     float scale = sqrtf((float)hs);
 
@@ -617,7 +666,7 @@ static void forward(const config_t *c, const weights_t *w, state_t *s, int token
         matmul(s->hb2, s->xb, w->w3 + (size_t)l * dim * hidden, dim, hidden);
         for (int i = 0; i < hidden; i++) {
             float val = s->hb[i];
-            val *= (1.0f / (1.0f + expf(-val)));
+            val *= (1.0f / (1.0f + expf_ours(-val)));
             val *= s->hb2[i];
             s->hb[i] = val;
         }
@@ -933,12 +982,9 @@ static int sample(float *logits, int n, float temperature, float top_p, rng_t *r
     float max_val = logits[0];
     for (int i = 1; i < n; i++)
         if (logits[i] > max_val) max_val = logits[i];
-    float sum = 0.0f;
-    for (int i = 0; i < n; i++) {
-        logits[i] = expf((logits[i] - max_val) / temperature);
-        sum += logits[i];
-    }
-    for (int i = 0; i < n; i++) logits[i] /= sum;
+    /* (logit - max) / temperature <= 0, then the attention's softmax (our exp, not libm's). */
+    for (int i = 0; i < n; i++) logits[i] = (logits[i] - max_val) / temperature;
+    softmax(logits, n);
     float coin = rng_float(rng);
     if (top_p >= 1.0f || n == 1) {
         float cdf = 0.0f;
