@@ -44,7 +44,6 @@ class E(enum.IntEnum):
     """The WASI preview-1 errno values we return."""
 
     SUCCESS = 0
-    ACCES = 2
     BADF = 8
     EXIST = 20
     FAULT = 21
@@ -61,10 +60,8 @@ class E(enum.IntEnum):
     NOTEMPTY = 55
     NOTSOCK = 57
     NOTSUP = 58
-    OVERFLOW = 61
     PERM = 63
     SPIPE = 70
-    XDEV = 75
     NOTCAPABLE = 76
 
 
