@@ -4,8 +4,9 @@ Nothing here reads a clock, draws a random number or touches a file: times (ms s
 trio seconds for the bid window) come in as parameters, so every rule is tested without I/O. The trio
 services that act on these decisions are node/market_submitter.py and node/market_executor.py.
 
-- A bid's finish estimate: the executor's backlog (the estimated run time of every job it holds, spread
-  over its cores) plus this job's estimate, min(wall limit, fuel limit / measured fuel rate).
+- A job's first check at an executor (`plan_bid`): profile, memory, room in the queue, and a finish by
+  its deadline on an idle core (min(wall limit, fuel limit / measured fuel rate)); the executor then
+  plans the jobs that pass with every job it has promised (policy.admit, in bidding.py).
 - The submitter ranks bids by estimated finish, adding for each executor the jobs it has itself assigned
   there and not yet seen finish (a bid made before those assignments does not count them), so a burst
   of offers spreads over the network instead of piling onto the first idle node.
@@ -29,8 +30,6 @@ from enum import Enum
 from e31.protocol.ids import Digest
 from e31.protocol.jobs import JobManifest
 
-DEFAULT_FUEL_RATE = 1_000_000_000
-"""Fuel per second one core burns before the node has measured its own rate (order of magnitude here)."""
 MIN_ESTIMATE_MS = 1
 
 
@@ -107,14 +106,6 @@ def plan_bid(offer: OfferView, me: ExecutorView, now: int, *, bid_ttl_ms: int) -
             "deadline", f"expected to finish {finish - offer.deadline} ms after the deadline", expires
         )
     return BidPlan(start, finish, min(expires, offer.deadline))
-
-
-def measured_fuel_rate(previous: int, fuel_used: int, compute_ms: int, weight: float = 0.2) -> int:
-    """Update the fuel-per-core-second estimate with one finished run (runs under 5 ms say too little)."""
-    if compute_ms < 5 or fuel_used <= 0:
-        return previous
-    sample = fuel_used * 1000 // compute_ms
-    return max(1, round(previous * (1 - weight) + sample * weight))
 
 
 # --- the submitter's side ----------------------------------------------------------------------------

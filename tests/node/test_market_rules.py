@@ -24,7 +24,6 @@ from e31.node.market.rules import (
     believe,
     choose_bid,
     lease_expiry,
-    measured_fuel_rate,
     offer_expiry,
     plan_bid,
     run_estimate_ms,
@@ -120,14 +119,6 @@ def test_an_executor_that_cannot_serve_declines_with_the_reason(
     assert isinstance(plan, DeclinePlan)
     assert plan.reason == reason
     assert plan.text
-
-
-def test_the_fuel_rate_moves_towards_what_runs_measure() -> None:
-    rate = 1_000_000_000
-    assert measured_fuel_rate(rate, fuel_used=3_000_000_000, compute_ms=1000) > rate
-    assert measured_fuel_rate(rate, fuel_used=100, compute_ms=1000) < rate
-    assert measured_fuel_rate(rate, fuel_used=10**9, compute_ms=2) == rate  # too short to say
-    assert measured_fuel_rate(rate, fuel_used=0, compute_ms=1000) == rate
 
 
 def bid(executor: bytes, start: int, finish: int, expires: int = NOW + 30_000) -> BidView:
