@@ -15,6 +15,7 @@ from e31.client import (
     AsyncClient,
     BadId,
     Client,
+    Exists,
     InvalidRequest,
     NodeNotRunning,
     NotFinished,
@@ -84,6 +85,11 @@ def test_submit_one_job_with_inputs_and_read_its_result(node: Node, tmp_path: Pa
         assert not (tmp_path / "one" / "index.json").exists()  # one job goes straight into the folder
         (c,) = client.cancel(job_id)
         assert not c.cancelled and c.state == "done"
+        (tmp_path / "one" / "stdout").write_text("changed")
+        with pytest.raises(Exists, match="not overwritten"):
+            client.results(job_id, out=tmp_path / "one")
+        client.results(job_id, out=tmp_path / "one", overwrite=True)
+        assert (tmp_path / "one" / "stdout").read_bytes() == result.stdout
 
 
 def test_cancel_a_queued_job_and_its_results_are_refused(node: Node) -> None:
