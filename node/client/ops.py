@@ -398,9 +398,11 @@ def wait(
                     if other["ended"] == other["total"]:
                         finished_batches.add(b)
         else:
-            j = next(j for j in singles if states.get(j) not in TERMINAL)
-            full[j] = yield Call("GET", f"/v1/jobs/{j}/wait?timeout={left:.3f}")
-            states[j] = full[j]["state"]
+            going = next((j for j in singles if states.get(j) not in TERMINAL), None)
+            if going is None:
+                break  # every batch says it has ended: jobs it no longer lists are gone from the node
+            full[going] = yield Call("GET", f"/v1/jobs/{going}/wait?timeout={left:.3f}")
+            states[going] = full[going]["state"]
     for b in batches:
         doc = yield Call("GET", f"/v1/batches/{b}")
         for d in doc["jobs"]:
