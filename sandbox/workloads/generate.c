@@ -686,39 +686,42 @@ typedef struct {
     const unsigned char **str;
     int *len;
     float *score;
-    int *sorted; /* ids sorted by (bytes, id) */
+    int *table;         /* open-addressing hash of the tokens' bytes: ids, -1 for an empty slot */
+    uint32_t table_mask; /* table size - 1 (a power of two at least twice the vocabulary) */
     int byte_token[256]; /* id of "<0xXX>" for each byte, or -1 */
 } tokenizer_t;
 
-static const tokenizer_t *sort_tok;
-
-static int cmp_bytes(const unsigned char *a, int alen, const unsigned char *b, int blen) {
-    int n = alen < blen ? alen : blen;
-    int r = n ? memcmp(a, b, (size_t)n) : 0;
-    if (r) return r;
-    return (alen > blen) - (alen < blen);
+static uint32_t hash_bytes(const unsigned char *s, int n) { /* FNV-1a */
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < n; i++) h = (h ^ s[i]) * 16777619u;
+    return h;
 }
 
-static int cmp_sorted(const void *pa, const void *pb) {
-    int a = *(const int *)pa, b = *(const int *)pb;
-    int r = cmp_bytes(sort_tok->str[a], sort_tok->len[a], sort_tok->str[b], sort_tok->len[b]);
-    return r ? r : (a > b) - (a < b);
+static int same_bytes(const tokenizer_t *t, int id, const unsigned char *s, int n) {
+    return t->len[id] == n && (n == 0 || memcmp(t->str[id], s, (size_t)n) == 0);
 }
 
 /* The lowest id whose bytes are s[0..n), or -1. */
 static int lookup(const tokenizer_t *t, const unsigned char *s, int n) {
-    int lo = 0, hi = t->vocab_size;
-    while (lo < hi) {
-        int mid = lo + (hi - lo) / 2;
-        int id = t->sorted[mid];
-        if (cmp_bytes(t->str[id], t->len[id], s, n) < 0) lo = mid + 1;
-        else hi = mid;
+    for (uint32_t k = hash_bytes(s, n) & t->table_mask;; k = (k + 1) & t->table_mask) {
+        int id = t->table[k];
+        if (id < 0) return -1;
+        if (same_bytes(t, id, s, n)) return id;
     }
-    if (lo < t->vocab_size) {
-        int id = t->sorted[lo];
-        if (cmp_bytes(t->str[id], t->len[id], s, n) == 0) return id;
+}
+
+/* Ids inserted in increasing order, a repeated string kept at its first (lowest) id. */
+static void build_table(tokenizer_t *t) {
+    uint64_t size = 1;
+    while (size < 2 * (uint64_t)t->vocab_size) size *= 2;
+    t->table = xcalloc(size, sizeof *t->table, "tokenizer");
+    t->table_mask = (uint32_t)(size - 1);
+    for (uint64_t k = 0; k < size; k++) t->table[k] = -1;
+    for (int id = 0; id < t->vocab_size; id++) {
+        uint32_t k = hash_bytes(t->str[id], t->len[id]) & t->table_mask;
+        while (t->table[k] >= 0 && !same_bytes(t, t->table[k], t->str[id], t->len[id])) k = (k + 1) & t->table_mask;
+        if (t->table[k] < 0) t->table[k] = id;
     }
-    return -1;
 }
 
 static int hexval(unsigned char ch) {
@@ -751,7 +754,6 @@ static void load_tokenizer(const char *path, int vocab_size, tokenizer_t *t) {
     t->str = xcalloc(vocab_size, sizeof *t->str, "tokenizer");
     t->len = xcalloc(vocab_size, sizeof *t->len, "tokenizer");
     t->score = xcalloc(vocab_size, sizeof *t->score, "tokenizer");
-    t->sorted = xcalloc(vocab_size, sizeof *t->sorted, "tokenizer");
     t->max_len = 1;
     size_t off = 4;
     for (int i = 0; i < vocab_size; i++) {
@@ -776,7 +778,6 @@ static void load_tokenizer(const char *path, int vocab_size, tokenizer_t *t) {
         t->len[i] = n;
         if (n > t->max_len) t->max_len = n;
         off += (size_t)n;
-        t->sorted[i] = i;
     }
     if (off != size) {
         fprintf(stderr,
@@ -784,8 +785,7 @@ static void load_tokenizer(const char *path, int vocab_size, tokenizer_t *t) {
                 (unsigned long long)(size - off), vocab_size);
         exit(1);
     }
-    sort_tok = t;
-    qsort(t->sorted, (size_t)vocab_size, sizeof(int), cmp_sorted);
+    build_table(t);
     for (int b = 0; b < 256; b++) t->byte_token[b] = b + 3 < vocab_size ? b + 3 : -1;
 }
 
