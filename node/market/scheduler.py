@@ -265,8 +265,8 @@ class Scheduler:
         if not self._ready.is_set() or self.suspended:
             return
         while self._waiting and len(self._running) < self.workers:
-            busy = self.slots(now)[: len(self._running)]
-            task = pick([e.task for e in self._waiting], busy, now, self.usage, self.weights)
+            others = self.slots(now)[:-1]  # every core but the free one the pick is for
+            task = pick([e.task for e in self._waiting], others, now, self.usage, self.weights)
             if task is None:
                 return
             entry = next(e for e in self._waiting if e.task is task)

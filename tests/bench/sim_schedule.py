@@ -171,7 +171,7 @@ def simulate(sc: Scenario, policy: str) -> Outcome:
             elif policy in ("edf", "edf+admission"):
                 chosen = min(node.waiting, key=lambda tj: (tj[0].deadline, tj[0].key))
             else:
-                task = pick([t for t, _ in node.waiting], node.busy_slots(now), now, node.usage)
+                task = pick([t for t, _ in node.waiting], node.slots(now)[:-1], now, node.usage)
                 if task is None:
                     break
                 chosen = next(tj for tj in node.waiting if tj[0] is task)
