@@ -19,6 +19,8 @@ import http.client
 import http.server
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -137,10 +139,19 @@ def test_the_page_without_the_token_shows_no_data(node: NodeProcess, browser: An
     assert wrong == 401
 
 
-def test_a_token_link_signs_in_drops_the_token_from_the_url_and_sign_out_forgets_it(
+def test_the_link_e31_dashboard_prints_signs_in_drops_the_token_from_the_url_and_sign_out_forgets_it(
     node: NodeProcess, browser: Any
 ) -> None:
-    browser.get(f"{node.url}/#token={node.token}")
+    printed = subprocess.run(
+        [sys.executable, "-m", "e31.node", "dashboard", "--data-dir", str(node.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.strip() == f"{node.url}/#token={node.token}"
+    browser.get(printed.stdout.strip())
     dom(
         browser,
         "the node's id on the page",
