@@ -74,6 +74,20 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and of its children it has reaped, in seconds; 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a node and its live workers (which run jobs for the node's whole life)."""
+    return cpu_seconds(pid) + sum(cpu_seconds(c) for c in children(pid))
+
+
 def children(pid: int) -> list[int]:
     try:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -212,7 +226,7 @@ def node_part(tmp: Path, repeat: int, sweep: int) -> None:
         lines.write_text("".join(json.dumps({"args": [str(i)]}) + "\n" for i in range(sweep)))
         script = tmp / "square.py"
         script.write_text("import sys\nn = int(sys.argv[1])\nprint(n, n * n)\n")
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), tree_cpu(node.proc.pid)
         done = e31(
             "submit",
             "--python",
@@ -236,6 +250,7 @@ def node_part(tmp: Path, repeat: int, sweep: int) -> None:
 
         wait_for(f"the sweep of {sweep}", finished, SWEEP_DEADLINE)
         elapsed = time.perf_counter() - t
+        cpu = tree_cpu(node.proc.pid) - cpu
         jobs = node.api.get(f"/v1/batches/{batch}?brief=1")["jobs"]
         states: dict[str, int] = {}
         for j in jobs:
@@ -244,7 +259,8 @@ def node_part(tmp: Path, repeat: int, sweep: int) -> None:
             f"sweep of {sweep} Python jobs (one batch, one node, {os.cpu_count()} cores): submitted in "
             f"{submitted:.1f} s, all ended in {elapsed:.0f} s ({sweep / elapsed:.1f} jobs/s); "
             f"states {states}; peak RSS node {peak['node'] / 1024:.0f} MiB, "
-            f"a worker {peak['workers'] / 1024:.0f} MiB"
+            f"a worker {peak['workers'] / 1024:.0f} MiB; CPU of the node and its workers "
+            f"{cpu:.0f} s ({cpu / sweep * 1000:.0f} ms a job)"
         )
     finally:
         node.stop()
