@@ -131,7 +131,7 @@ def test_keep_refuses_a_directory_in_use(tmp_path: Path) -> None:
 
 
 def test_a_node_that_cannot_start_is_named_with_its_log(tmp_path: Path) -> None:
-    net = LocalNetwork(tmp_path, 2, extra_args=("--cores", "0"))
+    net = LocalNetwork(tmp_path, 2, extra_args=("--cores", "-1"))
     with pytest.raises(NetworkError) as caught:
         net.start()
     net.stop()
