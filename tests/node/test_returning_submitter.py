@@ -2,7 +2,7 @@
 127.0.0.1: the submitter is stopped right after hand-off, its executors finish the jobs while it is
 away, their leases run out, and it starts again. It must take in the results they hold, not offer the
 jobs again: no job runs twice (counted from the executors' own stores), and every receipt ends
-acknowledged.
+acknowledged. And in memory: a result whose outputs cannot be fetched at once waits, it is not refused.
 
 Leases are made short for the test (E31_TEST_MARKET_TIMING: a lease slack of 1 s), and so is the
 returning submitter's wait for an executor that is gone; every wait here is on state, bounded.
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from e31.protocol.envelope import verify
 from e31.protocol.messages import Assign
 from test_jobs_e2e import MONTECARLO, Node, wait_for
@@ -132,3 +133,48 @@ def test_a_submitter_back_after_its_leases_ran_out_collects_and_runs_nothing_twi
         return all(acked for e in executors for _, _, acked in receipts(e, set(jobs)))
 
     wait_for("every receipt to be acknowledged", acknowledged, deadline=60)
+
+
+async def test_a_result_whose_outputs_cannot_be_fetched_for_now_waits_and_the_job_runs_once(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """In memory (market_nodes): the result that carried the outputs is lost, and when the next one
+    comes (it carries none) the link to the executor is gone at the moment the submitter asks for
+    them. That says nothing against the outcome: the job waits for the next delivery and is done with
+    its first run, not failed nor offered again (the chaos run caught a finished job run twice so)."""
+    from e31.node.store.db import Store
+    from e31.protocol.envelope import verify as open_env
+    from market_nodes import Net, RealNode, start, wait_state
+
+    net = Net()
+    net.nursery = nursery
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    to_a = net.handlers[a.id]
+    results: list[int] = []
+
+    async def lose_the_first_result(peer: bytes, raw: bytes) -> None:
+        if open_env(raw).kind == "result":
+            results.append(len(results))
+            if len(results) == 1:
+                return
+        await to_a(peer, raw)
+
+    net.handlers[a.id] = lose_the_first_result
+    link_down_for: list[int] = []
+    send = a.ctx.peer_send
+    assert send is not None
+
+    async def no_link_for_the_first_fetch(peer: bytes, raw: bytes) -> bool:
+        if open_env(raw).kind == "blobreq" and not link_down_for:
+            link_down_for.append(1)
+            return False
+        return await send(peer, raw)
+
+    a.ctx.peer_send = no_link_for_the_first_fetch
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(a.manifest(("4", "1000")))
+    row = await wait_state(a, job_id, "done")
+    assert link_down_for and len(results) >= 3  # lost, failed to fetch, taken
+    assert row.attempt == 1
+    signed = await b.store.run(Store.receipts_for_job, job_id)
+    assert [r.attempt for r in signed] == [1]
