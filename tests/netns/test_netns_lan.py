@@ -2,8 +2,9 @@
 
 A flat LAN where the nodes find each other by mDNS alone, over the hosts' real interfaces (no
 bootstrap address, no loopback), and run a small sweep; and a public segment with two homes behind NAT
-routers, where the nodes at home dial out to a public submitter and run its jobs over the links they
-opened (part A's NAT: the homes only dial out; reaching a home from outside is part B's).
+routers, where the nodes at home (one of them on a lossy, slow line) dial out to a public submitter and
+run its jobs over the links they opened (the homes only dial out; reaching a home from outside is
+part B's).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import Topology
+from harness import Topology, netem_available
 from netnodes import NetNode, all_linked, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +68,9 @@ def test_nodes_behind_two_nats_dial_out_and_run_a_public_submitters_jobs(
         nodes(topo.host(f"h{i}", home, gateway=router.lan_ip), bootstrap=[submitter.address]).start()
         for i, (home, router) in enumerate(zip(homes, routers, strict=True), 1)
     ]
+    # one home's line is poor: packets lost at random, a low rate (and a delay where netem is there)
+    slow = {"delay_ms": 40, "jitter_ms": 10} if netem_available() else {}
+    inside[0].host.shape(loss_pct=2, rate="4mbit", **slow)
     ids = {n.node_id for n in inside}
     wait_until("both homes to link to the public node", lambda: submitter.connected() >= ids, deadline=60)
     for peer in submitter.get("/v1/peers"):
