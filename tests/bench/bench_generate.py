@@ -5,14 +5,14 @@ Run: .venv/bin/python tests/bench/bench_generate.py [--tokens N] [--rounds R] [-
 
 Three models: the 15M-parameter shape of llama2.c's stories15M (dim 288, 6 layers, 6 heads, 6 kv heads,
 hidden 768, vocab 32000, seq 256) with random weights written into a temp dir, greedy from BOS for N
-tokens (default 128); the published stories260K from ../shared/models/stories260K (skipped when absent),
-P prompts (default 16) of 256 greedy tokens; the shipped model (sandbox/workloads/models/kjv.bin), P
-prompts sampled at temperature 0.8 until each ends. Each set of prompts runs in the sandbox and natively
-(clang or gcc, -O2 -march=native -ffp-contract=off, so the SSE path adds in the same order as the wasm
-SIMD one), and again with max_tokens 1: tokens/s and fuel per token come from the difference of the two,
-so model loading and module compilation are left out. The native and sandbox completions must be
-identical. The ratio of each round, median of R rounds (default 3); exits 1 if the sandbox is below 0.6x
-native on any model.
+tokens (default 128); the published stories260K from ../shared/models/stories260K (skipped when
+absent), P prompts (default 16) of 256 greedy tokens; the shipped model
+(sandbox/workloads/models/kjv.bin), 3P prompts sampled at temperature 0.8 until each ends (its lines
+are short). Each set of prompts runs in the sandbox and natively (clang or gcc, -O2 -march=native
+-ffp-contract=off, so the SSE path adds in the same order as the wasm SIMD one), and again with
+max_tokens 1: tokens/s and fuel per token come from the difference of the two, so model loading and
+module compilation are left out. The native and sandbox completions must be identical. The ratio of
+each round, median of R rounds (default 3); exits 1 if the sandbox is below 0.6x native on any model.
 
 With --prompts-fuel P, also runs P prompts on the 15M shape in one job, each generating until the
 256-token context is full, and prints the fuel and peak memory (the figures behind the limits advised in
@@ -171,7 +171,7 @@ def main() -> int:
         else:
             print(f"stories260K: skipped, {STORIES} is absent")
         # The shipped model ends its verses with EOS: sampled lines, each to its own end.
-        sampled = [{"id": i, "prompt": "", "temperature": 0.8, "seed": i} for i in range(a.prompts_small)]
+        sampled = [{"id": i, "prompt": "", "temperature": 0.8, "seed": i} for i in range(3 * a.prompts_small)]
         ratios.append(measure("shipped kjv", exe, KJV, KJV_TOK, tmp, sampled, a.rounds))
         if a.prompts_fuel:
             prompts_fuel(model, tok, tmp, a.prompts_fuel)
