@@ -73,7 +73,19 @@ def unsupported_reason(*, nat: bool = False) -> str | None:
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
         return f"cannot create a network namespace: {made.stderr.strip() or made.returncode}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    try:
+        if nat:  # the kernel must take what NAT routers and partitions load (nf_tables, ip and bridge)
+            rules = (
+                NAT_RULES
+                + "table bridge e31probe {\n  chain cut {\n    type filter hook forward priority 0;\n  }\n}\n"
+            )
+            loaded = subprocess.run(
+                ["ip", "netns", "exec", probe, "nft", "-f", "-"], input=rules, capture_output=True, text=True
+            )
+            if loaded.returncode != 0:
+                return f"nftables cannot load NAT or bridge rules here: {loaded.stderr.strip()[:200]}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return None
 
 
