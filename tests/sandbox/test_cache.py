@@ -50,7 +50,8 @@ def test_miss_then_disk_hit_then_memory_hit(tmp_path: Path, engine: wasmtime.Eng
     assert path == c.path_for(hashlib.sha256(ECHO).digest())
     assert path.name.endswith(f"-{PROFILE.digest_hex}.cwasm")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert path.read_bytes().startswith(MAGIC)
+    entry = path.read_bytes()
+    assert entry[-(len(MAGIC) + TAG_BYTES) : -TAG_BYTES] == MAGIC  # the artifact, then MAGIC and the tag
 
     c.get(engine, ECHO)
     assert c.stats.memory_hits == 1
@@ -87,13 +88,13 @@ def test_a_readable_or_malformed_key_is_refused(tmp_path: Path) -> None:
 
 def corrupt_artifact(path: Path) -> None:
     blob = bytearray(path.read_bytes())
-    blob[(len(MAGIC) + TAG_BYTES + len(blob)) // 2] ^= 0x01
+    blob[(len(blob) - len(MAGIC) - TAG_BYTES) // 2] ^= 0x01
     path.write_bytes(bytes(blob))
 
 
 def corrupt_tag(path: Path) -> None:
     blob = bytearray(path.read_bytes())
-    blob[len(MAGIC)] ^= 0x80
+    blob[-TAG_BYTES] ^= 0x80
     path.write_bytes(bytes(blob))
 
 
@@ -116,13 +117,18 @@ def test_a_damaged_entry_is_never_deserialized_and_is_recompiled(
     damage(path)
 
     deserialized: list[int] = []
-    real = wasmtime.Module.deserialize
+    real, real_file = wasmtime.Module.deserialize, wasmtime.Module.deserialize_file
 
     def spy(engine: wasmtime.Engine, data: bytes) -> wasmtime.Module:
         deserialized.append(len(data))
         return real(engine, data)
 
+    def spy_file(engine: wasmtime.Engine, path: str) -> wasmtime.Module:
+        deserialized.append(-1)
+        return real_file(engine, path)
+
     monkeypatch.setattr(wasmtime.Module, "deserialize", staticmethod(spy))
+    monkeypatch.setattr(wasmtime.Module, "deserialize_file", staticmethod(spy_file))
     assert runs_echo(engine, c.get(engine, ECHO))
     assert deserialized == []
     assert (c.stats.discarded, c.stats.misses, c.stats.disk_hits) == (1, 1, 0)
@@ -159,7 +165,7 @@ def test_an_artifact_the_engine_rejects_is_discarded(tmp_path: Path, engine: was
     c = ModuleCache(tmp_path)
     digest = hashlib.sha256(ECHO).digest()
     bogus = b"\x7fELF not a wasmtime artifact" * 10
-    c.path_for(digest).write_bytes(MAGIC + c._tag(digest, bogus) + bogus)
+    c.path_for(digest).write_bytes(bogus + MAGIC + c._tag(digest, bogus))
     assert runs_echo(engine, c.get(engine, ECHO))
     assert (c.stats.discarded, c.stats.misses) == (1, 1)
 
@@ -222,3 +228,24 @@ def test_an_unwritable_cache_costs_a_recompile_not_the_job(
     monkeypatch.undo()
     assert c.entries() == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["key"]
+
+
+def test_a_disk_hit_maps_the_checked_file_which_may_then_go(
+    tmp_path: Path, engine: wasmtime.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """wasmtime maps the entry's open file (the inode whose tag was checked); the module keeps working
+    after the entry is deleted (evicted) or replaced."""
+    ModuleCache(tmp_path).get(engine, ECHO)
+    mapped: list[str] = []
+    real = wasmtime.Module.deserialize_file
+
+    def spy(engine: wasmtime.Engine, path: str) -> wasmtime.Module:
+        mapped.append(path)
+        return real(engine, path)
+
+    monkeypatch.setattr(wasmtime.Module, "deserialize_file", staticmethod(spy))
+    c = ModuleCache(tmp_path)
+    module = c.get(engine, ECHO)
+    assert c.stats.disk_hits == 1 and len(mapped) == 1 and mapped[0].startswith("/proc/self/fd/")
+    only_entry(c).unlink()
+    assert runs_echo(engine, module)
