@@ -1,11 +1,13 @@
 """GET /metrics: the text parses with prometheus_client's own parser, and the counters move with real
 jobs on two real `e31 node run` processes linked on 127.0.0.1 (runs, fuel and compute served, queue
-wait, messages and bytes by kind, store calls, jobs by state, links)."""
+wait, messages and bytes by kind, store calls, jobs by state, links); a forged message on a real link
+moves the verification failures (in process)."""
 
 from __future__ import annotations
 
 import http.client
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,10 @@ import pytest
 from dashboard_node import NodeProcess, wait_for
 from e31.node import metrics
 from e31.node.api.client import ApiClientError
+from e31.protocol.envelope import node_id_of, sign_message
+from e31.protocol.messages import Ping
+from nacl.signing import SigningKey
+from test_peers import raw_link, running, until
 
 parser = pytest.importorskip("prometheus_client.parser", reason="prometheus_client is not installed")
 
@@ -153,3 +159,24 @@ def test_counters_move_with_real_jobs(pair: tuple[NodeProcess, NodeProcess], tmp
     assert total(after_a, "e31_store_call_seconds_count") > 0
     assert total(after_a, "e31_api_requests_total", status="2xx") > 0
     assert total(after_a, "e31_info", node_id=a.node_id) == 1
+
+
+async def test_a_forged_message_on_a_link_is_counted_as_a_verification_failure(tmp_path: Path) -> None:
+    """In process, over a real transport link (tests/node/test_peers.py's hand-driven peer): a ping
+    whose signature does not verify costs its sender the link and moves the counters at the event."""
+    failures = metrics.VERIFICATION_FAILURES.value("link_message")
+    pings = metrics.MESSAGES_RECEIVED.value("ping")
+    async with running(tmp_path, "a") as a:
+        key = SigningKey.generate()
+        async with raw_link(a, key) as conn:
+            forged = bytearray(
+                sign_message(Ping("main", node_id_of(key), b"n" * 16, int((time.time() + 60) * 1000)), key)
+            )
+            forged[-1] ^= 1  # the last byte of the signature
+            await conn.send(bytes(forged))
+            await until(lambda: conn.closed, "the link closed")
+    assert metrics.VERIFICATION_FAILURES.value("link_message") == failures + 1
+    assert metrics.MESSAGES_RECEIVED.value("ping") >= pings + 1
+    text = metrics.render(metrics.COUNTED)
+    _, samples = parse(text)
+    assert samples[("e31_verification_failures_total", (("what", "link_message"),))] >= 1
