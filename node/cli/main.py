@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "peers": ("e31.node.cli.peers", "list the peers a running node knows"),
     "dashboard": ("e31.node.cli.dashboard", "print the address of the running node's dashboard, signed in"),
+    "metrics": ("e31.node.cli.metrics", "print the running node's metrics in the Prometheus text format"),
     "submit": ("e31.node.cli.submit", "submit a job to the network through the local node"),
     "jobs": ("e31.node.cli.jobs", "list the jobs this node submitted, with their state"),
     "wait": ("e31.node.cli.wait", "wait for jobs to end; exit 0 only if all succeeded"),

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import http.client
 import math
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from dashboard_node import NodeProcess, wait_for
-from e31.node import metrics
+from e31.node import metrics, version
 from e31.node.api.client import ApiClientError
 from e31.protocol.envelope import node_id_of, sign_message
 from e31.protocol.messages import Ping
@@ -113,6 +115,21 @@ def test_metrics_need_the_token(pair: tuple[NodeProcess, NodeProcess]) -> None:
     status, _, body = scrape(a)
     assert status == 401 and "e31_" not in body
     assert scrape(a, "wrong")[0] == 401
+
+
+def test_e31_metrics_prints_the_same_families(pair: tuple[NodeProcess, NodeProcess]) -> None:
+    a, _ = pair
+    printed = subprocess.run(
+        [sys.executable, "-m", "e31.node", "metrics", "--data-dir", str(a.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert printed.returncode == 0, printed.stderr
+    types, samples = parse(printed.stdout)
+    assert types == parse(scrape(a, a.token)[2])[0]
+    assert samples[("e31_info", (("network", "main"), ("node_id", a.node_id), ("version", version())))] == 1
 
 
 def test_counters_move_with_real_jobs(pair: tuple[NodeProcess, NodeProcess], tmp_path: Path) -> None:
