@@ -68,7 +68,9 @@ def test_the_generate_demo_verifies_every_job_and_moves_the_model_once_per_execu
     assert len(receipts) == 11 and all(r.stat().st_size > 0 for r in receipts)
     assert receipts[0].parent.name.startswith("0001-")
 
-    # what each node received in blob chunks: the model, tokenizer and module once if it ran anything
+    # what each node received in blob chunks: at most the model, tokenizer and module once, and all of
+    # the model if it ran a job (a node that lost its assignment, say a lease that ran out on a crowded
+    # machine, may have fetched part of it, never more)
     shared = sum(p.stat().st_size for p in SHARED_BLOBS)
     spans = sum(len(line) + 1 for line in lines)
     ran = {row["node"]: row["jobs"] for row in report["per_node"]}
@@ -76,11 +78,6 @@ def test_the_generate_demo_verifies_every_job_and_moves_the_model_once_per_execu
     received = report["blob_bytes_received"]
     assert received["node1"] == 0  # the submitter holds every blob
     for name in ("node2", "node3"):
+        assert received[name] <= shared + spans + MESSAGE_SLACK, (name, ran, received)
         if ran[name]:
-            assert MODEL.stat().st_size <= received[name] <= shared + spans + MESSAGE_SLACK, (
-                name,
-                ran,
-                received,
-            )
-        else:
-            assert received[name] == 0
+            assert received[name] >= MODEL.stat().st_size, (name, ran, received)
