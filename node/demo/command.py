@@ -181,7 +181,7 @@ def format_summary(result: DemoResult) -> str:
         lines.append(f"completions: {shown(result.output)}")
     if result.blob_bytes:
         moved = ", ".join(f"{name} {n:,}" for name, n in result.blob_bytes.items())
-        lines.append(f"blob bytes received (model, tokenizer, module and prompts; each once): {moved}")
+        lines.append(f"blob bytes received (model, tokenizer, module, prompts; at most once each): {moved}")
     if result.receipts is not None:
         bundle = shown(result.receipts)
         lines.append(f"receipts: {bundle} (audit them yourself: e31 audit {bundle} --reexecute)")
