@@ -265,6 +265,11 @@ def test_sign_in_watch_a_sweep_download_a_result_and_open_its_receipt(
     summary = browser.find_element(By.ID, "receipt-summary").text
     assert "signature valid" in summary and str(receipt.signer) in summary
     assert "receipt log" in summary
+    # ... and downloads the signed receipt itself, byte for byte what the API serves.
+    browser.execute_script("document.querySelector('#receipt-downloads button[data-file=receipt]').click()")
+    saved = downloads / f"{job[:12]}-receipt"
+    wait_for("the receipt download", lambda: saved.exists() and saved.stat().st_size > 0, WAIT)
+    assert verify(saved.read_bytes(), UsageReceipt).message_id == receipt.message_id
 
     shot = tmp_path / "dashboard.png"
     browser.save_screenshot(str(shot))

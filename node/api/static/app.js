@@ -108,11 +108,12 @@ function render(doc) {
   $("updated").textContent = `updated ${new Date(doc.now * 1000).toLocaleTimeString("en-GB")} · version ${doc.version}`;
 }
 
-async function download(jobId, name) {
-  const response = await api(`/v1/jobs/${jobId}/files/${name}`);
+async function download(jobId, name, output = false) {
+  const path = output ? `outputs/${encodeURIComponent(name)}` : `files/${name}`;
+  const response = await api(`/v1/jobs/${jobId}/${path}`);
   const blob = await response.blob();
   const url = URL.createObjectURL(blob);
-  const a = el("a", { href: url, download: `${jobId.slice(0, 12)}-${name}` });
+  const a = el("a", { href: url, download: `${jobId.slice(0, 12)}-${name.replace(/[^A-Za-z0-9._-]/g, "_")}` });
   document.body.append(a);
   a.click();
   a.remove();
@@ -129,6 +130,11 @@ async function showReceipt(jobId) {
   for (const [k, v] of Object.entries(r.fields)) rows.push([k, typeof v === "object" && v !== null ? JSON.stringify(v) : String(v)]);
   $("receipt-fields").tBodies[0].replaceChildren(...rows.map(([k, v]) =>
     el("tr", { "data-field": k }, el("th", { text: k }), el("td", { class: "mono", text: v }))));
+  const files = ["stdout", "stderr", "receipt"].map((name) =>
+    el("button", { class: "download", "data-file": name, onclick: () => download(jobId, name) }, name));
+  const outputs = (r.fields.outputs || []).map((f) =>
+    el("button", { class: "download", "data-output": f.name, onclick: () => download(jobId, f.name, true) }, `output/${f.name}`));
+  $("receipt-downloads").replaceChildren("Download: ", ...files.flatMap((b) => [b, " "]), ...outputs.flatMap((b) => [b, " "]));
   $("receipt").hidden = false;
 }
 
