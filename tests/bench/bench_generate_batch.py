@@ -95,7 +95,7 @@ def main() -> int:
         prompts = work / "prompts.jsonl"
         write_prompts(prompts, args.prompts)
         print(f"load before: {os.getloadavg()[0]:.2f} (1-minute average, {os.cpu_count()} cores)")
-        net = LocalNetwork(work / "net", args.nodes)
+        net = LocalNetwork(work / "net", args.nodes, startup_timeout=180.0, link_timeout=180.0)
         with net:
             net.start()
             first = net.nodes[0]
