@@ -1,7 +1,7 @@
 """Inference speed: generate.wasm under the e31 sandbox (fuel on) against the same C source built natively.
 
 Run: .venv/bin/python tests/bench/bench_generate.py [--tokens N] [--rounds R] [--prompts-small P]
-         [--prompts-fuel P]
+         [--prompts-fuel P] [--batch-fuel B] [--fuel-only]
 
 Three models: the 15M-parameter shape of llama2.c's stories15M (dim 288, 6 layers, 6 heads, 6 kv heads,
 hidden 768, vocab 32000, seq 256) with random weights written into a temp dir, greedy from BOS for N
@@ -15,8 +15,9 @@ module compilation are left out. The native and sandbox completions must be iden
 each round, median of R rounds (default 3); exits 1 if the sandbox is below 0.6x native on any model.
 
 With --prompts-fuel P, also runs P prompts on the 15M shape in one job, each generating until the
-256-token context is full, and prints the fuel and peak memory (the figures behind the limits advised in
-docs/inference.md).
+256-token context is full; with --batch-fuel B, B short prompts of one token each in one job; both print
+the fuel and peak memory (the figures behind the limits advised in docs/inference.md). --fuel-only runs
+just those.
 """
 
 from __future__ import annotations
@@ -145,12 +146,27 @@ def prompts_fuel(model: Path, tok: Path, tmp: Path, count: int) -> None:
     )
 
 
+def batch_fuel(model: Path, tok: Path, tmp: Path, count: int) -> None:
+    """count short prompts ("story N", 6 tokens with BOS) generating one token each, in one job."""
+    path = tmp / "batch.jsonl"
+    rows = [{"id": i, "prompt": f"story {i}", "max_tokens": 1} for i in range(count)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    t, r, out = sandbox_run(model, tok, path, tmp / "out")
+    assert generated(out) == count, "every line should generate its one token"
+    print(
+        f"{count} short prompts, 1 token each, on the 15M shape: fuel {r.fuel_used:,}, "
+        f"peak memory {r.peak_memory_bytes / 2**20:.1f} MiB, {t:.1f} s"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompts-small", type=int, default=16, help="prompts for the two small models")
     ap.add_argument("--prompts-fuel", type=int, default=0)
+    ap.add_argument("--batch-fuel", type=int, default=0)
+    ap.add_argument("--fuel-only", action="store_true", help="only the --prompts-fuel / --batch-fuel runs")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -159,6 +175,12 @@ def main() -> int:
         model, tok = tmp / "15m.bin", tmp / "15m-tok.bin"
         write_random_model(model, SHAPE_15M, scale=0.05)
         write_tokenizer(tok, *random_vocabulary(SHAPE_15M.vocab_size))
+        if a.fuel_only:
+            if a.prompts_fuel:
+                prompts_fuel(model, tok, tmp, a.prompts_fuel)
+            if a.batch_fuel:
+                batch_fuel(model, tok, tmp, a.batch_fuel)
+            return 0
         greedy = [{"id": i, "prompt": "", "max_tokens": 256} for i in range(a.prompts_small)]
         ratios = [
             measure(
@@ -175,6 +197,8 @@ def main() -> int:
         ratios.append(measure("shipped kjv", exe, KJV, KJV_TOK, tmp, sampled, a.rounds))
         if a.prompts_fuel:
             prompts_fuel(model, tok, tmp, a.prompts_fuel)
+        if a.batch_fuel:
+            batch_fuel(model, tok, tmp, a.batch_fuel)
     return 0 if all(r >= FLOOR for r in ratios) else 1
 
 
