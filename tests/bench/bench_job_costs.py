@@ -1,12 +1,15 @@
-"""What one tiny job costs, counted: messages, signatures, thread hops, store calls and commits.
+"""What one tiny job costs, counted: messages, signatures, hops, tasks, store calls, commits, fsyncs, logs.
 
     .venv/bin/python tests/bench/bench_job_costs.py [--jobs N]
 
 Runs a submitting node and an executing node in one process (the market harness of
 tests/node/market_nodes.py: real stores, blob stores, sandbox pool and signatures; messages handed
 over in memory), first N jobs one after another, then N at once, and prints per job how many times
-each costly operation happened. Unlike timings on a shared machine these counts do not drift with the
-host's load, so they show what a change to the job path saved (docs/benchmarks.md, "Jobs at scale").
+each costly operation happened. "log lines" are the records written at the node's default level
+(info); "fsyncs" count the WAL's and the watermark's (two per watermark write); "trio tasks" include
+the one the in-memory harness starts per message, which a real link does not (peering hands a message
+on inline). Unlike timings on a shared machine these counts do not drift with the host's load, so
+they show what a change to the job path saved (docs/benchmarks.md, "Jobs at scale").
 Not counted: gossip (offers reach the executor in memory), the HTTP API, and the receipt log and its
 proofs (the harness has none).
 """
@@ -17,6 +20,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import logging
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
@@ -31,6 +35,7 @@ sys.path.insert(0, str(ROOT / "tests" / "node"))
 
 import e31.protocol.envelope as envelope  # noqa: E402
 import market_nodes as harness  # noqa: E402
+from e31.node.store import watermark  # noqa: E402
 from e31.node.store.async_store import AsyncStore  # noqa: E402
 from e31.node.store.db import Store  # noqa: E402
 
@@ -77,6 +82,20 @@ def _instrument() -> None:
         return open_group(self)
 
     AsyncStore._open_group = counted_open_group  # type: ignore[method-assign]
+    fsync = Store._fsync
+
+    def counted_fsync(self: Store) -> None:
+        COUNTS["fsyncs"] += 1
+        fsync(self)
+
+    Store._fsync = counted_fsync  # type: ignore[method-assign]
+    write_mark = watermark.write
+
+    def counted_write_mark(path: Path, mark: watermark.Mark) -> None:  # temp file and directory
+        COUNTS["fsyncs"] += 2
+        write_mark(path, mark)
+
+    watermark.write = counted_write_mark
     run = AsyncStore.run
 
     async def counted_run(self: AsyncStore, method: Any, *args: Any, **kwargs: Any) -> Any:
@@ -99,9 +118,22 @@ def _instrument() -> None:
 
     harness.Net.sender = counted_sender  # type: ignore[method-assign]
 
+    class CountLines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            COUNTS["log lines"] += 1
+
+    logging.getLogger().addHandler(CountLines(logging.INFO))
+    logging.getLogger("e31").setLevel(logging.INFO)  # the node's default level (node/logs.py)
+
+
+class CountTasks(trio.abc.Instrument):
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        COUNTS["trio tasks"] += 1
+
 
 async def _measure(jobs: int) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
+    trio.lowlevel.add_instrument(CountTasks())
     async with trio.open_nursery() as nursery:
         net = harness.Net()
         net.nursery = nursery
