@@ -569,7 +569,7 @@ class Executor:
                 fuel_used=msg.fuel_used,
             ),
         )
-        log.info(
+        log.debug(  # per job: nothing at the default level
             "job %s ran: %s, %d fuel, %d ms compute, %d ms queued",
             job_hex[:12],
             msg.outcome.status,

@@ -248,7 +248,7 @@ class Outcomes:
         self.notify(job_id)
         job.finished.set()
         await self._withdraw_others(job_id, job, receipt_env)
-        log.info(
+        log.debug(  # per job: nothing at the default level (a sweep would write a line per job)
             "job %s done on %s: %s, %d fuel",
             job_id.hex()[:12],
             receipt.executor,
@@ -354,7 +354,7 @@ class Outcomes:
                 fuel_used=first.fuel_used,
                 reason=outcome_text(first.outcome.status, first.outcome.exit_code, first.outcome.trap),
             )
-            log.info("job %s done: %d replicas agree", job_id.hex()[:12], k)
+            log.debug("job %s done: %d replicas agree", job_id.hex()[:12], k)
         else:
             why = "replicas disagree: " + "; ".join(_describe(r) for r in receipts)
             metrics.VERIFICATION_FAILURES.inc(1, "replicas")
