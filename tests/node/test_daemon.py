@@ -9,104 +9,35 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
+import node_process
 import pytest
-from e31.node.api.client import ApiClient, ApiClientError
+from e31.node.api.client import ApiClient
 from e31.node.cli.tables import format_ago, format_bytes, format_duration, format_peers, format_status
+from node_process import wait_for
 
 HEARTBEAT = "0.2"
-READY = re.compile(r"node (e31n[a-z2-7]{52}) on network (\S+) listening on (\S+)$", re.MULTILINE)
 DEADLINE = 20.0
 
 
 def e31(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "e31.node", *args],
-        capture_output=True,
-        text=True,
-        timeout=30.0,
-        stdin=subprocess.DEVNULL,
-        env=None if env is None else os.environ | env,
-    )
+    return node_process.e31(*args, env=env, timeout=30.0)
 
 
-def wait_for(what: str, check: Callable[[], Any], deadline: float = DEADLINE) -> Any:
-    end = time.monotonic() + deadline
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+class NodeProcess(node_process.NodeProcess):
+    """A node of these tests: heartbeats every 0.2 s; its log given, kept across restarts."""
 
-
-class NodeProcess:
     def __init__(self, data_dir: Path, log: Path, *args: str) -> None:
-        self.data_dir = data_dir
-        self.log = log
-        self.args = args
-        mdns = () if any(a.startswith("--mdns") for a in args) else ("--no-mdns",)
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "e31.node",
-                    "node",
-                    "run",
-                    "--data-dir",
-                    str(data_dir),
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--dial-private",
-                    "--heartbeat",
-                    HEARTBEAT,
-                    *mdns,
-                    *args,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=out,
-            )
-        start = self.log.stat().st_size if self.log.exists() else 0
-        self.node_id, self.network, self.address = wait_for(
-            f"{data_dir.name} to start", lambda: self._ready(start)
-        )
+        super().__init__(data_dir, "--heartbeat", HEARTBEAT, *args, log=log, start_deadline=DEADLINE)
 
-    def _ready(self, start: int) -> tuple[str, str, str] | None:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"the node exited with {self.proc.returncode}:\n{self.log.read_text()}")
-        match = READY.search(self.log.read_text()[start:])
-        return None if match is None else (match[1], match[2], match[3])
-
-    def peers(self) -> list[dict[str, Any]]:
-        try:
-            peers: list[dict[str, Any]] = ApiClient(self.data_dir, timeout=5.0).get("/v1/peers")
-        except ApiClientError:
-            return []
-        return peers
-
-    def connected(self) -> set[str]:
-        return {p["node_id"] for p in self.peers() if p["state"] in ("connected", "suspect")}
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        self.proc.send_signal(sig)
-        return self.proc.wait(timeout=DEADLINE)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=DEADLINE)
+    def connected(self, *states: str) -> set[str]:
+        return super().connected(*(states or ("connected", "suspect")))
 
 
 @pytest.fixture

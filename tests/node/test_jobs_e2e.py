@@ -12,113 +12,41 @@ nodes would offer no cores.
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e31.node.api.client import ApiClient, ApiClientError
 from e31.protocol.blobs import blob_ref
 from e31.protocol.envelope import verify
 from e31.protocol.messages import InclusionProof
 from e31.protocol.receipts import UsageReceipt
+from node_process import DEADLINE, READY, NodeProcess, e31, wait_for
+
+# other tests import these from here
+__all__ = [
+    "DEADLINE",
+    "MONTECARLO",
+    "READY",
+    "ROOT",
+    "Node",
+    "e31",
+    "submit",
+    "wait_for",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 MONTECARLO = ROOT / "sandbox" / "workloads" / "montecarlo.wasm"
-READY = re.compile(r"node (e31n[a-z2-7]{52}) on network (\S+) listening on (\S+)$", re.MULTILINE)
-DEADLINE = 30.0
 SWEEP = 30
 
 
-def e31(*args: str, data_dir: Path | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    if data_dir is not None:
-        env["E31_DATA_DIR"] = str(data_dir)
-    return subprocess.run(
-        [sys.executable, "-m", "e31.node", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        env=env,
-    )
+class Node(NodeProcess):
+    """A node of these tests: heartbeats every 0.5 s (links found dead soon), one core."""
 
-
-def wait_for(what: str, check: Callable[[], Any], deadline: float = DEADLINE) -> Any:
-    end = time.monotonic() + deadline
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-class Node:
     def __init__(self, data_dir: Path, *args: str, start_deadline: float = DEADLINE) -> None:
-        self.data_dir = data_dir
-        self.log = data_dir.with_suffix(".log")
-        env = dict(os.environ)
-        if "E31_TEST_OWNER_LOAD_FILE" not in env:
-            quiet = data_dir.with_suffix(".owner-load")
-            quiet.write_text("")
-            env["E31_TEST_OWNER_LOAD_FILE"] = str(quiet)
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "e31.node",
-                    "node",
-                    "run",
-                    "--data-dir",
-                    str(data_dir),
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--no-mdns",
-                    "--dial-private",
-                    "--heartbeat",
-                    "0.5",
-                    "--cores",
-                    "1",
-                    *args,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=out,
-                env=env,
-            )
-        self.node_id, _, self.address = wait_for(f"{data_dir.name} to start", self._ready, start_deadline)
-        self.api = ApiClient(data_dir, timeout=60.0)
-
-    def _ready(self) -> tuple[str, str, str] | None:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"the node exited with {self.proc.returncode}:\n{self.log.read_text()}")
-        match = READY.search(self.log.read_text())
-        return None if match is None else (match[1], match[2], match[3])
-
-    def connected(self) -> set[str]:
-        try:
-            peers = self.api.get("/v1/peers")
-        except ApiClientError:
-            return set()
-        return {p["node_id"] for p in peers if p["state"] == "connected"}
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=DEADLINE)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__(data_dir, "--heartbeat", "0.5", "--cores", "1", *args, start_deadline=start_deadline)
 
 
 @pytest.fixture(scope="module")
