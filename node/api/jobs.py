@@ -100,6 +100,9 @@ class JobsApi:
     """Module files already stored, by path, with the (device, inode, size, mtime, ctime) they had: a
     sweep of one module file is read, hashed and stored once, not once a job. The ctime changes with
     any write, even one that puts the mtime back (`cp -p`, `rsync --inplace -t`)."""
+    _files: dict[Path, tuple[tuple[int, ...], BlobRef]] = field(default_factory=dict)
+    """Input and stdin files already stored, keyed the same way (the opened file's own fstat): a batch
+    whose jobs share one input (a model) reads, hashes and stores it once, not once a job."""
 
     def register(self, router: Router) -> None:
         router.add("POST", "/v1/jobs", self.submit)
@@ -309,6 +312,11 @@ class JobsApi:
         def put() -> BlobRef:
             fd = open_named_file(path, what, MAX_BLOB_SIZE)
             try:
+                st = os.fstat(fd)
+                key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                known = self._files.get(path)
+                if known is not None and known[0] == key and self.blobs.has(known[1].root.raw):
+                    return known[1]
                 root, size = self.blobs.put_stream(read_capped(fd, what, path, MAX_BLOB_SIZE))
             except OSError as e:
                 raise bad(f"{what} {path}: {e.strerror or e}") from None
@@ -316,7 +324,11 @@ class JobsApi:
                 raise HttpError(507 if isinstance(e, BlobStoreFull) else 500, f"{what} {path}: {e}") from None
             finally:
                 os.close(fd)
-            return BlobRef(Digest(bytes.fromhex(root)), size)
+            ref = BlobRef(Digest(bytes.fromhex(root)), size)
+            if len(self._files) >= COMPILED_CACHE:
+                self._files.clear()
+            self._files[path] = (key, ref)
+            return ref
 
         return await trio.to_thread.run_sync(put)
 
