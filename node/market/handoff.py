@@ -101,7 +101,7 @@ class HandOff:
         elif msg.reason not in RETRYABLE_RELEASES:
             job.refusal = msg.text or msg.reason
         if job.assignment == msg.assignment_id.raw and job.assigned_to == msg.executor.raw:
-            job.outcome_failed.set()
+            job.fail_outcome()
 
     async def resend_until_accepted(self, job: SubmittedJob, executor: bytes) -> None:
         """Send the current assignment again, backing off, until its executor accepts it: a copy

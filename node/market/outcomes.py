@@ -167,7 +167,7 @@ class Outcomes:
                 and signer == current.message.executor.raw
             ):
                 job.refusal = f"its outcome was refused: {e}"
-                job.outcome_failed.set()
+                job.fail_outcome()
         finally:
             job.completing = False
             job.settled.set()

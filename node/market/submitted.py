@@ -70,6 +70,9 @@ class SubmittedJob:
     rejected: set[bytes] = field(default_factory=set)
     """Executors whose assignment failed (lease ran out, or their outcome failed verification)."""
     outcome_failed: trio.Event = field(default_factory=trio.Event)
+    waiting: trio.CancelScope | None = None
+    """The scope of the current wait for an outcome (Submitter._await_outcome), which `fail_outcome`
+    ends: no task per job waits for the event."""
     completing: bool = False
     rounds: int = 0
     round_step: int = 1
@@ -104,6 +107,12 @@ class SubmittedJob:
     outcomes: set[bytes] = field(default_factory=set)
     """The receipts taken in for this job, by signer and SHA-256 of their bytes (outcomes.outcome_key):
     results from that signer carrying one of them again are dropped."""
+
+    def fail_outcome(self) -> None:
+        """The current assignment's outcome failed (refused, or the job given back): end the wait."""
+        self.outcome_failed.set()
+        if self.waiting is not None:
+            self.waiting.cancel()
 
     @functools.cached_property
     def size(self) -> int:

@@ -595,14 +595,15 @@ class Submitter:
                         await event.wait()
                         nursery.cancel_scope.cancel()
 
+                    job.waiting = nursery.cancel_scope  # job.fail_outcome() cancels it
                     nursery.start_soon(stop_on, job.finished)
-                    nursery.start_soon(stop_on, job.outcome_failed)
                     if key is not None:
                         nursery.start_soon(self.handoff.resend_until_accepted, job, key)
                     if collect and not given_back:
                         nursery.start_soon(self._collect, job, key, lease_s, nursery.cancel_scope)
         finally:
             job.assigned_to = None
+            job.waiting = None
         if job.finished.is_set():
             return
         if job.completing:  # an outcome is being verified right at the end of the lease
