@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 from e31.node.store.db import Store
 from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
@@ -156,20 +155,17 @@ async def test_a_newer_assignment_still_fetching_is_withdrawn_and_never_started(
     await assert_one_receipt_counts(a, first, job_id)
 
 
-@pytest.mark.skip(
-    reason="flaky (about 1 run in 5): the second executor's run of 2e9 fuel may end before it is recorded "
-    "running; a longer run makes the lease too long for the test. Stopping a running guest is covered "
-    "by test_scheduler (test_cancelling_a_run_stops_the_guest); this case needs a job that blocks."
-)
 async def test_a_newer_assignment_already_running_is_stopped(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     a, b, c = (RealNode(net, tmp_path, name, seed) for name, seed in (("a", 1), ("b", 2), ("c", 3)))
     slow = Slow(net, a, (b, c))
     await start(nursery, a, b, c)
-    # A run that burns its 2e9 fuel: on a fast host it can end within RUNNING_MARK_DELAY and is never
-    # recorded running, which makes this test flaky (see the skip).
-    job_id = await a.submitter.submit(short_job(a, ("22", "100000000000"), 2 * 10**9))
+    # A run of 3e10 fuel (about 1.5 s on a quiet core, longer on a busy one) is surely recorded running
+    # (RUNNING_MARK_DELAY after its start) before it ends; its 3 s wall limit caps what a bid promises
+    # (policy.Calibration.estimate_ms), so its lease stays short for a node with no runs to learn from.
+    job = replace(a.manifest(("22", "100000000000")), limits=Limits(3 * 10**10, 64 << 20, 3_000, 1 << 20))
+    job_id = await a.submitter.submit(job)
     first, second = await late_result_completes(slow, job_id, "running")
     await assert_withdrawn(slow, job_id, second)
     await assert_one_receipt_counts(a, first, job_id)
