@@ -20,7 +20,7 @@ from ..errors import UsageError
 INPUT_ROOT = PurePosixPath("/input")
 API_TIMEOUT = 600.0
 """How long a Python job's submission may take: the node compiles a module it has not seen (the
-26 MB interpreter: about 7 s on an idle core here, a minute on a loaded one) before it answers."""
+26 MB interpreter: about 12 s on a quiet machine here, a minute on a loaded one) before it answers."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
