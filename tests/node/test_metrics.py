@@ -168,11 +168,13 @@ def test_counters_move_with_real_jobs(pair: tuple[NodeProcess, NodeProcess], tmp
     )
     assert total(after[b], "e31_messages_received_total", kind="offer") >= 1
     assert total(after[b], "e31_message_bytes_received_total", kind="offer") > 0
-    assert (
-        total(after_a, "e31_messages_received_total", kind="ping")
-        + total(after_a, "e31_messages_received_total", kind="pong")
-        > 0
-    )
+
+    def heartbeats() -> float:  # every 0.5 s on the link: a fast sweep may end before the first
+        samples = parse(scrape(a, a.token)[2])[1]
+        pings = total(samples, "e31_messages_received_total", kind="ping")
+        return pings + total(samples, "e31_messages_received_total", kind="pong")
+
+    assert wait_for("a heartbeat counted on the link", heartbeats) > 0
     assert total(after_a, "e31_store_call_seconds_count") > 0
     assert total(after_a, "e31_api_requests_total", status="2xx") > 0
     assert total(after_a, "e31_info", node_id=a.node_id) == 1
