@@ -3,6 +3,7 @@ nothing of, fair turns across submitters), deadlines, calibration, the meter, su
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -226,10 +227,10 @@ async def test_a_job_whose_deadline_passes_while_it_waits_never_starts(
 async def test_a_job_still_running_at_its_deadline_is_stopped(scheduler: Scheduler, tmp_path: Path) -> None:
     before = scheduler.calibration.margin
     deadline = wall_ms() + 500
+    # fuel for far longer than 500 ms even on a fast core (the default 1e10 can run out in 0.5 s there)
+    long = dataclasses.replace(montecarlo(6, 2_000_000_000), limits=Limits(fuel=10**13, wall_seconds=120.0))
     with pytest.raises(JobLate):
-        await scheduler.execute(
-            montecarlo(6, 2_000_000_000), tmp_path / "late", estimate_ms=1, job=info(b"late", b"S", deadline)
-        )
+        await scheduler.execute(long, tmp_path / "late", estimate_ms=1, job=info(b"late", b"S", deadline))
     assert wall_ms() >= deadline and scheduler.stopped_late == 1
     assert scheduler.calibration.margin > before  # a missed promise makes the next estimates more careful
     # the worker is free again
