@@ -5,14 +5,14 @@ one subfolder per job (NNNN-JOBID, in order) with DIR/index.json listing each jo
 outcome and arguments: the Python client's `results` (e31.client), so scripts and the CLI agree.
 
 `e31 results BATCH --merge FILE` merges the completions of an `e31 generate` batch into FILE, in the
-prompts' order, with every job's results and receipt beside it in FILE.jobs/ (or --out DIR): merge.py.
+prompts' order, with every job's results and receipt beside it in FILE.jobs/ (or --out DIR): the
+client's `merge` (client/merge.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,13 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .common import call, client, run_op
+    from .common import client, run_op
 
     api = client(args)
     if args.merge is not None:
         if args.more:
             raise CliError("--merge takes one batch id", code=2)
-        return _merge(api, call, args)
+        return _merge(api, args)
     if args.out is None:
         raise CliError("--out DIR is required (or --merge FILE for a batch of `e31 generate`)", code=2)
     if args.partial:
@@ -107,28 +107,26 @@ def _written(r: Result) -> dict[str, Any]:
     }
 
 
-def _merge(api: ApiClient, call: Callable[..., Any], args: argparse.Namespace) -> int:
+def _merge(api: ApiClient, args: argparse.Namespace) -> int:
     import sys
 
+    from ..client.merge import merge
     from ..store.batches import is_batch_id
-    from .merge import merge
+    from .common import run_op
 
     batch_id = args.job.strip().lower()
     if not is_batch_id(batch_id):
         raise CliError(f"--merge takes a batch id (batch-...), got {args.job!r}", code=2)
-    out = args.merge.expanduser().absolute()
-    jobs_dir = None if args.out is None else args.out.expanduser().absolute()
-    report = merge(
-        api, call, batch_id, out, partial=args.partial, overwrite=args.overwrite, jobs_dir=jobs_dir
-    )
+    op = merge(batch_id, args.merge, partial=args.partial, overwrite=args.overwrite, jobs_dir=args.out)
+    report = run_op(api, op)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return 0
-    for m in report.missing or []:
+    for m in report.missing:
         print(f"missing: lines {m.first}-{m.last} (job {m.job_id}: {m.state}: {m.why})", file=sys.stderr)
     print(f"receipts and results of each job: {report.jobs_dir}/", file=sys.stderr)
     print(
-        f"wrote {report.lines} completions ({report.errors} error lines) from {report.merged_jobs} of "
-        f"{report.jobs} jobs to {report.out}"
+        f"wrote {report.completions} completions ({report.error_lines} error lines) from "
+        f"{report.merged_jobs} of {report.jobs} jobs to {report.out}"
     )
     return 0

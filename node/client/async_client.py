@@ -20,6 +20,8 @@ from e31.node.api.client import ApiClient, ApiClientError
 
 from . import ops
 from .errors import from_api
+from .generate import generate as generate_op
+from .merge import merge as merge_op
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -82,3 +84,5 @@ class AsyncClient:
     cancel = _awaitable(ops.cancel)
     receipts = _awaitable(ops.receipts)
     status = _awaitable(ops.status)
+    generate = _awaitable(generate_op)
+    merge = _awaitable(merge_op)

@@ -79,6 +79,24 @@ class OptionError(ClientError, UsageError):
     """An argument of a client method is wrong before anything is sent (a bad size, deadline, path)."""
 
 
+class PromptsError(OptionError):
+    """A prompts file that cannot be used (generate); the message names the file (and lines) and why."""
+
+
+class ModelFileError(OptionError):
+    """A model, tokenizer or inference module that cannot be used (generate); the message names the
+    file and what is wrong."""
+
+
+class MergeError(ClientError, UsageError):
+    """A batch that cannot be merged (merge): not a generate batch, spans that do not tile the prompts
+    file, a bad completion line, a completions file that cannot be written."""
+
+
+class Incomplete(NotFinished):
+    """Some jobs of the batch to merge have not finished well (yet); the message lists them."""
+
+
 _BY_CODE: dict[str, type[Refused]] = {
     "bad_id": BadId,
     "invalid_job": InvalidRequest,

@@ -89,6 +89,59 @@ class Batch:
 
 
 @dataclass(frozen=True, slots=True)
+class Generation(Batch):
+    """A batch of inference jobs (generate): the Batch, how many prompts it carries, how many of them
+    are malformed (each is answered with an error line), and the limits its jobs were given."""
+
+    prompts: int
+    malformed: int
+    limits: dict[str, Any] = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpan:
+    """One job of a generate batch: its place in the batch (`seq`, from 1), the lines of the prompts
+    file it carries (`first` to `last`), and how it stands."""
+
+    seq: int
+    job_id: str
+    first: int
+    last: int
+    state: str
+    succeeded: bool
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Merged:
+    """What a merge (merge) wrote: the completions file `out`, each job's results and receipt under
+    `jobs_dir`; `completions` lines (`error_lines` of them errors) from `merged_jobs` of the batch's
+    `jobs` jobs; `missing` the jobs left out (only with partial=True)."""
+
+    out: Path
+    jobs_dir: Path
+    jobs: int
+    merged_jobs: int
+    completions: int
+    error_lines: int
+    missing: tuple[JobSpan, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "out": str(self.out),
+            "jobs_dir": str(self.jobs_dir),
+            "jobs": self.jobs,
+            "merged_jobs": self.merged_jobs,
+            "completions": self.completions,
+            "error_lines": self.error_lines,
+            "missing": [
+                {"job_id": m.job_id, "lines": [m.first, m.last], "state": m.state, "why": m.why}
+                for m in self.missing
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Progress:
     """What a wait has seen so far, passed to its progress callback after every look.
 

@@ -21,6 +21,8 @@ from e31.node.api.client import ApiClient, ApiClientError
 
 from . import ops
 from .errors import from_api
+from .generate import generate as generate_op
+from .merge import merge as merge_op
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -84,3 +86,5 @@ class Client:
     cancel = _blocking(ops.cancel)
     receipts = _blocking(ops.receipts)
     status = _blocking(ops.status)
+    generate = _blocking(generate_op)
+    merge = _blocking(merge_op)

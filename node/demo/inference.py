@@ -183,7 +183,7 @@ def run_generate_demo(options: DemoOptions, events: Events) -> DemoResult:
 
 def _spans(node: LocalNode, batch_id: str) -> dict[str, Part]:
     """Each job's span of prompt lines, from the batch as the node shows it."""
-    from ..cli.generate import span_of
+    from ..client.generate import span_of
 
     doc: Any = node.ask(f"/v1/batches/{batch_id}")
     out: dict[str, Part] = {}

@@ -8,21 +8,24 @@ import io
 import json
 import re
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e31.node.cli.generate import span_of
-from e31.node.cli.llama_files import (
-    ModelFileError,
+from e31.node.cli.main import main
+from e31.node.client.errors import Incomplete, MergeError, ModelFileError, PromptsError
+from e31.node.client.generate import span_of
+from e31.node.client.llama_files import (
     ModelShape,
     check_tokenizer,
     limits_for,
     read_model_shape,
 )
-from e31.node.cli.main import main
-from e31.node.cli.merge import Incomplete, MergeError, completion_lines, merge, parts_of, write_merged
-from e31.node.cli.prompts import PromptsError, read_prompts, split
+from e31.node.client.merge import completion_lines, merge, parts_of, write_merged
+from e31.node.client.ops import Call
+from e31.node.client.prompts import read_prompts, split
+from e31.node.client.sync import drive
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "sandbox" / "workloads" / "models"
@@ -284,14 +287,14 @@ def test_the_merged_file_is_never_written_over_unless_asked(tmp_path: Path) -> N
 def test_an_incomplete_batch_is_refused_naming_what_is_missing(tmp_path: Path) -> None:
     doc = batch_doc((1, 2), (3, 4), states=("done", "failed"))
 
-    def call(api: object, method: str, path: str, body: object = None) -> Any:
-        assert (method, path) == ("GET", "/v1/batches/batch-0123456789abcdef")
+    def request(call: Call) -> Any:
+        assert (call.method, call.path) == ("GET", "/v1/batches/batch-0123456789abcdef")
         return doc
 
     with pytest.raises(
         Incomplete, match=r"1 of 2 jobs have not finished well: lines 3-4 \(job 000000000000: out"
     ):
-        merge(None, call, "batch-0123456789abcdef", tmp_path / "c.jsonl", partial=False, overwrite=False)
+        drive(merge("batch-0123456789abcdef", tmp_path / "c.jsonl"), request, time.sleep)
     assert not (tmp_path / "c.jsonl").exists()
 
 

@@ -1,4 +1,5 @@
-"""`e31 results BATCH --merge FILE`: one completions file from the jobs of an `e31 generate` batch.
+"""One completions file from the jobs of a generate batch: the client's `merge`, and
+`e31 results BATCH --merge FILE`, which runs it.
 
 Each job of the batch carries a span of the prompts file (generate.py names it in the job's --prompts
 argument) and wrote one completion line per prompt line of it, in order. The merge checks that the
@@ -9,9 +10,10 @@ in the batch's order, so the completions stand in the prompts' order. An error l
 guest's line number in its job's span: it is turned back into the prompts file's own line number.
 
 A batch with any job not finished well (still running, failed, out of fuel, cancelled) is refused,
-naming those jobs and their lines, unless --partial: then the others' completions are written, and
-what is missing is listed. FILE is written whole under a temporary name and renamed into place; an
-existing FILE (or a job's results directory that holds other files) is kept unless --overwrite.
+naming those jobs and their lines (Incomplete), unless `partial`: then the others' completions are
+written, and what is missing is listed. FILE is written whole under a temporary name and renamed into
+place; an existing FILE (or a job's results directory that holds other files) is kept unless
+`overwrite`.
 """
 
 from __future__ import annotations
@@ -19,64 +21,21 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import NodeError, UsageError
+from .errors import Incomplete, MergeError
 from .generate import span_of
+from .ops import Call, Op, PathLike, _absolute, _batch_id
+from .records import JobSpan, Merged
 
 FINISH_REASONS = frozenset({"stop", "length", "error"})
 OUTPUT = "completions.jsonl"
 
 
-class MergeError(UsageError):
-    """The batch cannot be merged (not a generate batch, spans that do not fit, a bad output line)."""
-
-
-class Incomplete(NodeError):
-    """Some jobs have not finished well (yet); the message lists them. Exit status 1."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobPart:
-    seq: int
-    job_id: str
-    first: int
-    last: int
-    state: str
-    succeeded: bool
-    why: str
-
-
-@dataclass
-class MergeReport:
-    out: Path
-    jobs_dir: Path
-    jobs: int = 0
-    merged_jobs: int = 0
-    lines: int = 0
-    errors: int = 0
-    missing: list[JobPart] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "out": str(self.out),
-            "jobs_dir": str(self.jobs_dir),
-            "jobs": self.jobs,
-            "merged_jobs": self.merged_jobs,
-            "completions": self.lines,
-            "error_lines": self.errors,
-            "missing": [
-                {"job_id": m.job_id, "lines": [m.first, m.last], "state": m.state, "why": m.why}
-                for m in self.missing or []
-            ],
-        }
-
-
-def parts_of(batch: dict[str, Any]) -> list[JobPart]:
+def parts_of(batch: dict[str, Any]) -> list[JobSpan]:
     """The batch's jobs as spans of the prompts file, checked to tile it from line 1 in order."""
-    parts: list[JobPart] = []
+    parts: list[JobSpan] = []
     batch_id = batch.get("batch_id")
     jobs = batch.get("jobs") or []
     if len(jobs) != batch.get("total"):
@@ -97,14 +56,14 @@ def parts_of(batch: dict[str, Any]) -> list[JobPart]:
         outcome = job.get("outcome") if isinstance(job.get("outcome"), dict) else {}
         why = str(outcome.get("text") or job.get("reason") or job.get("state"))
         parts.append(
-            JobPart(
+            JobSpan(
                 seq, str(job["job_id"]), first, last, str(job.get("state")), job.get("succeeded") is True, why
             )
         )
     return parts
 
 
-def completion_lines(text: str, part: JobPart) -> tuple[list[str], int]:
+def completion_lines(text: str, part: JobSpan) -> tuple[list[str], int]:
     """The job's completion lines, each checked, with error lines' numbers made the prompts file's;
     and how many of them are error lines."""
     out: list[str] = []
@@ -155,46 +114,51 @@ def write_merged(out: Path, lines: list[str], overwrite: bool) -> None:
 
 
 def merge(
-    api: Any,
-    call: Any,
-    batch_id: str,
-    out: Path,
+    batch: str,
+    out: PathLike,
     *,
-    partial: bool,
-    overwrite: bool,
-    jobs_dir: Path | None = None,
-) -> MergeReport:
-    """Merge the batch's completions into `out` (see the module's docstring); each job's results go
-    into `jobs_dir` (default: `out` with `.jobs` added)."""
-    batch = call(api, "GET", f"/v1/batches/{batch_id}")
-    parts = parts_of(batch)
-    jobs_dir = jobs_dir or out.with_name(out.name + ".jobs")
-    report = MergeReport(out, jobs_dir, jobs=len(parts))
-    missing = [p for p in parts if not (p.state == "done" and p.succeeded)]
-    report.missing = missing
+    partial: bool = False,
+    overwrite: bool = False,
+    jobs_dir: PathLike | None = None,
+) -> Op[Merged]:
+    """Merge the completions of the generate batch `batch` into the file `out`, in the prompts' order
+    (see the module's docstring); each job's results and receipt go into `jobs_dir` (default: `out`
+    with `.jobs` added), one folder NNNN-JOBID each."""
+    batch_id = _batch_id(batch)
+    target = Path(_absolute(out, "out"))
+    if target.is_dir():
+        raise MergeError(f"{target} is a directory; give the completions file's name")
+    folder = (
+        target.with_name(target.name + ".jobs") if jobs_dir is None else Path(_absolute(jobs_dir, "jobs_dir"))
+    )
+    doc = yield Call("GET", f"/v1/batches/{batch_id}")
+    parts = parts_of(doc)
+    missing = tuple(p for p in parts if not (p.state == "done" and p.succeeded))
     if missing and not partial:
         shown = "; ".join(f"lines {m.first}-{m.last} (job {m.job_id[:12]}: {m.why})" for m in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise Incomplete(
             f"batch {batch_id}: {len(missing)} of {len(parts)} jobs have not finished well: {shown}{more}; "
-            "wait for them (e31 wait), or pass --partial to merge the others"
+            "wait for them (e31 wait), or merge the others (--partial, partial=True)",
+            409,
+            "incomplete",
         )
     lines: list[str] = []
+    merged = errors = 0
     for part in parts:
         if part in missing:
             continue
-        where = jobs_dir / f"{part.seq:04d}-{part.job_id}"
-        call(api, "POST", f"/v1/jobs/{part.job_id}/results", {"out": str(where), "overwrite": overwrite})
+        where = folder / f"{part.seq:04d}-{part.job_id}"
+        yield Call("POST", f"/v1/jobs/{part.job_id}/results", {"out": str(where), "overwrite": overwrite})
         try:
             text = (where / "output" / OUTPUT).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise MergeError(f"job {part.seq} ({part.job_id[:12]}) wrote no /output/{OUTPUT}") from None
         except (OSError, UnicodeDecodeError) as e:
             raise MergeError(f"cannot read {where / 'output' / OUTPUT}: {e}") from None
-        got, errors = completion_lines(text, part)
-        report.merged_jobs += 1
-        report.lines += len(got)
-        report.errors += errors
+        got, bad = completion_lines(text, part)
+        merged += 1
+        errors += bad
         lines += got
-    write_merged(out, lines, overwrite)
-    return report
+    write_merged(target, lines, overwrite)
+    return Merged(target, folder, len(parts), merged, len(lines), errors, missing)

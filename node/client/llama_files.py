@@ -25,8 +25,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UsageError
-from .options import file_kind
+from .errors import ModelFileError
+from .files import file_kind
 
 HEADER = struct.Struct("<7i")
 MAX_MODEL_BYTES = 3 << 30
@@ -48,10 +48,6 @@ FUEL_BASE = 50_000_000
 MIN_FUEL_RATE = 100_000_000
 """Fuel per second a slow machine still runs (for the wall-clock limit; a fast one does 5-10x)."""
 MIN_TIMEOUT = 60.0
-
-
-class ModelFileError(UsageError):
-    """A model or tokenizer file that cannot be used; the message names the file and what is wrong."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""The prompts file of `e31 generate`: read, checked line by line, and cut into the jobs' spans of lines.
+"""The prompts file of a generate batch (the client's `generate`, `e31 generate`): read, checked line
+by line, and cut into the jobs' spans of lines.
 
 The file is JSON Lines, one prompt a line (docs/inference.md, "The job"): `{"id": string or integer,
 "prompt": string, "max_tokens"?: int, "temperature"?: number, "top_p"?: number, "seed"?: uint64}`.
@@ -6,8 +7,8 @@ It is read only if it is a regular file of at most MAX_PROMPTS_BYTES, in UTF-8. 
 tabs and carriage returns only) are no prompts and get no completion, as in the guest. Every other line
 is checked here by the guest's own rules (fields it does not know are ignored, as it ignores them); the
 file is refused if any line is malformed, naming the lines (up to a few, in one message), unless the
-caller passes bad lines on (`--pass-bad-lines`): then the guest answers each with an error line and the
-rest go on.
+caller passes bad lines on (`pass_bad_lines`, `--pass-bad-lines`): then the guest answers each with an
+error line and the rest go on.
 
 A span is a run of consecutive lines of the file holding `per_job` prompt lines (blank lines between
 them ride along), cut without changing a byte, so the guest's line numbers inside a job's file are the
@@ -21,18 +22,16 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UsageError
-from .options import read_regular_file
+from e31.node.errors import UsageError
+
+from .errors import PromptsError
+from .files import read_regular_file
 
 MAX_PROMPTS_BYTES = 64 << 20
 MAX_PROMPTS = 1_000_000
 SHOWN_PROBLEMS = 5
 U64 = (1 << 64) - 1
 I32 = (1 << 31) - 1
-
-
-class PromptsError(UsageError):
-    """A prompts file that cannot be used; the message names the file (and lines) and why."""
 
 
 @dataclass(frozen=True, slots=True)
