@@ -136,3 +136,26 @@ def test_bad_input_is_a_typed_error(node: Node, tmp_path: Path) -> None:
         client.merge(sweep.batch_id, tmp_path / "c.jsonl")
     assert PromptsError.exit_code == ModelFileError.exit_code == MergeError.exit_code == 2
     assert Incomplete.exit_code == 1
+
+
+def test_the_example_in_the_inference_guide_runs_as_shown(node: Node, tmp_path: Path) -> None:
+    import os
+    import re
+    import subprocess
+    import sys
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "inference.md").read_text()
+    section = guide[guide.index("### From Python") :]
+    script = re.search(r"```python\n(.*?)```", section, re.S)
+    assert script is not None
+    prompts_file(tmp_path / "prompts.jsonl", n=3, bad=False)
+    (tmp_path / "batch.py").write_text(script.group(1))
+    env = {**os.environ, "E31_DATA_DIR": str(node.data_dir)}
+    done = subprocess.run(
+        [sys.executable, "batch.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(
+        r"3 prompts in 1 jobs: batch-[0-9a-f]{16}\n3 completions, 0 error lines\n", done.stdout
+    )
+    assert len((tmp_path / "completions.jsonl").read_text().splitlines()) == 3
