@@ -8,8 +8,10 @@ promised (policy.admit: those queued, fetching or running, and those of its live
 assigned); a job that would finish late, or make a promised job late, is declined `deadline`. A bid
 item's start and finish are the plan's.
 A bid names the blobs of its jobs this node holds already (`held`: the submitter prefers such a bid
-when all else is equal). The offer is remembered under the bid's id until the bid expires, so an
-`assign` naming the bid can be matched to the exact manifest (`live`, `assigned`).
+when all else is equal), and its finish counts the time to fetch the others (fetch_estimate.py), so a
+node holding a job's large blobs bids an earlier finish. The offer is remembered under the bid's id
+until the bid expires, so an `assign` naming the bid can be matched to the exact manifest (`live`,
+`assigned`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from e31.protocol.messages import MAX_HELD, REASON_TEXT_MAX, Bid, BidItem, Decli
 
 from ..store.db import Store
 from .context import MarketContext
+from .fetch_estimate import FetchRate, fetch_ms
 from .policy import Admitted, Task, admit
 from .rules import BidPlan, DeclinePlan, ExecutorView, OfferView, plan_bid
 from .scheduler import Scheduler
@@ -73,8 +76,11 @@ class Bids:
         memory_bytes: int,
         capacity: BidCapacity | None,
         held_tasks: Callable[[], list[Task]] = list,
+        fetch_rate: FetchRate | None = None,
     ) -> None:
         self.ctx = ctx
+        self.fetch_rate = fetch_rate or FetchRate()
+        """The rate fetches are planned at (the blob transfer's, measured)."""
         self.held_tasks = held_tasks
         """The jobs assigned here and not yet ended, as the policy sees them (the executor's)."""
         self.scheduler = scheduler
@@ -230,9 +236,11 @@ class Bids:
         return admit(slots, list(promised.values()), offered, now)
 
     def task(self, manifest: JobManifest, now: int) -> Task:
-        """The job as the policy sees it, estimated at this node's calibrated rate and margin."""
+        """The job as the policy sees it, estimated at this node's calibrated rate and margin, plus the
+        time to fetch the blobs of it this node does not hold."""
         lim = manifest.limits
         estimate = self.scheduler.estimate_ms(manifest.profile.raw, lim.fuel, lim.wall_ms)
+        estimate += fetch_ms(manifest, self.ctx.blobs.has, self.fetch_rate)
         return Task(manifest.job_id.raw, manifest.submitter.raw, manifest.deadline, estimate, now, lim.fuel)
 
     def _bid_tasks(self, now: int) -> list[Task]:

@@ -118,6 +118,7 @@ class Executor:
             memory_bytes=memory_bytes,
             capacity=capacity,
             held_tasks=self._held_tasks,
+            fetch_rate=transfer.rate,
         )
         self.delivery = Delivery(ctx, on_acked=on_acked, prover=prover, tidy=self._tidy)
         self._active: set[bytes] = set()

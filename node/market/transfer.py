@@ -33,6 +33,7 @@ from e31.protocol.messages import BlobChunk, BlobRequest
 from ..errors import Unavailable
 from ..nursery import TaskSlot
 from ..store.blobs import BlobCorrupt, BlobError, BlobStore, PartialBlob
+from .fetch_estimate import FetchRate
 
 log = logging.getLogger("e31.transfer")
 
@@ -100,6 +101,8 @@ class BlobTransfer:
         self._tasks = TaskSlot()
         self.served_chunks = 0
         self.fetched_chunks = 0
+        self.rate = FetchRate()
+        """The rate this node's fetches run at, measured by `_fetch`: what its bids plan fetches at."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with self._tasks.open():
@@ -209,6 +212,7 @@ class BlobTransfer:
         self.fetched_chunks += 1
 
     async def _fetch(self, peer: bytes, ref: BlobRef) -> None:
+        started = trio.current_time()
         raw_list = await self._ask(peer, ref.root, None)
         try:
             chunks = ChunkList.from_bytes(ref, raw_list)
@@ -230,6 +234,8 @@ class BlobTransfer:
             await trio.to_thread.run_sync(partial.finalise)
         except (BlobError, OSError) as e:
             raise FetchError(f"blob {ref.root} from {NodeId(peer)} did not assemble: {e}") from None
+        fetched = sum(min(CHUNK_SIZE, ref.size - i * CHUNK_SIZE) for i in missing)
+        self.rate.observe(fetched, trio.current_time() - started)
 
     async def _fetch_chunks(
         self,
