@@ -20,7 +20,6 @@ import http.client
 import json
 import math
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import API_FILE
-from .net import LocalNetwork, LocalNode, NetworkError
+from .net import LocalNode
 from .run import (
     BUNDLE_NAME,
     DemoError,
@@ -40,6 +39,7 @@ from .run import (
     _since,
     _wait,
     _work_dir,
+    demo_network,
     e31,
     shown,
     succeeded,
@@ -95,13 +95,7 @@ def run_generate_demo(options: DemoOptions, events: Events) -> DemoResult:
     result = DemoResult(nodes=options.nodes, jobs=0, work_dir=work, workload="generate")
     out = options.completions.absolute()
     bundle = work / BUNDLE_NAME if keep else out.with_name(out.stem + "-" + BUNDLE_NAME)
-    net = LocalNetwork(work, options.nodes)
-    remove_work = False
-    try:
-        events.step(f"starting {options.nodes} node(s) in {shown(work)}")
-        clock = time.monotonic()
-        net.start(lambda text: events.step("  " + text))
-        events.step(f"  the network is up ({_since(clock)})")
+    with demo_network(options, events, result, work, keep, started) as net:
         names = {n.node_id: n.name for n in net.nodes}
         first = net.nodes[0]
         lines = sum(1 for line in prompts.read_text(encoding="utf-8").splitlines() if line.strip())
@@ -162,22 +156,6 @@ def run_generate_demo(options: DemoOptions, events: Events) -> DemoResult:
             )
         _audit(first.data_dir, jobs, done, bundle, names, events, result)
         result.blob_bytes = {n.name: blob_bytes_received(n) for n in net.nodes}
-        remove_work = result.ok and not keep
-    except KeyboardInterrupt:
-        remove_work = not keep
-        raise
-    except (DemoError, NetworkError) as e:
-        text = str(e)
-        if str(work) not in text:
-            text += f" (the node logs are in {work})"
-        raise DemoError(text) from None
-    finally:
-        events.step("stopping the network")
-        result.problems += net.stop()
-        result.wall_seconds = time.monotonic() - started
-        if remove_work and not result.problems:
-            shutil.rmtree(work, ignore_errors=True)
-            result.work_dir = None
     return result
 
 

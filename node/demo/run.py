@@ -464,19 +464,14 @@ def _work_dir(keep: Path | None) -> tuple[Path, bool]:
     return keep.resolve(), True
 
 
-def run_demo(options: DemoOptions, events: Events) -> DemoResult:
-    """Run the whole demo; the network is stopped before this returns or raises.
-
-    The work dir (data dirs, fetched results) is removed at the end unless --keep names it, or something
-    went wrong: then it stays for its logs, and DemoResult.work_dir (or the error message) names it. The
-    bundle goes into --keep DIR, else next to the image, so it can be audited again afterwards.
-    Raises DemoError or NetworkError for a failure that ends the demo early, KeyboardInterrupt on Ctrl-C.
-    """
-    options.check()
-    started = time.monotonic()
-    work, keep = _work_dir(options.keep)
-    result = DemoResult(nodes=options.nodes, jobs=options.jobs, work_dir=work)
-    bundle = work / BUNDLE_NAME if keep else options.image.with_name(options.image.stem + "-" + BUNDLE_NAME)
+@contextlib.contextmanager
+def demo_network(
+    options: DemoOptions, events: Events, result: DemoResult, work: Path, keep: bool, started: float
+) -> Iterator[LocalNetwork]:
+    """A LocalNetwork of `options.nodes` nodes under `work`, started, for one demo's steps (every
+    workload's); it is stopped when they end, however they end. A DemoError or NetworkError is raised
+    again as a DemoError naming where the node logs are. The work dir is removed at the end when the
+    steps went well (result.ok, no problem stopping) or were interrupted (Ctrl-C), unless `keep`."""
     net = LocalNetwork(work, options.nodes)
     remove_work = False
     try:
@@ -484,20 +479,7 @@ def run_demo(options: DemoOptions, events: Events) -> DemoResult:
         clock = time.monotonic()
         net.start(lambda text: events.step("  " + text))
         events.step(f"  the network is up ({_since(clock)})")
-        names = {n.node_id: n.name for n in net.nodes}
-        first = net.nodes[0]
-        clock = time.monotonic()
-        with _module() as module:
-            jobs = _submit(first.data_dir, module, plan_tiles(options.jobs, WIDTH, HEIGHT), options.fuel)
-        events.step(f"submitted {len(jobs)} Mandelbrot tile job(s) to node1 ({_since(clock)})")
-        finished = _wait(net, jobs, options, events, result)
-        done = {j for j, row in finished.items() if succeeded(row)}
-        result.done = len(done)
-        result.failed = [
-            f"{jobs[j].name} (job {j}): {_why(row)}" for j, row in finished.items() if j not in done
-        ]
-        _assemble(first.data_dir, jobs, done, work / "results", options, events, result)
-        _audit(first.data_dir, jobs, done, bundle, names, events, result)
+        yield net
         remove_work = result.ok and not keep
     except KeyboardInterrupt:
         remove_work = not keep
@@ -514,4 +496,34 @@ def run_demo(options: DemoOptions, events: Events) -> DemoResult:
         if remove_work and not result.problems:
             shutil.rmtree(work, ignore_errors=True)
             result.work_dir = None
+
+
+def run_demo(options: DemoOptions, events: Events) -> DemoResult:
+    """Run the whole demo; the network is stopped before this returns or raises.
+
+    The work dir (data dirs, fetched results) is removed at the end unless --keep names it, or something
+    went wrong: then it stays for its logs, and DemoResult.work_dir (or the error message) names it. The
+    bundle goes into --keep DIR, else next to the image, so it can be audited again afterwards.
+    Raises DemoError or NetworkError for a failure that ends the demo early, KeyboardInterrupt on Ctrl-C.
+    """
+    options.check()
+    started = time.monotonic()
+    work, keep = _work_dir(options.keep)
+    result = DemoResult(nodes=options.nodes, jobs=options.jobs, work_dir=work)
+    bundle = work / BUNDLE_NAME if keep else options.image.with_name(options.image.stem + "-" + BUNDLE_NAME)
+    with demo_network(options, events, result, work, keep, started) as net:
+        names = {n.node_id: n.name for n in net.nodes}
+        first = net.nodes[0]
+        clock = time.monotonic()
+        with _module() as module:
+            jobs = _submit(first.data_dir, module, plan_tiles(options.jobs, WIDTH, HEIGHT), options.fuel)
+        events.step(f"submitted {len(jobs)} Mandelbrot tile job(s) to node1 ({_since(clock)})")
+        finished = _wait(net, jobs, options, events, result)
+        done = {j for j, row in finished.items() if succeeded(row)}
+        result.done = len(done)
+        result.failed = [
+            f"{jobs[j].name} (job {j}): {_why(row)}" for j, row in finished.items() if j not in done
+        ]
+        _assemble(first.data_dir, jobs, done, work / "results", options, events, result)
+        _audit(first.data_dir, jobs, done, bundle, names, events, result)
     return result
