@@ -1,14 +1,15 @@
 """Benchmark: what strangers cost a node. N handshakes from N distinct fresh keys against one real node.
 
-Starts a real `e31 node run` process on 127.0.0.1 (`--max-peers CAP`, `--dial-private` since every
-address here is loopback), then runs N real transport handshakes, each from a new key, CONCURRENCY at
-a time; each connection closes right after its handshake. Every `--record-every`-th stranger first
-sends a `peers` message with its own signed contact record naming a loopback port this benchmark
-listens on, so the node also stores rows and may try to confirm those addresses: the accepts on that
-port are the node's dials to unconfirmed addresses, which its budget bounds. It samples the node's
-VmRSS (/proc/PID/status), its peer table (GET /v1/peers) and its stored peer rows (the database, read
-only) before, during and after. Floors: RSS within 20 MB of its value after the warm-up, table and
-rows at most the cap. Bounded in count (N) and time (`--deadline`). Linux only (reads /proc).
+Starts a real `e31 node run` process on 127.0.0.1 (tests/node/node_process.py: `--dial-private` since
+every address here is loopback; `--max-peers CAP`), then runs N real transport handshakes, each from a
+new key, CONCURRENCY at a time; each connection closes right after its handshake. Every
+`--record-every`-th stranger first sends a `peers` message with its own signed contact record naming
+a loopback port this benchmark listens on, so the node also stores rows and may try to confirm those
+addresses: the accepts on that port are the node's dials to unconfirmed addresses, which its budget
+bounds. It samples the node's VmRSS (/proc/PID/status), its peer table (GET /v1/peers) and its stored
+peer rows (the database, read only) before, during and after. Floors: RSS within 20 MB of its value
+after the warm-up, table and rows at most the cap. Bounded in count (N) and time (`--deadline`). Linux
+only (reads /proc).
 
     .venv/bin/python tests/bench/bench_strangers.py [--handshakes 100000] [--max-peers 1000] [--json]
 """
@@ -17,11 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import signal
 import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,49 +32,12 @@ from e31.protocol.envelope import node_id_of, sign_message
 from e31.protocol.messages import Contact, Peers
 from nacl.signing import SigningKey
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
+
+from node_process import NodeProcess
+
 RSS_FLOOR_MB = 20.0
 NETWORK = "main"
-READY = re.compile(r"node e31n\S+ on network \S+ listening on (\S+)$", re.MULTILINE)
-
-
-def start(data_dir: Path, log: Path, max_peers: int) -> tuple[subprocess.Popen[bytes], int]:
-    data_dir.mkdir(mode=0o700, parents=True)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "e31.node",
-                "node",
-                "run",
-                "--data-dir",
-                str(data_dir),
-                "--listen",
-                "127.0.0.1:0",
-                "--no-mdns",
-                "--dial-private",
-                "--max-peers",
-                str(max_peers),
-                "--log-level",
-                "warning",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=out,
-        )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the node exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            with ApiClient(data_dir, timeout=5.0) as api:
-                status = api.get("/v1/status")
-            assert isinstance(status, dict)
-            return proc, int(str(status["listen"]).rpartition(":")[2])
-        except Exception:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("the node did not start within 30 s")
 
 
 def rss_mb(pid: int) -> float:
@@ -176,8 +137,9 @@ def main() -> int:
                 conn.close()
                 accepts += 1
 
-        proc, port = start(root / "node", root / "node.log", args.max_peers)
-        data = root / "node"
+        node = NodeProcess(root / "node", "--max-peers", str(args.max_peers), "--log-level", "warning")
+        proc, data = node.proc, node.data_dir
+        port = int(node.address.rpartition(":")[2])
         try:
             out["rss_start_mb"] = round(rss_mb(proc.pid), 1)
             warmup = min(args.warmup, args.handshakes)
@@ -239,11 +201,9 @@ def main() -> int:
                 after=after,
                 unconfirmed_dials=accepts,
             )
-            proc.send_signal(signal.SIGTERM)
-            out["exit_code"] = proc.wait(timeout=30)
+            out["exit_code"] = node.stop()
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            node.kill()
     rss_growth = max([s["rss_mb"] for s in samples] + [after["rss_mb"]]) - baseline  # type: ignore[operator]
     worst_table = max([s["table"] for s in samples] + [after["table"]])  # type: ignore[type-var]
     worst_rows = max([s["rows"] for s in samples] + [after["rows"]])  # type: ignore[type-var]

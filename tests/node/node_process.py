@@ -4,7 +4,8 @@ The node listens on 127.0.0.1 port 0 and may dial private addresses (every peer 
 loopback); mDNS is off unless the arguments name an --mdns option. It sees no owner load unless the
 caller set E31_TEST_OWNER_LOAD_FILE: on a shared machine other processes would otherwise count as the
 owner working. Its log (stderr) goes to `log`, appended to, so a restarted node keeps one log and
-readiness is read from what the new process wrote.
+readiness is read from what the new process wrote (or, when a --log-level above info hides the ready
+line, from the node's GET /v1/status once it answers for this process).
 """
 
 from __future__ import annotations
@@ -106,7 +107,20 @@ class NodeProcess:
         if self.proc.poll() is not None:
             raise AssertionError(f"the node exited with {self.proc.returncode}:\n{self.log.read_text()}")
         match = READY.search(self.log.read_text()[start:])
-        return None if match is None else (match[1], match[2], match[3])
+        if match is not None:
+            return match[1], match[2], match[3]
+        level = self.args[self.args.index("--log-level") + 1] if "--log-level" in self.args[:-1] else "info"
+        return self._status_ready() if level in ("warning", "error") else None
+
+    def _status_ready(self) -> tuple[str, str, str] | None:
+        try:
+            with ApiClient(self.data_dir, timeout=5.0) as api:
+                status: dict[str, Any] = api.get("/v1/status")
+        except ApiClientError:
+            return None
+        if status.get("pid") != self.proc.pid:  # api.json of an earlier run
+            return None
+        return str(status["node_id"]), str(status["network"]), str(status["listen"])
 
     def api_document(self) -> dict[str, Any]:
         """api.json: the local API's port and token."""
