@@ -1,5 +1,6 @@
 """The Python client for submitters, imported as `e31.client`: a typed API over the local node's HTTP
-API for scripts and programs that send jobs and sweeps, follow them, and collect their results.
+API for scripts and programs that send jobs and sweeps, follow them, and collect their results; and
+batch inference (generate.py: a prompts file in, merge.py: the completions file out).
 
 `Client` blocks; `AsyncClient` is the same for trio. Both drive the operations in ops.py (written once,
 as generators), so they behave alike; errors are ClientError subclasses (errors.py), records what the

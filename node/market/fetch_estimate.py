@@ -7,7 +7,9 @@ finish than an otherwise equal node that would have to fetch it first, and wins 
 not only on a tie. The rate is ASSUMED_RATE until this node has fetched a blob of at least
 MEASURED_MIN_BYTES; from then on it is a moving average of what its fetches measured (transfer.py
 times each multi-chunk fetch, from its chunk list to the blob installed). One rate serves every peer:
-it is a planning figure, not a promise about any one link.
+it is a planning figure, not a promise about any one link. A peer that serves slowly lowers it, which
+only makes this node's bids for jobs it would have to fetch more cautious (never below MIN_RATE), and
+later fetches move it back.
 """
 
 from __future__ import annotations
