@@ -29,7 +29,7 @@ from e31.protocol.messages import MAX_HELD, REASON_TEXT_MAX, Bid, BidItem, Decli
 
 from ..store.db import Store
 from .context import MarketContext
-from .fetch_estimate import FetchRate, fetch_ms
+from .fetch_estimate import FetchRate, with_fetches
 from .policy import Admitted, Task, admit
 from .rules import BidPlan, DeclinePlan, ExecutorView, OfferView, plan_bid
 from .scheduler import Scheduler
@@ -225,22 +225,23 @@ class Bids:
         return tuple(sorted((r.root for r in held[:MAX_HELD]), key=lambda d: d.raw))
 
     def _admit(self, now: int, cores: int, manifests: list[JobManifest]) -> Admitted:
-        """Plan the offered jobs with every job promised here (policy.admit): those queued or held,
-        and those named by live bids not yet assigned (a bid is a promise until it lapses)."""
+        """Plan the offered jobs, each with its share of fetching the blobs this node lacks
+        (fetch_estimate.py), with every job promised here (policy.admit): those queued or held, and
+        those named by live bids not yet assigned (a bid is a promise until it lapses)."""
         if not manifests:
             return Admitted({}, {})
         slots = sorted(self.scheduler.slots(now), key=lambda s: s.free_at)[: max(0, cores)]
-        offered = [self.task(m, now) for m in manifests]
+        offered = with_fetches(
+            [self.task(m, now) for m in manifests], manifests, self.ctx.blobs.has, self.fetch_rate, cores
+        )
         keys = {t.key for t in offered}  # a job offered again replaces its earlier bid's promise
         promised = {t.key: t for t in (*self._bid_tasks(now), *self.held_tasks()) if t.key not in keys}
         return admit(slots, list(promised.values()), offered, now)
 
     def task(self, manifest: JobManifest, now: int) -> Task:
-        """The job as the policy sees it, estimated at this node's calibrated rate and margin, plus the
-        time to fetch the blobs of it this node does not hold."""
+        """The job as the policy sees it, estimated at this node's calibrated rate and margin."""
         lim = manifest.limits
         estimate = self.scheduler.estimate_ms(manifest.profile.raw, lim.fuel, lim.wall_ms)
-        estimate += fetch_ms(manifest, self.ctx.blobs.has, self.fetch_rate)
         return Task(manifest.job_id.raw, manifest.submitter.raw, manifest.deadline, estimate, now, lim.fuel)
 
     def _bid_tasks(self, now: int) -> list[Task]:

@@ -16,9 +16,11 @@ from e31.node.market.fetch_estimate import (
     MEASURED_MIN_BYTES,
     MIN_RATE,
     FetchRate,
-    fetch_ms,
-    missing_bytes,
+    blob_sizes,
+    fetch_shares,
+    with_fetches,
 )
+from e31.node.market.policy import Task
 from e31.protocol.blobs import blob_ref
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import FileRef, JobManifest, Limits
@@ -36,31 +38,63 @@ def with_inputs(manifest: JobManifest, **inputs: bytes) -> JobManifest:
     )
 
 
-def test_the_fetch_counts_each_missing_blob_once_at_the_rate() -> None:
-    module, model, small = b"\x00asm\x01\x00\x00\x00", b"m" * 3_000_000, b"small"
-    manifest = JobManifest(
+def manifest_of(
+    module: bytes, *inputs: bytes, nonce: int = 0, deadline: int = 2_000_000_000_000
+) -> JobManifest:
+    return JobManifest(
         module=blob_ref(module),
-        inputs=(FileRef("a", blob_ref(model)), FileRef("b", blob_ref(model)), FileRef("c", blob_ref(small))),
+        inputs=tuple(FileRef(f"in{i}", blob_ref(data)) for i, data in enumerate(inputs)),
         args=(),
         env=(),
         stdin=None,
         limits=Limits(10**9, 64 << 20, 30_000, 1 << 20),
-        deadline=2_000_000_000_000,
+        deadline=deadline,
         retention_ms=60_000,
         replicas=1,
         profile=Digest(PROFILE.digest),
         submitter=NodeId(b"a" * 32),
-        nonce=b"\x00" * 16,
+        nonce=nonce.to_bytes(16, "big"),
         created_at=1_900_000_000_000,
     )
+
+
+def ms(nbytes: float) -> int:
+    return math.ceil(nbytes * 1000 / ASSUMED_RATE)
+
+
+def test_a_lone_job_bears_the_fetch_of_each_blob_it_lacks_once() -> None:
+    module, model, small = b"\x00asm\x01\x00\x00\x00", b"m" * 3_000_000, b"small"
+    job = manifest_of(module, model, model, small)  # the model named twice is one blob
+    key = job.job_id.raw
+    assert blob_sizes(job) == {blob_ref(d).root.raw: len(d) for d in (module, model, small)}
     held = {blob_ref(model).root.raw}
-    assert missing_bytes(manifest, lambda root: False) == len(module) + len(model) + len(small)
-    assert missing_bytes(manifest, held.__contains__) == len(module) + len(small)
     rate = FetchRate()
     assert rate.rate == ASSUMED_RATE and rate.measured == 0
-    assert fetch_ms(manifest, lambda root: True, rate) == 0
-    every = len(module) + len(model) + len(small)
-    assert fetch_ms(manifest, lambda root: False, rate) == math.ceil(every * 1000 / ASSUMED_RATE)
+    assert fetch_shares([job], lambda root: True, rate, cores=1) == {key: 0}
+    assert fetch_shares([job], held.__contains__, rate, cores=1) == {key: ms(len(module) + len(small))}
+    every = fetch_shares([job], lambda root: False, rate, cores=4)[key]
+    assert abs(every - ms(len(module) + len(model) + len(small))) <= 1  # (summed blob by blob)
+
+
+def test_jobs_sharing_a_blob_share_its_fetch_once_per_core() -> None:
+    model, other = b"m" * 2_500_000, b"o" * 1_250_000
+    jobs = [manifest_of(b"\x00asm", model, nonce=i) for i in range(6)] + [manifest_of(b"\x00asm", other)]
+    module_root = jobs[0].module.root.raw
+    lacks = {blob_ref(model).root.raw, blob_ref(other).root.raw}
+
+    def has(root: bytes) -> bool:
+        return root == module_root or root not in lacks
+
+    rate = FetchRate()
+    one_core = fetch_shares(jobs, has, rate, cores=1)
+    # six jobs one after another on one core: each bears a sixth of the model's 2 s; the lone one all 1 s
+    assert [one_core[j.job_id.raw] for j in jobs] == [ms(2_500_000 / 6)] * 6 + [1000]
+    two_cores = fetch_shares(jobs, has, rate, cores=2)
+    assert [two_cores[j.job_id.raw] for j in jobs] == [ms(2_500_000 / 3)] * 6 + [1000]
+    tasks = [Task(j.job_id.raw, b"s", j.deadline, 5000) for j in jobs]
+    charged = with_fetches(tasks, jobs, has, rate, cores=1)
+    assert [t.estimate_ms for t in charged] == [5000 + one_core[t.key] for t in tasks]
+    assert [(t.key, t.deadline) for t in charged] == [(t.key, t.deadline) for t in tasks]
 
 
 def test_the_rate_is_measured_from_large_fetches_only() -> None:
