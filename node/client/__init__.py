@@ -7,11 +7,18 @@ as generators), so they behave alike; errors are ClientError subclasses (errors.
 methods return (records.py). docs/submitting.md shows a sweep in five lines.
 
 Its public names are imported lazily from their modules (node/__init__.py, `lazy_exports`).
+
+`e31.client` and `e31.node.client` (the CLI's name for it) are one package: pyproject maps both names to
+this directory, and when this file runs as `e31.client` it makes that name an alias of `e31.node.client`
+(`same_package`), so every module, and every class (the errors a script catches), is loaded once.
 """
 
 from typing import TYPE_CHECKING
 
-from e31.node import lazy_exports
+from e31.node import lazy_exports, same_package
+
+if __name__ == "e31.client":
+    same_package(__name__, "e31.node.client")
 
 if TYPE_CHECKING:
     from .async_client import AsyncClient
