@@ -3,13 +3,14 @@ and the pure parts it is built from (tile plan, PGM parsing, mosaic, colours, pr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -143,19 +144,48 @@ def test_a_node_that_cannot_start_is_named_with_its_log(tmp_path: Path) -> None:
     assert all(n.process.poll() is not None for n in net.nodes)  # stop() leaves nothing running
 
 
+@contextlib.contextmanager
+def ctrl_c_not_ignored() -> Iterator[None]:
+    """Children started inside get Ctrl-C's default action, whatever this process does with SIGINT.
+
+    A shell script's background job (`pytest ... &`, and nohup) starts with SIGINT ignored; an ignored
+    signal stays ignored across fork and exec, and Python then installs no KeyboardInterrupt handler,
+    as a program run that way should. A demo started from such a pytest ignored the test's SIGINT and
+    finished with status 0. A handler (not SIG_IGN) here becomes SIG_DFL in the child at exec."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_child_gets_ctrl_c_even_when_pytest_ignores_it() -> None:
+    code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a background job of a script
+    try:
+        ignored = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        with ctrl_c_not_ignored():
+            child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # put back as it was
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert (ignored.stdout.strip(), child.stdout.strip()) == ("False", "True")
+
+
 @pytest.mark.parametrize(
     ("signum", "code", "said"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
 )
 def test_a_signal_stops_every_node(tmp_path: Path, signum: int, code: int, said: str) -> None:
     keep = tmp_path / "kept"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "e31.node", "demo", "--nodes", "2", "--jobs", "2", "--keep", str(keep)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
+    with ctrl_c_not_ignored():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "e31.node", "demo", "--nodes", "2", "--jobs", "2", "--keep", str(keep)],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
