@@ -5,15 +5,14 @@ Its wings and the rules between them are in docs/architecture.md."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from importlib.machinery import ModuleSpec
-from types import ModuleType
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
 
 
 def version() -> str:
@@ -72,6 +71,9 @@ class _SamePackage:
     ) -> ModuleSpec | None:
         if not fullname.startswith(self.alias + "."):
             return None
+        import importlib.util
+        from importlib.machinery import ModuleSpec
+
         if importlib.util.find_spec(self.real + fullname[len(self.alias) :]) is None:
             return None  # no such module: the import fails as usual, naming the alias
         return ModuleSpec(fullname, cast("Loader", self))  # a Loader in all but the base class
