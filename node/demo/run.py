@@ -490,8 +490,10 @@ def demo_network(
             text += f" (the node logs are in {work}/NODE/{LOG_FILE})"
         raise DemoError(text) from None
     finally:
-        events.step("stopping the network")
-        result.problems += net.stop()
+        try:
+            events.step("stopping the network")
+        finally:  # a Ctrl-C while the line is printed must not skip the stop and leave the nodes running
+            result.problems += net.stop()
         result.wall_seconds = time.monotonic() - started
         if remove_work and not result.problems:
             shutil.rmtree(work, ignore_errors=True)

@@ -29,7 +29,7 @@ from e31.node.demo.image import (
     plan_tiles,
 )
 from e31.node.demo.net import LocalNetwork, NetworkError, process_tree_rss
-from e31.node.demo.run import fuel_for
+from e31.node.demo.run import DemoOptions, DemoResult, demo_network, fuel_for
 from e31.node.demo.verdict import NodeRow, judge
 from test_png import decode
 
@@ -202,6 +202,39 @@ def test_a_signal_stops_every_node(tmp_path: Path, signum: int, code: int, said:
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+class CtrlCWhile:
+    """The demo's narration, with a Ctrl-C while it prints the step that starts with `text`."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.steps = text, list[str]()
+
+    def step(self, text: str) -> None:
+        self.steps.append(text)
+        if text.startswith(self.text):
+            raise KeyboardInterrupt
+
+    def progress(self, done: int, failed: int, total: int, elapsed: float) -> None:
+        pass
+
+
+def test_a_ctrl_c_while_the_stop_is_announced_still_stops_every_node(tmp_path: Path) -> None:
+    events, result = CtrlCWhile("stopping the network"), DemoResult(nodes=2, jobs=0)
+    started: list[LocalNetwork] = []
+    try:
+        with (
+            pytest.raises(KeyboardInterrupt),
+            demo_network(DemoOptions(nodes=2), events, result, tmp_path, True, time.monotonic()) as net,
+        ):
+            started.append(net)  # the steps went well; the Ctrl-C comes as the network is being stopped
+        running = [n.name for n in net.nodes if n.process.poll() is None or n.stopped_with is None]
+    finally:
+        for network in started:
+            network.stop()  # whatever the outcome, no node outlives the test
+    assert events.steps[-1] == "stopping the network"
+    assert [n.name for n in net.nodes] == ["node1", "node2"]
+    assert running == [] and result.problems == []
 
 
 # --- the pieces --------------------------------------------------------------------------------------
