@@ -326,6 +326,15 @@ async def test_a_lost_result_comes_again_without_its_outputs_which_are_fetched(
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
+    # B delivers again every 0.2 s: its later deliveries wait until A's state after the loss is seen
+    checked, deliver = trio.Event(), net.handlers[a.id]
+
+    async def held(peer: bytes, raw: bytes) -> None:
+        if isinstance(verify(raw).message, Result):
+            await checked.wait()
+        await deliver(peer, raw)
+
+    net.handlers[a.id] = held
     lost = lose_first(net, a.id, Result)  # the first delivery, carrying the job's stdout, goes missing
     job_id = await a.submitter.submit(a.manifest(("18", "1000")))
     await until(lambda: lost, 10)
@@ -333,6 +342,7 @@ async def test_a_lost_result_comes_again_without_its_outputs_which_are_fetched(
     assert len(first.outputs) == 1, "the first delivery carries the job's small stdout"
     assert (await a.job(job_id)).state == "assigned"
     assert not await a.store.run(Store.envelopes_for_job, job_id, "receipt")
+    checked.set()
     # B delivers again (until acknowledged), the receipt alone: A fetches the stdout, and keeps only
     # the receipt (a result is not kept)
     row = await wait_state(a, job_id, "done")
