@@ -736,7 +736,17 @@ async def test_a_strangers_outcomes_neither_crash_the_submitter_nor_take_the_job
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
-    manifest = a.manifest(("5", "3000000"))  # long enough to be still running when the forgeries come
+    # B's result (its run takes milliseconds) waits until A has taken the forgeries: they come while
+    # the job is still assigned
+    forged_all, deliver = trio.Event(), net.handlers[a.id]
+
+    async def held(peer: bytes, raw: bytes) -> None:
+        if isinstance(verify(raw).message, Result):
+            await forged_all.wait()
+        await deliver(peer, raw)
+
+    net.handlers[a.id] = held
+    manifest = a.manifest(("5", "3000000"))
     job_id = await a.submitter.submit(manifest)
     await wait_state(a, job_id, "assigned")
     evil = nacl.signing.SigningKey(b"\x77" * 32)
@@ -774,6 +784,8 @@ async def test_a_strangers_outcomes_neither_crash_the_submitter_nor_take_the_job
     forged_id = verify(forged_raw).message_id
     claim = Result(NETWORK, Digest(job_id), Digest(b"\x09" * 32), eid, forged_raw, now + 60_000, ())
     await a.market.message(eid.raw, sign_message(claim, evil))
+    assert (await a.job(job_id)).state == "assigned"  # B's result is still held: nothing ended the job
+    forged_all.set()
     row = await wait_state(a, job_id, "done")
     assert row.executor == str(NodeId(b.id)) and row.attempt == 1, "the honest executor kept its job"
     # and none of what the stranger sent was kept: it holds no assignment of the job
