@@ -579,11 +579,14 @@ async def test_a_tiny_run_is_recorded_once_from_queued_to_done_a_long_one_as_run
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
     moves: list[tuple[str, str]] = []
+    marked: list[Any] = []  # the job's row as its `running` was written
     set_state = b.executor._set_state
 
     async def recording(job_id: bytes, old: str, new: str, **changes: Any) -> None:
         moves.append((old, new))
         await set_state(job_id, old, new, **changes)
+        if new == "running":  # read before the run's `done` can be written: it waits for this write
+            marked.append(await b.store.run(Store.job, job_id, "executor"))
 
     b.executor._set_state = recording  # type: ignore[method-assign]
     first = await a.submitter.submit(a.manifest(("15", "1000")))  # fetches the module, compiles it
@@ -596,10 +599,10 @@ async def test_a_tiny_run_is_recorded_once_from_queued_to_done_a_long_one_as_run
     assert row is not None and row.state == "done" and row.started is not None and row.fuel_used
     assert ("queued", "running") not in moves
     long = await a.submitter.submit(a.manifest(("17", "100000000")))  # over a second (9e9 fuel)
-    running = await wait_state(b, long, "running", role="executor")
-    assert running.started is not None
     await wait_state(a, long, "done")
     assert moves.count(("queued", "running")) == 1
+    [running] = marked
+    assert running.job_id == long and running.state == "running" and running.started is not None
     assert all(old != "fetching" for old, _ in moves)  # the module was here: no fetch state
 
 
