@@ -381,6 +381,7 @@ class Node:
             "offered": None if self.capacity is None else self.capacity.to_json(),
             "peer_capacity": {} if self.capacity is None else self.capacity.peer_table(),
             "gossip": {} if self.gossip is None else self.gossip.counters,
+            "reachability": {} if self.relay is None else self.relay.to_json(),
         }
 
     async def _status(self, request: Request) -> dict[str, Any]:

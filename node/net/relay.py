@@ -4,8 +4,9 @@ section 17).
 The RelayService is a LinkListener beside gossip and the job path. On every direct link it says
 which address it sees the peer at and whether it offers to relay (`observed`), and asks the peer to
 dial it back at its listening port (`dialback`). It answers other nodes' dial-backs itself, dialling
-only the IP address their link comes from, under a fresh throwaway key that pins theirs, at most
-`dialbacks_per_peer` per `dialback_interval` per peer and `max_dialbacks` at once.
+only the IP address their link comes from and checking only that their key answers there (probe.py:
+no link comes up), at most `dialbacks_per_peer` per `dialback_interval` per peer and `max_dialbacks`
+at once.
 
 When dial-backs show this node cannot be dialled (`Reachability`), it stops advertising addresses
 (OwnContact.hide), holds a reservation with a linked peer that offers to relay, renewed at half its
@@ -29,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import nacl.signing
 import trio
 from e31.protocol.envelope import VerifiedEnvelope, check_fresh, claimed_kind, sign_message, verify
 from e31.protocol.errors import Expired, ProtocolError
@@ -59,7 +59,8 @@ from .addresses import dial_refusal, join_address, split_address
 from .circuits import RelayStream
 from .links import TokenBucket
 from .peering import PeerService, Send
-from .transport import Connection, ConnectionClosed, DialFailed, Timeouts, TransportError, dial, establish
+from .probe import probe
+from .transport import Connection, ConnectionClosed, DialFailed, TransportError, establish
 
 log = logging.getLogger("e31.relay")
 
@@ -83,6 +84,8 @@ class RelaySettings:
     probes: int = 3
     """Peers asked to dial this node back while its reachability is unknown."""
     via_ttl: float = 600.0
+    recheck: float = 600.0
+    """While it cannot be dialled, a node asks one peer again this often (a port may have been opened)."""
     via_retry: float = 30.0
     """Seconds before a node reached through a relay is tried again after a failed circuit."""
     max_relays: int = 2
@@ -125,18 +128,35 @@ class RelayService:
         self._dialing = 0
         self._via_tried: dict[bytes, float] = {}
         self._via_due = 0.0
+        self._recheck_due = 0.0
         self._queue_in, self._queue = trio.open_memory_channel[tuple[bytes, bytes]](1024)
         self._nursery: trio.Nursery | None = None
-        self.counters = {"circuits_relayed": 0, "bytes_relayed": 0, "relayed_links": 0, "refusals": 0}
+        self.counters = {"circuits_relayed": 0, "bytes_relayed": 0, "relayed_links_opened": 0, "refusals": 0}
 
     @property
     def status(self) -> str:
         """`unknown`, `public` (a peer dialled this node back) or `private` (none could)."""
         return self.reach.status
 
+    def to_json(self) -> dict[str, Any]:
+        """The `reachability` part of GET /v1/status (docs/operating.md)."""
+        now = trio.current_time()
+        return {
+            "status": self.status,
+            "relay": self.offer,
+            "observed": sorted(set(self.reach.observed.values())),
+            "reservations": {str(NodeId(r)): round(until - now, 1) for r, until in self.reservations.items()},
+            "relays_offered": sorted(str(NodeId(r)) for r in self.relays_offered),
+            "relayed_links": sorted(str(NodeId(c.peer_key)) for c in self._relayed),
+            "circuits": 0 if self.book is None else len(self.book.circuits),
+            "reserved_here": 0 if self.book is None else len(self.book.reservations),
+            **self.counters,
+        }
+
     # --- the service ---
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._recheck_due = trio.current_time() + self.settings.recheck
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._sender)
@@ -244,12 +264,15 @@ class RelayService:
             await self._send(peer, Observed(self.network, self.me, seen, self.offer, self._expiry()))
         await self._probe(peer)
 
-    async def _probe(self, peer: bytes) -> None:
-        """Ask `peer` to dial this node back, while its reachability is unknown and few were asked."""
+    async def _probe(self, peer: bytes, *, again: bool = False) -> None:
+        """Ask `peer` to dial this node back: while its reachability is unknown, a few peers once each;
+        `again`, one more time whatever the status."""
         listen = self.peering.listen
-        if listen is None or self.status != "unknown" or peer in self._asked or self._direct(peer) is None:
+        if listen is None or self._direct(peer) is None:
             return
-        if len(self._asked) >= self.settings.probes:
+        if not again and (
+            self.status != "unknown" or peer in self._asked or len(self._asked) >= self.settings.probes
+        ):
             return
         nonce = os.urandom(DIALBACK_NONCE_SIZE)
         self._asked[peer] = nonce
@@ -283,16 +306,9 @@ class RelayService:
         if not refused:
             self._dialing += 1
             try:
-                timeouts = Timeouts(connect=s.dialback_timeout, handshake=s.dialback_timeout)
-                back = await dial(
-                    host,
-                    m.port,
-                    identity=nacl.signing.SigningKey.generate(),
-                    network=self.network,
-                    expect=m.requester.raw,
-                    timeouts=timeouts,
+                await probe(
+                    host, m.port, network=self.network, expect=m.requester.raw, seconds=s.dialback_timeout
                 )
-                await back.aclose()
                 reachable = True
             except TransportError as e:
                 log.debug("dial-back of %s at %s failed: %s", NodeId(peer), address, e)
@@ -332,6 +348,11 @@ class RelayService:
                     await self._probe(peer)
             elif self.status == "private":
                 await self._keep_reservations(now)
+                if now >= self._recheck_due:
+                    self._recheck_due = now + self.settings.recheck
+                    direct = [p for p in self._sends if self._direct(p) is not None]
+                    if direct:
+                        await self._probe(direct[int(now) % len(direct)], again=True)
             await trio.sleep(self.settings.tick)
 
     async def _keep_reservations(self, now: float) -> None:
@@ -463,7 +484,7 @@ class RelayService:
 
     async def _run_relayed(self, conn: Connection, relay: bytes, *, outbound: bool) -> None:
         self._relayed.add(conn)
-        self.counters["relayed_links"] += 1
+        self.counters["relayed_links_opened"] += 1
         log.info("linked with %s through relay %s", NodeId(conn.peer_key), NodeId(relay))
         try:
             if outbound:

@@ -14,8 +14,10 @@ import pytest
 import trio
 import trio.testing
 from e31.node.config import Address, NodeConfig
+from e31.node.net.addresses import split_address
 from e31.node.net.peering import PeerService, Send
 from e31.node.net.peers import PeerSettings
+from e31.node.net.probe import probe
 from e31.node.net.relay import RelayService, RelaySettings
 from e31.node.net.transport import Connection, HandshakeAborted, PeerRejected, TransportError, establish
 from e31.node.store.async_store import AsyncStore
@@ -228,3 +230,18 @@ async def test_nodes_on_loopback_learn_that_they_can_be_dialled(tmp_path: Path) 
         await until(lambda: a.status == "public" and r.status == "public", "both dialled back")
         assert r.local in a.relays_offered and a.local not in r.relays_offered
         assert a.reach.observed[r.local].startswith("127.0.0.1:")
+
+
+async def test_a_dialback_probe_checks_the_key_at_an_address_and_leaves_no_link_or_peer_there(
+    tmp_path: Path,
+) -> None:
+    async with node(tmp_path, "r", relay=True) as r:
+        assert r.peering.listen is not None
+        host, port = split_address(r.peering.listen)
+        await probe(host, port, network="main", expect=r.local, seconds=SAFETY)
+        with pytest.raises(PeerRejected):
+            await probe(host, port, network="main", expect=bytes(32), seconds=SAFETY)
+        with pytest.raises(PeerRejected):
+            await probe(host, port, network="other", expect=r.local, seconds=SAFETY)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not r.peering.links and not r.peering.table.peers
