@@ -68,6 +68,7 @@ RELAY_KINDS = frozenset(
     {"observed", "dialback", "dialed", "reserve", "reserved", "circuit", "relaydata", "relayclose"}
 )
 GOSSIP_KINDS = {"via": VIA_GOSSIP_CAP}
+MAX_VIAS_KEPT = 1024
 """The kinds this service adds to gossip, with their size caps."""
 
 
@@ -127,6 +128,10 @@ class RelayService:
         self._buckets: dict[bytes, TokenBucket] = {}
         self._dialing = 0
         self._via_tried: dict[bytes, float] = {}
+        self._vias: dict[bytes, Via] = {}
+        """The latest `via` of each node heard (at most MAX_VIAS_KEPT), to link again after a drop."""
+        self._granted: dict[bytes, float] = {}
+        self._reserve_asked: dict[bytes, float] = {}
         self._via_due = 0.0
         self._recheck_due = 0.0
         self._queue_in, self._queue = trio.open_memory_channel[tuple[bytes, bytes]](1024)
@@ -205,6 +210,7 @@ class RelayService:
         self._buckets.pop(peer, None)
         self._asked.pop(peer, None)
         self.relays_offered.discard(peer)
+        self._reserve_asked.pop(peer, None)
         if self.reservations.pop(peer, None) is not None:
             log.info("lost the reservation at relay %s: its link closed", NodeId(peer))
         for key in [k for k in self._ends if k[0] == peer]:
@@ -343,6 +349,7 @@ class RelayService:
                     for end in (c.source, c.target):
                         text = "the circuit reached its time limit"
                         self._later(end, RelayClose(self.network, self.me, c.circuit, "duration", text))
+            self._link_vias()
             if self.status == "unknown":
                 for peer in list(self._sends):
                     await self._probe(peer)
@@ -356,14 +363,14 @@ class RelayService:
             await trio.sleep(self.settings.tick)
 
     async def _keep_reservations(self, now: float) -> None:
-        wanted = [
-            r for r in self.relays_offered if r not in self.reservations and self._direct(r) is not None
-        ]
-        room = self.settings.max_relays - len(self.reservations)
-        for relay in wanted[: max(room, 0)]:
-            await self._send(relay, Reserve(self.network, self.me, self._expiry()))
-        for relay, until in list(self.reservations.items()):
-            if until - now <= self.settings.via_ttl / 2:  # renew well before it ends
+        """Ask relays for reservations up to `max_relays` and renew each at half its life; an ask
+        not answered is repeated after `message_ttl`."""
+        due = [r for r in self.relays_offered if r not in self.reservations and self._direct(r) is not None]
+        due = due[: max(self.settings.max_relays - len(self.reservations), 0)]
+        due += [r for r, until in self.reservations.items() if until - now <= self._granted.get(r, 0.0) / 2]
+        for relay in due:
+            if now >= self._reserve_asked.get(relay, -1e18) + self.settings.message_ttl:
+                self._reserve_asked[relay] = now
                 await self._send(relay, Reserve(self.network, self.me, self._expiry()))
         if self.reservations and now >= self._via_due:
             self._publish_via(now)
@@ -401,7 +408,9 @@ class RelayService:
             return
         now = trio.current_time()
         new = peer not in self.reservations
-        self.reservations[peer] = now + max(0.0, m.expires / 1000 - self._wall())
+        self._granted[peer] = max(0.0, m.expires / 1000 - self._wall())
+        self.reservations[peer] = now + self._granted[peer]
+        self._reserve_asked.pop(peer, None)
         if new:
             log.info("holding a reservation at relay %s", NodeId(peer))
             self._publish_via(now)
@@ -409,16 +418,33 @@ class RelayService:
     async def _watch_via(self, channel: trio.MemoryReceiveChannel[VerifiedEnvelope[Any]]) -> None:
         async for env in channel:
             m = env.message
-            if not isinstance(m, Via) or m.node == self.me or m.node.raw in self.peering.links:
+            if not isinstance(m, Via) or m.node == self.me:
                 continue
-            now = trio.current_time()
-            if now < self._via_tried.get(m.node.raw, -1e18) + self.settings.via_retry:
+            self._vias.pop(m.node.raw, None)
+            self._vias[m.node.raw] = m
+            if len(self._vias) > MAX_VIAS_KEPT:
+                oldest = next(iter(self._vias))
+                del self._vias[oldest]
+                self._via_tried.pop(oldest, None)
+            self._link_vias()
+
+    def _link_vias(self) -> None:
+        """Link through a relay with nodes that cannot be dialled, heard of in `via` records, that
+        this node has no link with, while it has fewer links than the peer table's target degree."""
+        now, wall_ms = trio.current_time(), int(self._wall() * 1000)
+        for node, m in list(self._vias.items()):
+            if m.expires <= wall_ms:
+                del self._vias[node]
+                self._via_tried.pop(node, None)
+                continue
+            if len(self.peering.links) >= self.peering.settings.target_degree or self._nursery is None:
+                return
+            if node in self.peering.links or now < self._via_tried.get(node, -1e18) + self.settings.via_retry:
                 continue
             relay = next((r.raw for r in m.relays if r != self.me and self._direct(r.raw) is not None), None)
-            if relay is None or self._nursery is None:
-                continue
-            self._via_tried[m.node.raw] = now
-            self._nursery.start_soon(self._link_via, relay, m.node.raw)
+            if relay is not None:
+                self._via_tried[node] = now
+                self._nursery.start_soon(self._link_via, relay, node)
 
     # --- circuits, as an end ---
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from e31.node.config import Address, NodeConfig
 from e31.node.net.addresses import split_address
@@ -25,7 +26,7 @@ from e31.node.store.db import Store
 from e31.protocol.envelope import claimed_kind, node_id_of, sign_message, verify
 from e31.protocol.ids import Digest
 from e31.protocol.messages import Cancel
-from e31.protocol.relay import RelayData
+from e31.protocol.relay import RelayData, RelayLimits
 from nacl.signing import SigningKey
 
 FAST = PeerSettings.fast(0.05)
@@ -52,7 +53,7 @@ class Heard:
 
 @asynccontextmanager
 async def node(
-    tmp_path: Path, name: str, *, relay: bool = False, hidden: bool = True
+    tmp_path: Path, name: str, *, relay: bool = False, hidden: bool = True, limits: RelayLimits | None = None
 ) -> AsyncIterator[RelayService]:
     store = AsyncStore(Store(tmp_path / f"{name}.sqlite"))
     config = NodeConfig(
@@ -61,7 +62,9 @@ async def node(
     peering = PeerService(identity=SigningKey.generate(), config=config, store=store, settings=FAST)
     # a node "behind NAT" asks nobody to dial it back: on loopback it would learn it can be dialled
     hidden = hidden and not relay
-    service = RelayService(peering, offer=relay, settings=RelaySettings(probes=0 if hidden else 3))
+    service = RelayService(
+        peering, offer=relay, limits=limits, settings=RelaySettings(probes=0 if hidden else 3)
+    )
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(peering.run)
@@ -245,3 +248,34 @@ async def test_a_dialback_probe_checks_the_key_at_an_address_and_leaves_no_link_
             await probe(host, port, network="other", expect=r.local, seconds=SAFETY)
         await trio.testing.wait_all_tasks_blocked()
         assert not r.peering.links and not r.peering.table.peers
+
+
+async def test_a_relay_ends_a_circuit_at_its_byte_limit_and_both_ends_see_the_link_close(
+    tmp_path: Path,
+) -> None:
+    limits = RelayLimits(circuit_bytes=64 * 1024)
+    async with (
+        node(tmp_path, "r", relay=True, limits=limits) as r,
+        node(tmp_path, "a") as a,
+        node(tmp_path, "b") as b,
+    ):
+        await linked(a, r)
+        await linked(b, r)
+        await b.reserve(r.local)
+        await until(lambda: r.local in b.reservations, "b's reservation")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.link_via, r.local, b.local)
+            await until(lambda: b.local in a.peering.links and a.local in b.peering.links, "the relayed link")
+            link_at_b = b.peering.links[a.local]
+            envelope = cancel_from(a.identity)
+            sent = 0
+            while await a.peering.send(b.local, envelope):  # until the relay cuts the circuit
+                sent += len(envelope)
+                await trio.lowlevel.checkpoint()
+            assert sent > 0
+            await until(
+                lambda: b.local not in a.peering.links and a.local not in b.peering.links, "both ends closed"
+            )
+            assert "bytes" in (link_at_b.conn.close_reason or ""), link_at_b.conn.close_reason
+            assert r.book is not None and not r.book.circuits and r.counters["refusals"] >= 1
+            nursery.cancel_scope.cancel()
