@@ -335,6 +335,8 @@ class RelayService:
         if after == "private":
             log.info("peers cannot dial this node (it is behind NAT or a firewall): reached through relays")
             self.peering.contact.hide(True)
+            if self._nursery is not None:
+                self._nursery.start_soon(self._keep_reservations, trio.current_time())
         elif after == "public":
             log.info("peers can dial this node at %s", m.address)
             self.peering.contact.hide(False)

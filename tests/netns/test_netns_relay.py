@@ -60,6 +60,15 @@ def test_a_job_from_behind_one_nat_runs_behind_the_other_through_a_relay_and_its
     docs = [wait_until(f"job {j[:8]}", lambda j=j: ended(submitter, j), deadline=120) for j in jobs]
     assert all(d["state"] == "done" and d["succeeded"] for d in docs), brief(docs)
     assert {d["executor"] for d in docs} == {executor.node_id}
+
+    def acked() -> bool:  # the submitter's acks came back to the executor over the relayed link
+        rows = executor.store_rows(
+            "SELECT job_id, delivered FROM receipts WHERE executor = ?", executor.node_id
+        )
+        done = {bytes(job).hex() for job, delivered in rows if delivered is not None}
+        return set(jobs) <= done
+
+    wait_until("the executor to hold an ack of every receipt", acked, deadline=60)
     relayed = reach(relay)
     assert relayed["circuits_relayed"] >= 1 and relayed["bytes_relayed"] > 0, relayed
 
