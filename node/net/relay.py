@@ -389,7 +389,7 @@ class RelayService:
         expires, refusal = self._expiry(), ""
         if self.book is None:
             refusal = "not_relay"
-        elif m.node.raw != peer:
+        elif m.node.raw != peer or self._direct(peer) is None:  # never a circuit inside a circuit
             refusal = "refused"
         else:
             try:
@@ -570,8 +570,8 @@ class RelayService:
         if self.book is None:
             await self._send(peer, refuse("not_relay", "this node does not relay"))
             return
-        if m.source.raw != peer:
-            await self._send(peer, refuse("refused", "a circuit is opened by its source"))
+        if m.source.raw != peer or self._direct(peer) is None:
+            await self._send(peer, refuse("refused", "a circuit is opened by its source, over a direct link"))
             return
         target = m.target.raw
         try:
