@@ -279,3 +279,20 @@ async def test_a_relay_ends_a_circuit_at_its_byte_limit_and_both_ends_see_the_li
             assert "bytes" in (link_at_b.conn.close_reason or ""), link_at_b.conn.close_reason
             assert r.book is not None and not r.book.circuits and r.counters["refusals"] >= 1
             nursery.cancel_scope.cancel()
+
+
+def test_node_status_says_whether_the_node_can_be_dialled_and_what_it_relays() -> None:
+    from e31.node.cli.tables import format_status
+
+    def line(reach: dict[str, object]) -> str:
+        text = format_status({"node_id": "e31nabc", "reachability": reach})
+        return dict(row.split(":", 1) for row in text.splitlines())["reachable"].strip()
+
+    assert line({"status": "unknown", "relay": False}) == "not known yet"
+    assert line({"status": "public", "relay": True, "circuits": 2, "reserved_here": 3}) == (
+        "yes (a peer dialled it back); relays for others: 2 circuit(s), 3 reserved"
+    )
+    assert line({"status": "private", "reservations": {"e31nrelay": 580.0}, "relayed_links": ["e31nb"]}) == (
+        "no (behind NAT or a firewall): reached through relay e31nrelay; 1 peer(s) linked through a relay"
+    )
+    assert line({"status": "private", "reservations": {}}) == "no (behind NAT or a firewall): no relay yet"
