@@ -17,7 +17,18 @@ from .errors import InvalidMessage
 from .ids import DIGEST_SIZE, Digest, NodeId
 from .jobs import NONCE_SIZE, JobManifest
 from .receipts import MAX_ACKED, Ack, UsageReceipt
-from .relay import Circuit, Dialback, Dialed, Observed, RelayClose, RelayData, Reserve, Reserved, Via
+from .relay import (
+    Circuit,
+    Dialback,
+    Dialed,
+    Observed,
+    RelayClose,
+    RelayCredit,
+    RelayData,
+    Reserve,
+    Reserved,
+    Via,
+)
 from .schema import (
     BY_RAW,
     NETWORK,
@@ -420,6 +431,7 @@ AnyMessage = (
     | Reserved
     | Circuit
     | RelayData
+    | RelayCredit
     | RelayClose
     | Via
 )

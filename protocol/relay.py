@@ -8,8 +8,9 @@ section 17). Pure: time comes in as a parameter.
   only the IP address the link comes from (never one the request names), under a fresh throwaway key,
   pinning the requester's key, and answers whether the handshake completed.
 - `reserve` / `reserved`: a node that cannot be dialled keeps a reservation with a relay it is linked to.
-- `circuit`, `relaydata`, `relayclose`: a circuit is a byte stream between two nodes through a relay,
-  carried in relay data messages on each end's link to the relay. The two ends run the ordinary
+- `circuit`, `relaydata`, `relaycredit`, `relayclose`: a circuit is a byte stream between two nodes
+  through a relay, carried in relay data messages on each end's link to the relay, flow-controlled end
+  to end by credit (CIRCUIT_WINDOW). The two ends run the ordinary
   handshake and session over it, so the relay carries only ciphertext and cannot pose as either end.
 - `via`: a node's signed statement that it is reached through these relays (gossiped).
 
@@ -45,6 +46,9 @@ CIRCUIT_ID_SIZE = 16
 DIALBACK_NONCE_SIZE = 16
 RELAY_CHUNK = 256 * 1024
 """The most stream bytes one `relaydata` carries."""
+CIRCUIT_WINDOW = 4 << 20
+"""Stream bytes an end may send on a circuit before the other end grants more (`relaycredit`): each
+end starts with this much credit in each direction."""
 MAX_VIA = 4
 """Relays one `via` record names."""
 VIA_GOSSIP_CAP = 1024
@@ -166,6 +170,18 @@ class RelayData(Message):
     sender: NodeId = field(metadata=w(Key()))
     circuit: bytes = field(metadata=w(CIRCUIT))
     data: bytes = field(metadata=w(Bin(RELAY_CHUNK, min_len=1)))
+
+
+@message("relaycredit", issuer="sender")
+@dataclass(frozen=True, slots=True)
+class RelayCredit(Message):
+    """The sender's end has read `credit` more bytes of the circuit: the other end may send that many
+    more. Sent by an end to the relay, which passes it on to the other end as its own."""
+
+    network: str = field(metadata=w(NETWORK))
+    sender: NodeId = field(metadata=w(Key()))
+    circuit: bytes = field(metadata=w(CIRCUIT))
+    credit: int = field(metadata=w(UInt(CIRCUIT_WINDOW, minimum=1)))
 
 
 @message("relayclose", issuer="sender")

@@ -24,6 +24,7 @@ re-signed as its own, refusing with a typed `relayclose` what its limits do not 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -46,6 +47,7 @@ from e31.protocol.relay import (
     Refused,
     RelayBook,
     RelayClose,
+    RelayCredit,
     RelayData,
     RelayLimits,
     Reserve,
@@ -65,7 +67,17 @@ from .transport import Connection, ConnectionClosed, DialFailed, TransportError,
 log = logging.getLogger("e31.relay")
 
 RELAY_KINDS = frozenset(
-    {"observed", "dialback", "dialed", "reserve", "reserved", "circuit", "relaydata", "relayclose"}
+    {
+        "observed",
+        "dialback",
+        "dialed",
+        "reserve",
+        "reserved",
+        "circuit",
+        "relaydata",
+        "relaycredit",
+        "relayclose",
+    }
 )
 GOSSIP_KINDS = {"via": VIA_GOSSIP_CAP}
 MAX_VIAS_KEPT = 1024
@@ -134,7 +146,8 @@ class RelayService:
         self._reserve_asked: dict[bytes, float] = {}
         self._via_due = 0.0
         self._recheck_due = 0.0
-        self._queue_in, self._queue = trio.open_memory_channel[tuple[bytes, bytes]](1024)
+        # unbounded: credits must not be dropped; what is queued is bounded by the circuits' traffic
+        self._queue_in, self._queue = trio.open_memory_channel[tuple[bytes, bytes]](math.inf)
         self._nursery: trio.Nursery | None = None
         self.counters = {"circuits_relayed": 0, "bytes_relayed": 0, "relayed_links_opened": 0, "refusals": 0}
 
@@ -178,11 +191,8 @@ class RelayService:
         return int((self._wall() + self.settings.message_ttl) * 1000)
 
     def _later(self, peer: bytes, message: Message) -> None:
-        """Send from synchronous code (link_down, a stream closing): queued, best effort."""
-        try:
-            self._queue_in.send_nowait((peer, self._envelope(message)))
-        except trio.WouldBlock:
-            log.debug("relay queue full: dropped a %s for %s", message.KIND, NodeId(peer))
+        """Send from synchronous code (link_down, a stream closing, a reader's credit): queued."""
+        self._queue_in.send_nowait((peer, self._envelope(message)))
 
     async def _sender(self) -> None:
         async for peer, raw in self._queue:
@@ -243,6 +253,8 @@ class RelayService:
         m = env.message
         if isinstance(m, RelayData):
             await self._on_data(peer, m)
+        elif isinstance(m, RelayCredit):
+            await self._on_credit(peer, m)
         elif isinstance(m, RelayClose):
             await self._on_close(peer, m)
         elif isinstance(m, Circuit):
@@ -461,7 +473,10 @@ class RelayService:
                 if stream.ended is None:
                     self._later(relay, RelayClose(self.network, self.me, circuit, "closed", ""))
 
-        stream = RelayStream(circuit, send_chunk=send_chunk, on_close=on_close)
+        def grant(n: int) -> None:
+            self._later(relay, RelayCredit(self.network, self.me, circuit, n))
+
+        stream = RelayStream(circuit, send_chunk=send_chunk, grant=grant, on_close=on_close)
         self._ends[(relay, circuit)] = stream
         return stream
 
@@ -591,7 +606,7 @@ class RelayService:
         if stream is not None:
             if not stream.feed(m.data):
                 del self._ends[(peer, m.circuit)]
-                text = "the reader fell behind"
+                text = "it sent more than its credit"
                 await self._send(peer, RelayClose(self.network, self.me, m.circuit, "closed", text))
             return
         if self.book is None or m.circuit not in self.book.circuits:
@@ -611,6 +626,16 @@ class RelayService:
         self.book.close(m.circuit)
         text = "the other end's link to the relay closed"
         await self._send(peer, RelayClose(self.network, self.me, m.circuit, "closed", text))
+
+    async def _on_credit(self, peer: bytes, m: RelayCredit) -> None:
+        stream = self._ends.get((peer, m.circuit))
+        if stream is not None:
+            stream.credit(m.credit)
+            return
+        circuit = None if self.book is None else self.book.circuits.get(m.circuit)
+        if circuit is not None and peer in (circuit.source, circuit.target):
+            other = circuit.other(peer)
+            await self._send(other, RelayCredit(self.network, self.me, m.circuit, m.credit))
 
     async def _on_close(self, peer: bytes, m: RelayClose) -> None:
         stream = self._ends.pop((peer, m.circuit), None)

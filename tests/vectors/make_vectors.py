@@ -289,6 +289,7 @@ def relay_samples() -> list[tuple[str, str, Message]]:
         Dialed,
         Observed,
         RelayClose,
+        RelayCredit,
         RelayData,
         Reserve,
         Reserved,
@@ -315,6 +316,7 @@ def relay_samples() -> list[tuple[str, str, Message]]:
             Circuit(NET, nid("submitter"), circuit, nid("submitter"), nid("behindnat"), T0 + 60_000),
         ),
         ("relaydata", "relay", RelayData(NET, nid("relay"), circuit, b"\x00\x00\x00\x60" + bytes(96))),
+        ("relaycredit", "relay", RelayCredit(NET, nid("relay"), circuit, 1 << 20)),
         (
             "relayclose",
             "relay",
