@@ -19,14 +19,14 @@ from e31.node.net.addresses import split_address
 from e31.node.net.peering import PeerService, Send
 from e31.node.net.peers import PeerSettings
 from e31.node.net.probe import probe
-from e31.node.net.relay import RelayService, RelaySettings
-from e31.node.net.transport import Connection, HandshakeAborted, PeerRejected, TransportError, establish
+from e31.node.net.relay import RELAY_KINDS, RelayService, RelaySettings
+from e31.node.net.transport import Connection, HandshakeAborted, PeerRejected, TransportError, dial, establish
 from e31.node.store.async_store import AsyncStore
 from e31.node.store.db import Store
 from e31.protocol.envelope import claimed_kind, node_id_of, sign_message, verify
 from e31.protocol.ids import Digest
 from e31.protocol.messages import Cancel
-from e31.protocol.relay import RelayData, RelayLimits
+from e31.protocol.relay import Dialback, Dialed, Observed, RelayData, RelayLimits, Reserved
 from nacl.signing import SigningKey
 
 FAST = PeerSettings.fast(0.05)
@@ -296,3 +296,76 @@ def test_node_status_says_whether_the_node_can_be_dialled_and_what_it_relays() -
         "no (behind NAT or a firewall): reached through relay e31nrelay; 1 peer(s) linked through a relay"
     )
     assert line({"status": "private", "reservations": {}}) == "no (behind NAT or a firewall): no relay yet"
+
+
+@asynccontextmanager
+async def hand_link(service: RelayService, key: SigningKey) -> AsyncIterator[tuple[Connection, Heard]]:
+    """A hand-driven peer linked to `service`: a raw transport connection that keeps what it receives."""
+    assert service.peering.listen is not None
+    host, port = split_address(service.peering.listen)
+    conn = await dial(host, port, identity=key, network="main")
+    got = Heard(*RELAY_KINDS)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(conn.run)
+
+        async def read() -> None:
+            async for raw in conn:
+                await got.message(service.local, raw)
+
+        nursery.start_soon(read)
+        try:
+            yield conn, got
+        finally:
+            await conn.aclose()
+            nursery.cancel_scope.cancel()
+
+
+def kinds(got: Heard, kind: str) -> list[Any]:
+    return [verify(raw).message for _, raw in got.raw if claimed_kind(raw) == kind]
+
+
+def soon() -> int:
+    return int((time.time() + 60) * 1000)
+
+
+async def test_a_node_dials_back_only_the_links_own_ip_and_refuses_past_its_rate(tmp_path: Path) -> None:
+    async with node(tmp_path, "r", relay=True) as r:
+        r.settings = RelaySettings(dialbacks_per_peer=2, dialback_interval=3600.0)
+        key = SigningKey.generate()
+        async with hand_link(r, key) as (conn, got):
+            # the hand peer listens nowhere: each dial-back finds nobody at the port of its own IP
+            for i in range(3):
+                nonce = bytes([i]) * 16
+                await conn.send(sign_message(Dialback("main", node_id_of(key), 9, nonce, soon()), key))
+            await until(lambda: len(kinds(got, "dialed")) == 3, "three answers")
+            answers = sorted(kinds(got, "dialed"), key=lambda m: m.nonce)
+            assert all(m.address == "127.0.0.1:9" and not m.reachable for m in answers)
+            assert [m.refused for m in answers] == [False, False, True]
+
+
+async def test_a_node_whose_dialbacks_fail_hides_its_addresses_and_reserves_at_a_relay(
+    tmp_path: Path,
+) -> None:
+    async with node(tmp_path, "n", hidden=False) as n:
+        assert n.peering.addresses
+        key = SigningKey.generate()
+        async with hand_link(n, key) as (conn, got):
+            await until(lambda: kinds(got, "dialback"), "n to ask for a dial-back")
+            (ask,) = kinds(got, "dialback")
+            assert ask.port == split_address(n.peering.listen or "")[1]
+            me = node_id_of(key)
+            await conn.send(sign_message(Observed("main", me, "127.0.0.1:1234", True, soon()), key))
+            await conn.send(
+                sign_message(Dialed("main", me, ask.nonce, "127.0.0.1:1", False, False, soon()), key)
+            )
+            await until(lambda: n.status == "private", "n to learn it cannot be dialled")
+            assert n.peering.addresses == [] and n.peering.contact.record is None
+            await until(lambda: kinds(got, "reserve"), "a reservation asked of the peer that relays")
+            await conn.send(sign_message(Reserved("main", me, n.me, soon() + 600_000, ""), key))
+            await until(lambda: key.verify_key.encode() in n.reservations, "the reservation held")
+            # a truthful dial-back later makes it public again, advertising its address
+            await conn.send(
+                sign_message(Dialed("main", me, ask.nonce, "127.0.0.1:1", True, False, soon()), key)
+            )
+            await until(lambda: n.status == "public", "n public again")
+            assert n.peering.addresses
