@@ -369,3 +369,14 @@ async def test_a_node_whose_dialbacks_fail_hides_its_addresses_and_reserves_at_a
             )
             await until(lambda: n.status == "public", "n public again")
             assert n.peering.addresses
+
+
+def test_metrics_carry_the_relay_counters_from_the_status() -> None:
+    from e31.node.api.prometheus import scraped
+    from e31.node.metrics import render
+
+    doc = {"reachability": {"status": "public", "circuits_relayed": 3, "bytes_relayed": 4096, "refusals": 1}}
+    text = render(scraped(doc, {}, None, 0))
+    assert 'e31_relay_events_total{event="circuits_relayed"} 3' in text
+    assert 'e31_relay_events_total{event="bytes_relayed"} 4096' in text
+    assert 'e31_relay_events_total{event="refusals"} 1' in text
