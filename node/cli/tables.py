@@ -106,7 +106,7 @@ def format_peers(peers: Sequence[Mapping[str, Any]], now: float | None = None) -
             (
                 str(p.get("node_id", "?")),
                 str(p.get("state", "?")),
-                str(p.get("address") or "-"),
+                str(p.get("address") or (f"via relay {str(p['via'])[:12]}..." if p.get("via") else "-")),
                 str(p.get("source", "?")),
                 format_ago(p.get("last_seen"), now),
                 "-" if rtt is None else f"{float(rtt):.1f} ms",

@@ -134,7 +134,8 @@ class RelayService:
         self._wall = wall
         self._sends: dict[bytes, Send] = {}
         self._ends: dict[tuple[bytes, bytes], RelayStream] = {}
-        self._relayed: set[Connection] = set()
+        self._relayed: dict[Connection, bytes] = {}
+        """Each relayed link's connection -> its relay."""
         self._asked: dict[bytes, bytes] = {}
         """Peer -> the nonce of the dial-back it was asked for (answered or not)."""
         self._buckets: dict[bytes, TokenBucket] = {}
@@ -182,6 +183,7 @@ class RelayService:
             if self._via is not None:
                 nursery.start_soon(self._watch_via, self._via)
             self.peering.add_listener(self)
+            self.peering.relay_of = self._relay_of
             task_status.started()
 
     def _envelope(self, message: Message) -> bytes:
@@ -200,6 +202,10 @@ class RelayService:
 
     async def _send(self, peer: bytes, message: Message) -> bool:
         return await self.peering.send(peer, self._envelope(message))
+
+    def _relay_of(self, conn: object) -> bytes | None:
+        """The relay a link's connection runs through; None for a direct link."""
+        return self._relayed.get(conn) if isinstance(conn, Connection) else None
 
     def _direct(self, peer: bytes) -> Connection | None:
         """The connection of `peer`'s link if it is a direct (TCP) one."""
@@ -526,7 +532,7 @@ class RelayService:
         await self._run_relayed(conn, relay, outbound=True)
 
     async def _run_relayed(self, conn: Connection, relay: bytes, *, outbound: bool) -> None:
-        self._relayed.add(conn)
+        self._relayed[conn] = relay
         self.counters["relayed_links_opened"] += 1
         log.info("linked with %s through relay %s", NodeId(conn.peer_key), NodeId(relay))
         try:
@@ -538,7 +544,7 @@ class RelayService:
                     await self.peering.run_link(conn, outbound=False)
                     nursery.cancel_scope.cancel()
         finally:
-            self._relayed.discard(conn)
+            self._relayed.pop(conn, None)
             await conn.aclose()
 
     async def _accept(self, relay: bytes, stream: RelayStream, source: bytes) -> None:

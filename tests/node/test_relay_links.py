@@ -123,6 +123,10 @@ async def test_two_nodes_behind_nat_link_through_a_relay_that_carries_only_ciphe
             # heartbeats answer over the relayed link as over TCP
             await until(lambda: a.peering.links[b.local].liveness.rtt is not None, "a heartbeat")
             assert a.peering.links[b.local].outbound and not b.peering.links[a.local].outbound
+            (doc,) = [d for d in a.peering.peer_docs() if d["node_id"] == str(b.me)]
+            assert doc["via"] == str(r.me) and doc["address"] is None and doc["state"] == "connected"
+            (doc,) = [d for d in a.peering.peer_docs() if d["node_id"] == str(r.me)]
+            assert doc["via"] is None and doc["address"] == r.peering.listen
             # the relay going away ends the relayed link at both ends
             await r.peering.links[b.local].conn.aclose()
             await until(lambda: b.local not in a.peering.links, "the relayed link to close")
@@ -380,3 +384,11 @@ def test_metrics_carry_the_relay_counters_from_the_status() -> None:
     assert 'e31_relay_events_total{event="circuits_relayed"} 3' in text
     assert 'e31_relay_events_total{event="bytes_relayed"} 4096' in text
     assert 'e31_relay_events_total{event="refusals"} 1' in text
+
+
+def test_e31_peers_shows_the_relay_of_a_relayed_peer_as_its_address() -> None:
+    from e31.node.cli.tables import format_peers
+
+    row = {"node_id": "e31nb", "state": "connected", "address": None, "via": "e31nrelay0123456789"}
+    text = format_peers([{**row, "source": "inbound", "last_seen": None, "rtt_ms": 2.0}])
+    assert "via relay e31nrelay012..." in text.splitlines()[1]
