@@ -285,7 +285,8 @@ class RelayService:
             return
         seen = join_address(*conn.remote_address)
         if check_observed(seen) is None:
-            await self._send(peer, Observed(self.network, self.me, seen, self.offer, self._expiry()))
+            offer = self.offer and self.status != "private"  # a relay nobody can dial helps nobody
+            await self._send(peer, Observed(self.network, self.me, seen, offer, self._expiry()))
         await self._probe(peer)
 
     async def _probe(self, peer: bytes, *, again: bool = False) -> None:

@@ -55,6 +55,8 @@ def test_a_job_from_behind_one_nat_runs_behind_the_other_through_a_relay_and_its
         deadline=90,
     )
     assert executor.node_id in reach(submitter)["relayed_links"]
+    (peer,) = [p for p in submitter.get("/v1/peers") if p["node_id"] == executor.node_id]
+    assert peer["via"] == relay.node_id, peer
 
     jobs = [submit(submitter, seed) for seed in range(3)]
     docs = [wait_until(f"job {j[:8]}", lambda j=j: ended(submitter, j), deadline=120) for j in jobs]
