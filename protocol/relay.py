@@ -61,7 +61,7 @@ RELAY_REFUSALS = ("not_relay", "no_reservation", "limit", "bytes", "duration", "
 
 
 def check_observed(text: str) -> str | None:
-    """Why `text` is not an IP literal with a port ("192.0.2.1:7531", "[2001:db8::1]:7531"), or None."""
+    """Why `text` is not an IP literal with a port ("127.0.0.1:7531", "[::1]:7531"), or None."""
     host, sep, port = text.rpartition(":")
     if (
         not sep

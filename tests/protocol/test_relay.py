@@ -79,10 +79,10 @@ def test_limits_must_be_positive() -> None:
 def test_reachability_is_private_after_failed_dialbacks_and_public_after_one_success() -> None:
     reach = Reachability(needed=2)
     assert reach.status == "unknown"
-    assert reach.dialed(A, "198.51.100.7:7531", False) == "unknown"
-    assert reach.dialed(A, "198.51.100.7:7531", False) == "unknown"  # the same peer twice counts once
-    assert reach.dialed(B, "198.51.100.7:7531", False) == "private"
-    assert reach.dialed(C, "198.51.100.7:7531", True) == "public"
+    assert reach.dialed(A, "127.0.0.7:7531", False) == "unknown"
+    assert reach.dialed(A, "127.0.0.7:7531", False) == "unknown"  # the same peer twice counts once
+    assert reach.dialed(B, "127.0.0.7:7531", False) == "private"
+    assert reach.dialed(C, "127.0.0.7:7531", True) == "public"
     reach.reset()
     assert reach.status == "unknown"
 
@@ -90,15 +90,15 @@ def test_reachability_is_private_after_failed_dialbacks_and_public_after_one_suc
 @pytest.mark.parametrize(
     ("text", "ok"),
     [
-        ("198.51.100.7:7531", True),
+        ("127.0.0.7:7531", True),
         ("[2001:db8::1]:1", True),
         ("2001:db8::1:7531", False),
-        ("[198.51.100.7]:7531", False),
+        ("[127.0.0.7]:7531", False),
         ("example.org:7531", False),
-        ("198.51.100.7:0", False),
-        ("198.51.100.7:65536", False),
-        ("198.51.100.7:07531", False),
-        ("198.51.100.7", False),
+        ("127.0.0.7:0", False),
+        ("127.0.0.7:65536", False),
+        ("127.0.0.7:07531", False),
+        ("127.0.0.7", False),
     ],
 )
 def test_an_observed_address_is_an_ip_literal_and_a_port(text: str, ok: bool) -> None:

@@ -299,13 +299,13 @@ def relay_samples() -> list[tuple[str, str, Message]]:
     circuit = bytes(range(0x40, 0x50))
     nonce = bytes(range(0x60, 0x70))
     return [
-        ("observed", "relay", Observed(NET, nid("relay"), "198.51.100.7:40312", True, T0 + 60_000)),
+        ("observed", "relay", Observed(NET, nid("relay"), "127.0.0.7:40312", True, T0 + 60_000)),
         ("observed-v6", "relay", Observed(NET, nid("relay"), "[2001:db8::7]:7531", False, T0 + 60_000)),
         ("dialback", "behindnat", Dialback(NET, nid("behindnat"), 7531, nonce, T0 + 60_000)),
         (
             "dialed",
             "relay",
-            Dialed(NET, nid("relay"), nonce, "198.51.100.7:7531", False, False, T0 + 60_000),
+            Dialed(NET, nid("relay"), nonce, "127.0.0.7:7531", False, False, T0 + 60_000),
         ),
         ("reserve", "behindnat", Reserve(NET, nid("behindnat"), T0 + 60_000)),
         ("reserved", "relay", Reserved(NET, nid("relay"), nid("behindnat"), T0 + 600_000, "")),
