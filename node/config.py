@@ -88,6 +88,8 @@ class NodeConfig:
     """Dial loopback, private and special-purpose addresses peers name (a LAN or one-machine network)."""
     mdns: bool = True
     mdns_interfaces: tuple[str, ...] = ()
+    relay: bool = False
+    """Offer to relay circuits between peers that cannot be dialled (node/net/relay.py)."""
     only_when_idle: bool = False
     idle_seconds: float = 300.0
     idle_load: float = 0.2
@@ -276,6 +278,7 @@ _PARSERS: dict[str, Parser] = {
     "dial_private": _parse_bool,
     "mdns": _parse_bool,
     "mdns_interfaces": lambda v, t: _parse_list(_parse_interface, v, t),
+    "relay": _parse_bool,
     "only_when_idle": _parse_bool,
     "idle_seconds": _parse_seconds,
     "idle_load": lambda v, t: _parse_fraction(v, t),
@@ -413,6 +416,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_const",
         const="true",
         help="dial loopback, private and special-purpose addresses peers name (default: only public ones)",
+    )
+    parser.add_argument(
+        "--relay",
+        dest="relay",
+        action="store_const",
+        const="true",
+        help="offer to relay between peers that cannot be dialled, within limits (default: off)",
     )
     parser.add_argument(
         "--only-when-idle",

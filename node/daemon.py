@@ -42,6 +42,7 @@ from .net.addresses import join_address, split_address
 from .net.gossip import GossipService
 from .net.peering import PeerDoc, PeerService
 from .net.peers import PeerSettings
+from .net.relay import RelayService
 from .net.transport import ListenFailed
 from .store.async_store import AsyncStore
 from .store.blobs import BlobError, BlobStore
@@ -209,6 +210,8 @@ class Node:
     """The CapacityService once the job path runs (market/adverts.py)."""
     gossip: GossipService[bytes] | None = None
     """The GossipService once started (net/gossip.py); its counters show in the status."""
+    relay: RelayService | None = None
+    """Reachability and relaying (net/relay.py), once started."""
 
     def __post_init__(self) -> None:
         self.peering = PeerService(
@@ -268,16 +271,18 @@ class Node:
 
     async def _start_jobs(self, nursery: trio.Nursery, router: Router) -> None:
         """Gossip (offers), the receipt log with its export endpoint, and the job path (market_service)."""
-        from e31.protocol.gossip import GossipConfig, GossipEngine
+        from e31.protocol.gossip import DEFAULT_KINDS, GossipConfig, GossipEngine
         from e31.sandbox.profile import PROFILE
 
         from .api.export import export_handler
         from .api.jobs import JobsApi, compile_check
         from .market.service import run_jobs
+        from .net.relay import GOSSIP_KINDS
         from .store.receiptlog import ReceiptLog
 
+        kinds = {**DEFAULT_KINDS, **GOSSIP_KINDS}
         gossip = GossipService(
-            GossipEngine[bytes](GossipConfig(self.config.network)),
+            GossipEngine[bytes](GossipConfig(self.config.network, kinds=kinds)),
             on_disconnect=self.peering.disconnect,
             on_refuse=self.peering.refuse,
         )
@@ -285,6 +290,10 @@ class Node:
         await nursery.start(gossip.run)
         self.peering.add_listener(gossip)
         self.gossip = gossip
+        self.relay = RelayService(
+            self.peering, offer=self.config.relay, publish=gossip.publish, via=gossip.subscribe("via")
+        )
+        await nursery.start(self.relay.run)
         # in a thread, like every other synchronous use of the store (it may write; the event loop
         # must never touch the connection directly: its short writes share an open transaction)
         receipt_log = await trio.to_thread.run_sync(
@@ -372,6 +381,7 @@ class Node:
             "offered": None if self.capacity is None else self.capacity.to_json(),
             "peer_capacity": {} if self.capacity is None else self.capacity.peer_table(),
             "gossip": {} if self.gossip is None else self.gossip.counters,
+            "reachability": {} if self.relay is None else self.relay.to_json(),
         }
 
     async def _status(self, request: Request) -> dict[str, Any]:

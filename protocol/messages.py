@@ -17,6 +17,18 @@ from .errors import InvalidMessage
 from .ids import DIGEST_SIZE, Digest, NodeId
 from .jobs import NONCE_SIZE, JobManifest
 from .receipts import MAX_ACKED, Ack, UsageReceipt
+from .relay import (
+    Circuit,
+    Dialback,
+    Dialed,
+    Observed,
+    RelayClose,
+    RelayCredit,
+    RelayData,
+    Reserve,
+    Reserved,
+    Via,
+)
 from .schema import (
     BY_RAW,
     NETWORK,
@@ -412,6 +424,16 @@ AnyMessage = (
     | TreeHead
     | ProofRequest
     | InclusionProof
+    | Observed
+    | Dialback
+    | Dialed
+    | Reserve
+    | Reserved
+    | Circuit
+    | RelayData
+    | RelayCredit
+    | RelayClose
+    | Via
 )
 """The closed union of every message kind."""
 

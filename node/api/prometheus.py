@@ -58,6 +58,11 @@ def scraped(
     for event, n in sorted((doc.get("gossip") or {}).items()):
         if isinstance(n, int | float):
             gossip.inc(n, str(event))
+    reach = doc.get("reachability") or {}
+    relay = Counter("relay_events", "Reachability and relaying since start, by event", ["event"])
+    for event in ("circuits_relayed", "bytes_relayed", "relayed_links_opened", "refusals"):
+        if isinstance(reach.get(event), int):
+            relay.inc(reach[event], event)
     return [
         Gauge(
             "info",
@@ -86,4 +91,5 @@ def scraped(
         ),
         Gauge("receipt_log_size", "Receipts in this node's receipt log", values={(): log_size}),
         gossip,
+        relay,
     ]

@@ -67,9 +67,30 @@ def format_status(doc: Mapping[str, Any]) -> str:
         offering = [p for p in peer_capacity.values() if isinstance(p, Mapping) and p.get("cores")]
         cores = sum(int(p.get("cores", 0)) for p in offering)
         rows.append(("peers offer", f"{cores} cores on {len(offering)} of {len(peer_capacity)} advertising"))
+    reach = doc.get("reachability")
+    if isinstance(reach, Mapping) and reach:
+        rows.append(("reachable", _reachable(reach)))
     rows.append(("data dir", str(doc.get("data_dir", "?"))))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in rows)
+
+
+def _reachable(reach: Mapping[str, Any]) -> str:
+    """The `reachable` line: whether peers can dial this node, its relays, and what it relays."""
+    status = reach.get("status")
+    relays = list(reach.get("reservations") or {})
+    text = {
+        "public": "yes (a peer dialled it back)",
+        "private": "no (behind NAT or a firewall): "
+        + (f"reached through relay {', '.join(relays)}" if relays else "no relay yet"),
+    }.get(str(status), "not known yet")
+    linked = reach.get("relayed_links") or []
+    if linked:
+        text += f"; {len(linked)} peer(s) linked through a relay"
+    if reach.get("relay"):
+        circuits, reserved = reach.get("circuits", 0), reach.get("reserved_here", 0)
+        text += f"; relays for others: {circuits} circuit(s), {reserved} reserved"
+    return text
 
 
 PEER_COLUMNS = ("NODE ID", "STATE", "ADDRESS", "SOURCE", "LAST SEEN", "RTT")
@@ -85,7 +106,7 @@ def format_peers(peers: Sequence[Mapping[str, Any]], now: float | None = None) -
             (
                 str(p.get("node_id", "?")),
                 str(p.get("state", "?")),
-                str(p.get("address") or "-"),
+                str(p.get("address") or (f"via relay {str(p['via'])[:12]}..." if p.get("via") else "-")),
                 str(p.get("source", "?")),
                 format_ago(p.get("last_seen"), now),
                 "-" if rtt is None else f"{float(rtt):.1f} ms",

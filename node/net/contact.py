@@ -43,6 +43,8 @@ class OwnContact:
         self._record: bytes | None = None
         self._addresses: tuple[str, ...] = ()
         self._expires = 0
+        self.hidden = False
+        """The node learned nobody can dial it (node/net/relay.py): it advertises no address."""
 
     @property
     def listen(self) -> str | None:
@@ -70,8 +72,16 @@ class OwnContact:
         del self._observed[MAX_ADDRESSES:]
         self.refresh()
 
+    def hide(self, hidden: bool) -> None:
+        """Stop (True) or start again (False) advertising addresses: a node nobody can dial is
+        reached through its relays instead, and an address nobody can dial only costs peers dials."""
+        if hidden != self.hidden:
+            self.hidden = hidden
+            self._addresses, self._record = (), None
+            self.refresh()
+
     def addresses(self) -> tuple[str, ...]:
-        if self._listen is None:
+        if self._listen is None or self.hidden:
             return ()
         if not self.wildcard:
             return (self._listen,)

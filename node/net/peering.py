@@ -95,6 +95,7 @@ class PeerDoc(TypedDict):
     last_seen: float | None
     failures: int
     rtt_ms: float | None
+    via: str | None
 
 
 _LINK_KINDS = frozenset({"ping", "pong", "peers"})
@@ -145,6 +146,8 @@ class PeerService:
             self.local, settings, dial_private=config.dial_private, on_forget=self.persistence.forget
         )
         self.links: dict[bytes, Link] = {}
+        self.relay_of: Callable[[object], bytes | None] = lambda conn: None
+        """The relay a link's connection runs through, None for a direct one (set by net/relay.py)."""
         self._listeners: list[LinkListener] = []
         heartbeat = settings.heartbeat_interval
         self.limits = Limits(
@@ -252,7 +255,8 @@ class PeerService:
         for peer in self.table.peers.values():
             link = self.links.get(peer.node_id)
             address = peer.addresses[0] if peer.addresses else None
-            if address is None and link is not None:
+            via = None if link is None else self.relay_of(link.conn)
+            if address is None and link is not None and via is None:
                 address = join_address(*link.conn.remote_address)
             rtt = link.liveness.rtt if link is not None else None
             docs.append(
@@ -266,6 +270,7 @@ class PeerService:
                     "last_seen": peer.last_seen,
                     "failures": peer.failures,
                     "rtt_ms": None if rtt is None else round(rtt * 1000, 3),
+                    "via": None if via is None else str(NodeId(via)),
                 }
             )
         docs.sort(key=lambda d: (d["state"] not in ("connected", "suspect"), d["node_id"]))

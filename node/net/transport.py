@@ -36,6 +36,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 import nacl.signing
 import trio
@@ -74,6 +75,7 @@ __all__ = [
     "Timeouts",
     "TransportError",
     "dial",
+    "establish",
     "serve",
 ]
 
@@ -172,7 +174,7 @@ class Connection:
 
     def __init__(
         self,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         result: HandshakeResult,
         *,
         remote_address: Address,
@@ -185,7 +187,8 @@ class Connection:
         self.transcript_hash: bytes = result.transcript_hash
         self.initiator: bool = result.initiator
         self.remote_address: Address = remote_address
-        self.local_address: Address = _sock_address(stream.socket.getsockname) or ("", 0)
+        sock = getattr(stream, "socket", None)
+        self.local_address: Address = (sock and _sock_address(sock.getsockname)) or ("", 0)
         self._stream = stream
         self._session = Session(result)
         self._leftover = leftover
@@ -273,7 +276,7 @@ class Connection:
                     return "closed locally"
             with trio.move_on_at(deadline) as timer:
                 try:
-                    data = await self._stream.receive_some(_RECEIVE_SIZE)
+                    data = cast(bytes, await self._stream.receive_some(_RECEIVE_SIZE))
                 except trio.BrokenResourceError as e:
                     return f"connection lost: {e.__cause__ or e}"
                 except trio.ClosedResourceError:
@@ -369,18 +372,29 @@ class Connection:
         self._inbox_in.close()
         if self._reader_scope is not None:
             self._reader_scope.cancel()
-        self._stream.socket.close()
+        _close_now(self._stream)
         self._closed.set()
+
+
+def _close_now(stream: trio.abc.Stream) -> None:
+    """Close without waiting: a TCP stream's socket, or a stream that offers `close_now` (a relayed
+    circuit, node/net/circuits.py)."""
+    sock = getattr(stream, "socket", None)
+    if sock is not None:
+        sock.close()
+    else:
+        close: Callable[[], None] = getattr(stream, "close_now")  # noqa: B009
+        close()
 
 
 # --- opening ---
 
 
-async def _run_handshake(stream: trio.SocketStream, machine: Initiator | Responder, first: bytes) -> bytes:
+async def _run_handshake(stream: trio.abc.Stream, machine: Initiator | Responder, first: bytes) -> bytes:
     if first:
         await stream.send_all(first)
     while not machine.done:
-        data = await stream.receive_some(_RECEIVE_SIZE)
+        data = cast(bytes, await stream.receive_some(_RECEIVE_SIZE))
         if not data:
             raise HandshakeAborted("the peer closed the connection during the handshake")
         reply = machine.receive_data(data)
@@ -390,7 +404,7 @@ async def _run_handshake(stream: trio.SocketStream, machine: Initiator | Respond
 
 
 async def _establish(
-    stream: trio.SocketStream,
+    stream: trio.abc.Stream,
     machine: Initiator | Responder,
     first: bytes,
     *,
@@ -432,7 +446,7 @@ NOTICE_WAIT = 2.0
 
 
 async def _exchange_notices(
-    stream: trio.SocketStream, e: WrongNetworkNotice, remote: Address
+    stream: trio.abc.Stream, e: WrongNetworkNotice, remote: Address
 ) -> NetworkMismatch:
     """Send our network notice; as the responder, read the initiator's (it names its network)."""
     theirs = e.theirs
@@ -465,6 +479,40 @@ def _sock_address(get: Callable[[], tuple[str, int] | tuple[str, int, int, int]]
     except OSError:  # reset in the meantime
         return None
     return str(name[0]), int(name[1])
+
+
+async def establish(
+    stream: trio.abc.Stream,
+    *,
+    initiator: bool,
+    identity: nacl.signing.SigningKey,
+    network: str,
+    remote: Address,
+    expect: bytes | None = None,
+    timeouts: Timeouts | None = None,
+    inbox: int = DEFAULT_INBOX,
+    inbox_bytes: int = DEFAULT_INBOX_BYTES,
+) -> Connection:
+    """Run the handshake over any byte stream (a relayed circuit) as initiator or responder, and
+    return the Connection over it; `remote` names the far end for logs. The caller closes `stream`
+    when this raises (HandshakeTimeout, HandshakeAborted, PeerRejected) and runs `conn.run()`."""
+    timeouts = timeouts or Timeouts()
+    machine: Initiator | Responder
+    if initiator:
+        machine = Initiator(identity, network, os.urandom(_EPHEMERAL_SIZE), expect=expect)
+        first = machine.initiate()
+    else:
+        machine, first = Responder(identity, network, os.urandom(_EPHEMERAL_SIZE)), b""
+    return await _establish(
+        stream,
+        machine,
+        first,
+        own_key=bytes(identity.verify_key),
+        remote=remote,
+        timeouts=timeouts,
+        inbox=inbox,
+        inbox_bytes=inbox_bytes,
+    )
 
 
 async def dial(

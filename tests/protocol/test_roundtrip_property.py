@@ -16,6 +16,7 @@ from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import FILE_NAME, JobManifest
 from e31.protocol.messages import ADDRESS, BY_JOB, REGISTRY, BidItem, Offer, UsageReceipt
 from e31.protocol.receipts import Outcome
+from e31.protocol.relay import OBSERVED
 from e31.protocol.schema import NETWORK, Record
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -29,6 +30,10 @@ _SPECIAL: dict[int, st.SearchStrategy[Any]] = {
             st.from_regex(r"[a-z0-9-]{1,20}(\.[a-z0-9-]{1,10}){0,2}", fullmatch=True), st.integers(1, 65535)
         ).map(lambda hp: f"{hp[0]}:{hp[1]}"),
         st.integers(1, 65535).map(lambda p: f"[2001:db8::1]:{p}"),
+    ),
+    id(OBSERVED): st.one_of(
+        st.tuples(st.ip_addresses(v=4), st.integers(1, 65535)).map(lambda hp: f"{hp[0]}:{hp[1]}"),
+        st.tuples(st.ip_addresses(v=6), st.integers(1, 65535)).map(lambda hp: f"[{hp[0]}]:{hp[1]}"),
     ),
 }
 

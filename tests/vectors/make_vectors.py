@@ -281,6 +281,57 @@ def samples() -> list[tuple[str, str, Message]]:
     ]
 
 
+def relay_samples() -> list[tuple[str, str, Message]]:
+    """Reachability and relays (docs/protocol.md section 17): a behind NAT, r a relay, b a target."""
+    from e31.protocol.relay import (
+        Circuit,
+        Dialback,
+        Dialed,
+        Observed,
+        RelayClose,
+        RelayCredit,
+        RelayData,
+        Reserve,
+        Reserved,
+        Via,
+    )
+
+    circuit = bytes(range(0x40, 0x50))
+    nonce = bytes(range(0x60, 0x70))
+    return [
+        ("observed", "relay", Observed(NET, nid("relay"), "127.0.0.7:40312", True, T0 + 60_000)),
+        ("observed-v6", "relay", Observed(NET, nid("relay"), "[2001:db8::7]:7531", False, T0 + 60_000)),
+        ("dialback", "behindnat", Dialback(NET, nid("behindnat"), 7531, nonce, T0 + 60_000)),
+        (
+            "dialed",
+            "relay",
+            Dialed(NET, nid("relay"), nonce, "127.0.0.7:7531", False, False, T0 + 60_000),
+        ),
+        ("reserve", "behindnat", Reserve(NET, nid("behindnat"), T0 + 60_000)),
+        ("reserved", "relay", Reserved(NET, nid("relay"), nid("behindnat"), T0 + 600_000, "")),
+        ("reserved-refused", "relay", Reserved(NET, nid("relay"), nid("behindnat"), T0 + 60_000, "limit")),
+        (
+            "circuit",
+            "submitter",
+            Circuit(NET, nid("submitter"), circuit, nid("submitter"), nid("behindnat"), T0 + 60_000),
+        ),
+        ("relaydata", "relay", RelayData(NET, nid("relay"), circuit, b"\x00\x00\x00\x60" + bytes(96))),
+        ("relaycredit", "relay", RelayCredit(NET, nid("relay"), circuit, 1 << 20)),
+        (
+            "relayclose",
+            "relay",
+            RelayClose(NET, nid("relay"), circuit, "no_reservation", "the target holds no reservation"),
+        ),
+        (
+            "via",
+            "behindnat",
+            Via(
+                NET, nid("behindnat"), tuple(sorted((nid("relay"), nid("relay2")), key=BY_RAW)), T0 + 600_000
+            ),
+        ),
+    ]
+
+
 def sample(name: str) -> Message:
     return next(m for n, _, m in samples() if n == name)
 
@@ -455,7 +506,7 @@ def invalid() -> list[dict[str, Any]]:
 
 def build() -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for name, key_name, msg in samples():
+    for name, key_name, msg in samples() + relay_samples():
         data = sign_message(msg, key(key_name))
         env = verify(data)
         assert env.message_id == message_id(env.kind, env.body, env.signer)
