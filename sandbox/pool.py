@@ -35,6 +35,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -296,21 +298,34 @@ def _host_result(limits: Limits, trap: str, message: str, wall: float) -> RunRes
     )
 
 
+Callback = Callable[["JobHandle"], object]
+
+
 class JobHandle:
     """One job submitted to the pool. All methods are thread-safe."""
 
     def __init__(
-        self, job_id: int, spec: JobSpec, output_dir: Path | None, streams_dir: Path | None = None
+        self,
+        job_id: int,
+        spec: JobSpec | Callable[[], JobSpec],
+        output_dir: Path | None,
+        streams_dir: Path | None = None,
+        on_sent: Callback | None = None,
+        on_done: Callback | None = None,
     ) -> None:
         self.job_id = job_id
-        self.spec = spec
+        self.spec: JobSpec | None = spec if isinstance(spec, JobSpec) else None
+        """None until a spec made by a function (WorkerPool.submit) has been made."""
+        self._make_spec = None if isinstance(spec, JobSpec) else spec
         self.output_dir = output_dir
         self.streams_dir = streams_dir
+        self._on_sent = on_sent
+        self._on_done = on_done
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._started = threading.Event()
         self._result: RunResult | None = None
-        self._error: SandboxError | None = None
+        self._error: Exception | None = None
         self._worker: _Worker | None = None
         self._slot: _Slot | None = None
         self._suspended_at: float | None = None
@@ -379,8 +394,9 @@ class JobHandle:
             slot.wake()
 
     def wait(self, timeout: float | None = None) -> RunResult:
-        """The job's result. Raises TimeoutError if it has not ended within `timeout` seconds, and
-        the SandboxError (JobSpecError, ...) the worker raised for a job that could not be run."""
+        """The job's result. Raises TimeoutError if it has not ended within `timeout` seconds, the
+        SandboxError (JobSpecError, ...) the worker raised for a job that could not be run, and what the
+        spec's function (WorkerPool.submit) raised."""
         if not self._done.wait(timeout):
             raise TimeoutError(f"job {self.job_id} still running after {timeout} s")
         if self._error is not None:
@@ -388,8 +404,10 @@ class JobHandle:
         assert self._result is not None
         return self._result
 
-    def _finish(self, result: RunResult | None, error: SandboxError | None = None) -> None:
+    def _finish(self, result: RunResult | None, error: Exception | None = None) -> None:
         with self._lock:
+            if self._done.is_set():
+                return
             if self._suspended_at is not None:
                 self._resume_locked()
             self._result, self._error = result, error
@@ -397,6 +415,15 @@ class JobHandle:
             self._slot = None
             self._started.set()
             self._done.set()
+        self._call(self._on_done)
+
+    def _call(self, callback: Callback | None) -> None:
+        if callback is None:
+            return
+        try:
+            callback(self)
+        except Exception:  # the caller's bug: logged, never the slot's end
+            log.exception("callback of job %d failed", self.job_id)
 
     def _paused(self) -> float:
         """Seconds spent suspended so far, including a pause in progress."""
@@ -499,8 +526,19 @@ class _Slot:
                     if job._suspended_at is not None:
                         worker.signal(signal.SIGSTOP)
             if cancelled:
-                job._finish(_host_result(job.spec.limits, CANCELLED, "cancelled before it started", 0.0))
+                limits = Limits() if job.spec is None else job.spec.limits
+                job._finish(_host_result(limits, CANCELLED, "cancelled before it started", 0.0))
                 return
+            if job.spec is None:
+                assert job._make_spec is not None
+                try:
+                    spec = job._make_spec()
+                    if not isinstance(spec, JobSpec):
+                        raise TypeError("the spec function must return a JobSpec")
+                    job.spec = spec
+                except Exception as e:  # the caller's function: raised by wait()
+                    job._finish(None, e)
+                    return
             # A worker that died meanwhile fails the send; the receive loop reports how it ended.
             with contextlib.suppress(ValueError, OSError):
                 worker.send(
@@ -512,6 +550,8 @@ class _Slot:
                         None if job.streams_dir is None else os.fsencode(job.streams_dir),
                     ]
                 )
+            if attempt == 0:
+                job._call(job._on_sent)
             if not self._supervise(job, worker, may_retry=attempt == 0):
                 return
             log.warning(
@@ -521,6 +561,7 @@ class _Slot:
     def _supervise(self, job: JobHandle, worker: _Worker, *, may_retry: bool) -> bool:
         """Sees the job to its end on `worker`; True if the worker died before starting it and the
         job should be sent again (only when `may_retry`)."""
+        assert job.spec is not None
         limits = job.spec.limits
         t0 = time.monotonic()
         budget = self.pool.compile_timeout
@@ -647,6 +688,8 @@ class WorkerPool:
         self._closed = False
         self._slots = [_Slot(self, i) for i in range(size)]
         self._running: set[JobHandle] = set()
+        self._queued: deque[JobHandle] = deque()
+        """Jobs given to `submit` while every worker was busy, first come first served."""
         try:
             self._start_workers()
         except BaseException:
@@ -715,6 +758,38 @@ class WorkerPool:
         slot.submit(job)
         return job
 
+    def submit(
+        self,
+        spec: JobSpec | Callable[[], JobSpec],
+        output_dir: Path | None = None,
+        *,
+        streams_dir: Path | None = None,
+        on_sent: Callback | None = None,
+        on_done: Callback | None = None,
+    ) -> JobHandle:
+        """Like `start_job`, but never blocks: with every worker busy the job waits in the pool's queue
+        for the next free one. `spec` may be a function that makes the spec: it is called in the
+        worker's supervisor thread once the job has a worker (what it raises, wait() raises). Callbacks,
+        called with the handle in a pool thread, must be quick and must not call back into the pool's
+        waits: `on_sent` once the spec is made and sent to the worker (not for a job that ends before),
+        `on_done` once the job has ended, whatever the end (wait(0) then returns or raises at once)."""
+        if not (isinstance(spec, JobSpec) or callable(spec)):
+            raise TypeError("spec must be a JobSpec or a function returning one")
+        out = None if output_dir is None else Path(output_dir).absolute()
+        streams = None if streams_dir is None else Path(streams_dir).absolute()
+        with self._cond:
+            if self._closed:
+                raise PoolError("the worker pool is closed")
+            job = JobHandle(next(self._ids), spec, out, streams, on_sent, on_done)
+            self._running.add(job)
+            if not self._free:
+                self._queued.append(job)
+                return job
+            slot = self._free.pop()
+            job._slot = slot
+        slot.submit(job)
+        return job
+
     def run(
         self,
         spec: JobSpec,
@@ -729,8 +804,14 @@ class WorkerPool:
     def _release(self, slot: _Slot) -> None:
         with self._cond:
             self._running = {j for j in self._running if not j.done()}
-            if not self._closed:
-                self._free.append(slot)
+            if self._closed:
+                return
+            if self._queued:
+                job = self._queued.popleft()
+                job._slot = slot
+                slot.submit(job)  # straight to the slot: it never looks free to start_job meanwhile
+                return
+            self._free.append(slot)
             self._cond.notify()
 
     def close(self, timeout: float = 10.0) -> None:
@@ -740,7 +821,11 @@ class WorkerPool:
                 return
             self._closed = True
             running = list(self._running)
+            queued, self._queued = list(self._queued), deque()
             self._cond.notify_all()
+        for job in queued:
+            limits = Limits() if job.spec is None else job.spec.limits
+            job._finish(_host_result(limits, CANCELLED, "cancelled before it started (pool closed)", 0.0))
         for job in running:
             job.cancel()
         for slot in self._slots:
