@@ -66,6 +66,8 @@ MAX_TABLES = 16
 TICK_SECONDS = 0.02
 MAX_STEP = 0.25
 """Most seconds one watchdog sample may add: larger gaps are a paused process, not guest time."""
+IDLE_TICKS = 50
+"""Ticks the watchdog thread goes on ticking after a run (a second): the next run then needs no wake-up."""
 
 SINK_BUFFER = 1 << 20
 """Write buffer of each stream file: a guest's many small writes reach the disk in large ones."""
@@ -167,30 +169,36 @@ def _first_line(text: str, fallback: str) -> str:
 
 class _Watchdog:
     """One thread per engine that counts a run's elapsed (unpaused) time and interrupts the engine
-    once the run's limit has passed. Idle between runs; started with the first run."""
+    once the run's limit has passed. Started with the first run. Between runs it keeps ticking for
+    IDLE_TICKS ticks, then sleeps until the next run: so a run that starts while it ticks (back-to-back
+    short jobs) only sets the watchdog's fields, with no notify and no wake-up of the thread; its first
+    sample comes at most one tick after the start, as with a notify."""
 
     def __init__(self, engine: wasmtime.Engine) -> None:
         self._engine = weakref.ref(engine)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._generation = 0
         self._limit = 0.0
         self._clock: Callable[[], float] = time.monotonic
         self._armed = False
         self._elapsed = 0.0
         self._last = 0.0
         self._fired = False
+        self._idle = 0
+        self._waiting: float | None = None
+        """The tick of the thread's timed wait in progress (None: not in one, or waiting for a run)."""
 
     def arm(self, limit: float, clock: Callable[[], float]) -> None:
         with self._cond:
-            self._generation += 1
             self._limit, self._clock = limit, clock
             self._elapsed, self._fired, self._armed = 0.0, False, True
             self._last = clock()
+            self._idle = 0
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="e31-sandbox-watchdog", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif self._waiting is None or self._waiting > _tick(limit):
+                self._cond.notify()  # asleep, or on a longer tick than this run needs
 
     def disarm(self) -> tuple[float, bool]:
         """Stop watching; return (elapsed seconds, whether the limit was reached)."""
@@ -207,22 +215,28 @@ class _Watchdog:
     def _loop(self) -> None:
         with self._cond:
             while True:
-                if not self._armed or self._fired:
-                    self._cond.wait()
-                    continue
-                tick = min(TICK_SECONDS, self._limit / 10)
-                generation = self._generation
-                self._cond.wait(tick)
-                if not self._armed or self._generation != generation:
-                    continue
-                self._sample()
+                if self._armed and not self._fired:
+                    self._waiting = _tick(self._limit)
+                elif self._idle < IDLE_TICKS:
+                    self._waiting = TICK_SECONDS
+                    self._idle += 1
+                else:
+                    self._waiting = None
+                self._cond.wait(self._waiting)
+                self._waiting = None
                 engine = self._engine()
                 if engine is None:
                     return
-                if self._elapsed >= self._limit:
-                    self._fired = True
-                    engine.increment_epoch()
+                if self._armed and not self._fired:
+                    self._sample()
+                    if self._elapsed >= self._limit:
+                        self._fired = True
+                        engine.increment_epoch()
                 del engine
+
+
+def _tick(limit: float) -> float:
+    return min(TICK_SECONDS, limit / 10)
 
 
 @dataclass
