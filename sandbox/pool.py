@@ -7,8 +7,9 @@ the parent's `__main__` in every worker and `fork` would copy the node's threads
 that exits when its request pipe closes, so it never outlives the pool for long.
 
 Each worker slot has one supervisor thread. It hands the worker its job, then waits on the reply pipe
-with a watchdog: until the worker says `started` the budget is `compile_timeout`; after that it is the
-job's wall limit plus `grace_seconds` (the runner's own epoch watchdog should stop the guest well before).
+with a watchdog: until the worker says `started` (a tick of its own watchdog after the guest started, or
+never for a job that ends first) the budget is `compile_timeout`; after that it is the job's wall limit
+plus `grace_seconds` (the runner's own epoch watchdog should stop the guest well before).
 A worker that dies, breaks the protocol or outlives its watchdog is SIGKILLed and replaced, and its job
 ends with a RunResult of status `trap` and one of the WORKER_TRAPS names (no new Status: these are host
 events, not guest behaviour; `fuel_used` is 0 because the count is unknown, and they are never

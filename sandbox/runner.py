@@ -187,6 +187,8 @@ class _Watchdog:
         self._idle = 0
         self._waiting: float | None = None
         """The tick of the thread's timed wait in progress (None: not in one, or waiting for a run)."""
+        self.on_tick: Callable[[], None] | None = None
+        """Called at each sample while a run is armed, after the limit is checked (run's `on_tick`)."""
 
     def arm(self, limit: float, clock: Callable[[], float]) -> None:
         with self._cond:
@@ -232,6 +234,8 @@ class _Watchdog:
                     if self._elapsed >= self._limit:
                         self._fired = True
                         engine.increment_epoch()
+                    elif self.on_tick is not None:
+                        self.on_tick()
                 del engine
 
 
@@ -258,6 +262,7 @@ def run(
     streams_dir: Path | None = None,
     writable_root: Path | None = None,
     cache: ModuleCache | None = None,
+    on_tick: Callable[[], None] | None = None,
 ) -> RunResult:
     """Run one job to its end. Never raises for anything the guest does; raises SandboxError only
     for host-side failures (an input file that vanished, an output_dir or streams_dir that cannot
@@ -270,7 +275,11 @@ def run(
     for it.
 
     `cache`, when no `module` is given, compiles the module through that compiled-module cache (or
-    loads it from there)."""
+    loads it from there).
+
+    `on_tick` is called by the watchdog thread at each of its samples while the guest runs (about
+    every TICK_SECONDS, the first one at most a tick after the start; none for a run shorter than
+    that when the thread was ticking already): it must be quick and must not raise."""
     engine = engine or default_engine()
     state = _state(engine)
     if module is None and cache is not None:
@@ -280,7 +289,11 @@ def run(
             return invalid_result(spec.limits, str(e))
     with _RUN_LOCK, contextlib.ExitStack() as files:
         spills = None if streams_dir is None else _spills(files, streams_dir)
-        result, ctx = _run_locked(spec, output_dir, engine, module, clock, state, spills, writable_root)
+        state.watchdog.on_tick = on_tick
+        try:
+            result, ctx = _run_locked(spec, output_dir, engine, module, clock, state, spills, writable_root)
+        finally:
+            state.watchdog.on_tick = None
         try:
             for stream in () if ctx is None else (ctx.stdout, ctx.stderr):
                 if stream.error is not None:

@@ -10,11 +10,14 @@ wasmtime's 4 GiB+ reservations per memory would break), builds one engine and a 
 
 Frames are a 4-byte big-endian length and a msgpack array. Requests:
 `["run", id, spec, output_dir, streams_dir]` (the directories as bytes or nil) and `["quit"]`.
-Replies: `["ready", pid]`, `["started", id]` (module compiled or loaded: the job's own wall clock
-starts), `["result", id, result]`, `["error", id, class_name, message]` (a SandboxError from the
-host side, re-raised in the caller). Results travel as plain msgpack, never pickle: the worker runs
-untrusted code, and a worker taken over through a wasmtime bug must not be able to run code in the
-node by what it sends back; the pool validates every reply field by field.
+Replies: `["ready", pid]`, `["started", id]`, `["result", id, result]`, `["error", id, class_name,
+message]` (a SandboxError from the host side, re-raised in the caller). `started` says the module is
+compiled or loaded and the job's own wall clock runs; the runner's watchdog thread sends it at its first
+sample of the run, at most a tick (20 ms) late, and not at all for a job whose result comes first,
+which says as much: a tiny job costs one reply frame and one wake-up of the pool's thread, not two.
+Results travel as plain msgpack, never pickle: the worker runs untrusted code, and a worker taken over
+through a wasmtime bug must not be able to run code in the node by what it sends back; the pool
+validates every reply field by field.
 
 Paused time: the job's clock is CLOCK_MONOTONIC minus the shared stopped-time counter. The pool writes
 the counter only while the worker is stopped, before SIGCONT, so the worker never sees a jump and a
@@ -24,6 +27,7 @@ paused job's wall limit is not consumed while it is paused.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import mmap
 import os
@@ -221,14 +225,56 @@ def paused_clock(shm: mmap.mmap) -> Callable[[], float]:
     return clock
 
 
-def serve(inp: BinaryIO, out: BinaryIO, cache_dir: Path, clock: Callable[[], float]) -> int:
+class Replies:
+    """The reply pipe, shared by the serving thread and the runner's watchdog thread, which sends a
+    running job's `started` late (runner.run's `on_tick`): the serving thread only notes the job (no
+    wake-up of anyone), and a job that ends before the watchdog's next sample never has it sent."""
+
+    def __init__(self, out: BinaryIO, *, late_started: bool) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+        self._late = late_started
+        self._pending: int | None = None
+
+    def write(self, message: list[Any]) -> None:
+        with self._lock:
+            self._pending = None
+            write_frame(self._out, message)
+
+    def started(self, job_id: int) -> None:
+        if not self._late:
+            self.write(["started", job_id])
+            return
+        with self._lock:
+            self._pending = job_id
+
+    def tick(self) -> None:
+        """Send the running job's `started` if it is not sent yet (called by the watchdog thread)."""
+        with self._lock:
+            if self._pending is not None:
+                job_id, self._pending = self._pending, None
+                with contextlib.suppress(OSError, ValueError):  # the pool is gone: serve() finds out
+                    write_frame(self._out, ["started", job_id])
+
+
+def serve(
+    inp: BinaryIO,
+    out: BinaryIO,
+    cache_dir: Path,
+    clock: Callable[[], float],
+    *,
+    late_started: bool = True,
+) -> int:
+    """Serve requests until the request pipe closes. `started` is sent late (Replies), unless
+    `late_started` is False: then at once."""
     from .cache import ModuleCache
     from .profile import new_engine
     from .runner import run
 
     engine = new_engine()
     cache = ModuleCache(cache_dir)
-    write_frame(out, ["ready", os.getpid()])
+    replies = Replies(out, late_started=late_started)
+    replies.write(["ready", os.getpid()])
     while True:
         message = read_frame(inp)
         if message is None or message[0] == "quit":
@@ -244,13 +290,21 @@ def serve(inp: BinaryIO, out: BinaryIO, cache_dir: Path, clock: Callable[[], flo
                 module = cache.get(engine, spec.module, bytes.fromhex(spec.module_sha256))
             except InvalidModule:
                 module = None  # the runner reports it as an invalid_module result
-            write_frame(out, ["started", job_id])
-            result = run(spec, output_dir, engine=engine, module=module, clock=clock, streams_dir=streams_dir)
+            replies.started(job_id)
+            result = run(
+                spec,
+                output_dir,
+                engine=engine,
+                module=module,
+                clock=clock,
+                streams_dir=streams_dir,
+                on_tick=replies.tick,
+            )
         except SandboxError as e:
             name = type(e).__name__ if type(e).__name__ in ERRORS else "SandboxError"
-            write_frame(out, ["error", job_id, name, str(e)])
+            replies.write(["error", job_id, name, str(e)])
             continue
-        write_frame(out, ["result", job_id, encode_result(result)])
+        replies.write(["result", job_id, encode_result(result)])
 
 
 def _decode_dir(raw: object, what: str) -> Path | None:

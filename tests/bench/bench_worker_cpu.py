@@ -68,16 +68,21 @@ def in_process(jobs: int, work: Path) -> float:
     return (time.process_time() - t) / jobs
 
 
-def one_at_a_time(pool: WorkerPool, jobs: int, work: Path) -> tuple[float, float, float]:
+def one_at_a_time(pool: WorkerPool, jobs: int, work: Path) -> tuple[float, float, float, float]:
     [pid] = pool.worker_pids()
-    w, t, n = proc_cpu(pid), time.process_time(), switches(pid)
+    w, t, n, m = proc_cpu(pid), time.process_time(), switches(pid), switches(os.getpid())
     for i in range(jobs):
         r = pool.run(spec(i), work / f"one{i}", streams_dir=work / f"ones{i}")
         assert r.status is Status.EXITED, r
-    return (proc_cpu(pid) - w) / jobs, (time.process_time() - t) / jobs, (switches(pid) - n) / jobs
+    return (
+        (proc_cpu(pid) - w) / jobs,
+        (time.process_time() - t) / jobs,
+        (switches(pid) - n) / jobs,
+        (switches(os.getpid()) - m) / jobs,
+    )
 
 
-def queued(pool: WorkerPool, jobs: int, work: Path) -> tuple[float, float, float] | None:
+def queued(pool: WorkerPool, jobs: int, work: Path) -> tuple[float, float, float, float] | None:
     submit = getattr(pool, "submit", None)
     if submit is None:
         return None
@@ -90,13 +95,18 @@ def queued(pool: WorkerPool, jobs: int, work: Path) -> tuple[float, float, float
             left[0] -= 1
             all_done.notify()
 
-    w, t, n = proc_cpu(pid), time.process_time(), switches(pid)
+    w, t, n, m = proc_cpu(pid), time.process_time(), switches(pid), switches(os.getpid())
     handles = [
         submit(spec(i), work / f"q{i}", streams_dir=work / f"qs{i}", on_done=done) for i in range(jobs)
     ]
     with all_done:
         all_done.wait_for(lambda: left[0] == 0)
-    cpu = (proc_cpu(pid) - w) / jobs, (time.process_time() - t) / jobs, (switches(pid) - n) / jobs
+    cpu = (
+        (proc_cpu(pid) - w) / jobs,
+        (time.process_time() - t) / jobs,
+        (switches(pid) - n) / jobs,
+        (switches(os.getpid()) - m) / jobs,
+    )
     assert all(h.wait(0).status is Status.EXITED for h in handles)
     return cpu
 
@@ -113,20 +123,22 @@ def main() -> None:
         for r in range(args.rounds):
             work = Path(tmp) / f"r{r}"
             rows.setdefault("in-process", []).append(in_process(args.jobs, work))
-            worker, parent, n = one_at_a_time(pool, args.jobs, work)
+            worker, parent, n, m = one_at_a_time(pool, args.jobs, work)
             rows.setdefault("pool, one at a time: worker", []).append(worker)
             rows.setdefault("pool, one at a time: this process", []).append(parent)
-            waits.setdefault("pool, one at a time", []).append(n)
+            waits.setdefault("pool, one at a time: worker", []).append(n)
+            waits.setdefault("pool, one at a time: this process", []).append(m)
             got = queued(pool, args.jobs, work)
             if got is not None:
                 rows.setdefault("pool, queued: worker", []).append(got[0])
                 rows.setdefault("pool, queued: this process", []).append(got[1])
-                waits.setdefault("pool, queued", []).append(got[2])
+                waits.setdefault("pool, queued: worker", []).append(got[2])
+                waits.setdefault("pool, queued: this process", []).append(got[3])
     print(f"{args.jobs} tiny jobs x {args.rounds} rounds; CPU per job, ms (median of rounds; all rounds)")
     for name, values in rows.items():
         each = ", ".join(f"{v * 1000:.3f}" for v in values)
         print(f"  {name:36s} {statistics.median(values) * 1000:6.3f}   ({each})")
-    print("voluntary context switches of the worker (all its threads) per job, median of rounds")
+    print("voluntary context switches (all the process's threads) per job, median of rounds")
     for name, values in waits.items():
         print(f"  {name:36s} {statistics.median(values):6.2f}")
 
