@@ -382,13 +382,17 @@ class _Run:
             spec, output_dir, streams_dir=streams_dir, on_sent=self._on_sent, on_done=self._on_done
         )
 
-    def _wake(self, event: trio.Event) -> None:
+    def _wake(self, fn: Callable[[], object]) -> None:
         with contextlib.suppress(trio.RunFinishedError):  # the node has stopped: nobody waits
-            self._token.run_sync_soon(event.set)
+            self._token.run_sync_soon(fn)
+
+    def _ended_in_trio(self) -> None:
+        self._sent.set()
+        self._ended.set()
 
     def _on_sent(self, handle: Handle) -> None:  # in the pool's thread
         self.sent = True
-        self._wake(self._sent)
+        self._wake(self._sent.set)
 
     def _on_done(self, handle: Handle) -> None:  # in the pool's thread
         try:
@@ -398,8 +402,7 @@ class _Run:
             self._outcome = (result, finished_at, None if then is None else then(result))
         except BaseException as e:  # raised by `execute`: the spec's function's or `then`'s error
             self._outcome = e
-        self._wake(self._sent)
-        self._wake(self._ended)
+        self._wake(self._ended_in_trio)  # one wake-up of the event loop for both
 
     async def wait_sent(self, handle: Handle) -> None:
         try:
