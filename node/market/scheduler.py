@@ -49,6 +49,7 @@ log = logging.getLogger("e31.scheduler")
 
 
 class Handle(Protocol):
+    def done(self) -> bool: ...
     def suspend(self) -> None: ...
     def resume(self) -> None: ...
     def cancel(self) -> None: ...
@@ -418,16 +419,18 @@ class _Run:
         try:
             with trio.move_on_after(timeout):
                 await self._ended.wait()
+            if not self._ended.is_set() and not handle.done():
+                # still running at its deadline: it cannot be on time any more
+                self.abandoned = True
+                handle.cancel()
+                scheduler.stopped_late += 1
+                scheduler.calibration = scheduler.calibration.missed()
+                raise JobLate("it was still running at its deadline")
+            await self._ended.wait()  # the run ended in time; `then` may still be at work on it
         except trio.Cancelled:
             self.abandoned = True
             handle.cancel()
             raise
-        if not self._ended.is_set():  # still running at its deadline: it cannot be on time any more
-            self.abandoned = True
-            handle.cancel()
-            scheduler.stopped_late += 1
-            scheduler.calibration = scheduler.calibration.missed()
-            raise JobLate("it was still running at its deadline")
         outcome = self._outcome
         if isinstance(outcome, BaseException):
             raise outcome

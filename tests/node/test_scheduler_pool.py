@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import trio
-from e31.node.market.scheduler import Scheduler
+from e31.node.market.scheduler import JobInfo, Scheduler, wall_ms
 from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import RunResult, Status
 from e31.sandbox.pool import WorkerPool
@@ -90,3 +90,28 @@ async def test_the_spec_is_made_in_the_pool_and_its_error_is_raised(
         await scheduler.execute(tiny(2), tmp_path / "c", estimate_ms=5, then=failing_then)
     assert scheduler.queue_length == 0
     assert (await scheduler.execute(tiny(3), tmp_path / "d", estimate_ms=5)).result.status is Status.EXITED
+
+
+async def test_a_run_that_ended_in_time_is_not_late_while_then_stores_its_outputs(
+    scheduler: Scheduler, tmp_path: Path
+) -> None:
+    deadline = wall_ms() + 1000
+    job = JobInfo(b"k" * 32, b"s" * 32, deadline, 10**9, 5000, b"p" * 32)
+    in_then, release = trio.Event(), threading.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def slow_then(result: RunResult) -> str:
+        trio.from_thread.run_sync(in_then.set, trio_token=token)
+        release.wait(60)  # a large output being stored, past the job's deadline
+        return "stored"
+
+    async def past_the_deadline() -> None:
+        await in_then.wait()
+        await trio.sleep(max(0.0, (deadline + 100 - wall_ms()) / 1000))  # the deadline is a time
+        release.set()
+
+    async with trio.open_nursery() as n:
+        n.start_soon(past_the_deadline)
+        record = await scheduler.execute(tiny(4), tmp_path / "o", estimate_ms=5, job=job, then=slow_then)
+    assert record.result.status is Status.EXITED and record.after == "stored"
+    assert record.finished_at <= deadline and scheduler.stopped_late == 0
