@@ -56,6 +56,7 @@ from .worker import (
     EXIT_OUT_OF_MEMORY,
     MAX_FRAME,
     SHM_BYTES,
+    ModuleMemo,
     ProtocolViolation,
     decode_result,
     encode_spec,
@@ -138,6 +139,8 @@ class _Worker:
         os.set_blocking(rep_r, False)
         self._buf = bytearray()
         self._lock = threading.Lock()
+        self.memo = ModuleMemo(keep=False)
+        """The modules this worker holds (the same as its own memo: both see the same requests)."""
         self.paused_ns = 0
         self.closed = False
         deadline = time.monotonic() + start_timeout
@@ -546,7 +549,7 @@ class _Slot:
                     [
                         "run",
                         job.job_id,
-                        encode_spec(job.spec),
+                        encode_spec(job.spec, worker.memo),
                         None if job.output_dir is None else os.fsencode(job.output_dir),
                         None if job.streams_dir is None else os.fsencode(job.streams_dir),
                     ]

@@ -9,7 +9,11 @@ wasmtime's 4 GiB+ reservations per memory would break), builds one engine and a 
 `ready`, then serves requests until its request pipe closes.
 
 Frames are a 4-byte big-endian length and a msgpack array. Requests:
-`["run", id, spec, output_dir, streams_dir]` (the directories as bytes or nil) and `["quit"]`.
+`["run", id, spec, output_dir, streams_dir]` (the directories as bytes or nil) and `["quit"]`. A spec's
+module is its bytes, or `[digest]` (a one-element array of its 32-byte SHA-256) for a module the pool sent
+this worker before and both sides still remember: each keeps the same ModuleMemo of the modules sent
+(fed the same requests in the same order), so a job of a module the worker has costs no module bytes
+on the pipe and no hashing of them; a reference the worker does not hold breaks the protocol.
 Replies: `["ready", pid]`, `["started", id]`, `["result", id, result]`, `["error", id, class_name,
 message]` (a SandboxError from the host side, re-raised in the caller). `started` says the module is
 compiled or loaded and the job's own wall clock runs; the runner's watchdog thread sends it at its first
@@ -37,6 +41,7 @@ import struct
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -44,7 +49,7 @@ from typing import Any, BinaryIO
 import msgpack
 
 from .errors import InvalidModule, JobSpecError, ProfileMismatch, SandboxError
-from .job import JobSpec
+from .job import JobSpec, module_digest
 from .limits import Limits, RunResult, Status
 
 MAX_FRAME = 256 * 1024 * 1024
@@ -110,12 +115,55 @@ def _read_exact(inp: BinaryIO, n: int, *, eof_ok: bool) -> bytes | None:
 
 # -- job specs and results on the wire -----------------------------------------------------------
 
+MEMO_MODULES = 8
+MEMO_BYTES = 64 * 1024 * 1024
 
-def encode_spec(spec: JobSpec) -> list[Any]:
-    """Host paths travel absolute: a worker's working directory is the pool's at spawn time."""
+
+class ModuleMemo:
+    """The modules a worker was sent and keeps (the worker's memo, `keep=True`, holds their bytes) or is
+    known to keep (the pool's, which holds only their sizes), most recently used last: at most
+    MEMO_MODULES of them and MEMO_BYTES in all. The pool and its worker apply `sent` and `get` to the
+    same modules in the same order, so they always agree on what the worker holds."""
+
+    def __init__(self, *, keep: bool) -> None:
+        self._keep = keep
+        self._modules: OrderedDict[bytes, tuple[int, bytes | None]] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, digest: bytes) -> bytes | None:
+        """The module (its bytes; b"" in the pool's memo) if held, marked as just used; else None."""
+        entry = self._modules.get(digest)
+        if entry is None:
+            return None
+        self._modules.move_to_end(digest)
+        return entry[1] if entry[1] is not None else b""
+
+    def sent(self, digest: bytes, module: bytes) -> None:
+        if digest in self._modules:
+            self._modules.move_to_end(digest)
+            return
+        if len(module) > MEMO_BYTES:
+            return
+        self._modules[digest] = (len(module), module if self._keep else None)
+        self._bytes += len(module)
+        while len(self._modules) > MEMO_MODULES or self._bytes > MEMO_BYTES:
+            _, (size, _) = self._modules.popitem(last=False)
+            self._bytes -= size
+
+
+def encode_spec(spec: JobSpec, memo: ModuleMemo | None = None) -> list[Any]:
+    """Host paths travel absolute: a worker's working directory is the pool's at spawn time. With `memo`
+    (the pool's copy of what the worker holds), a module it holds travels as `[digest]`."""
     lim = spec.limits
+    module: bytes | list[bytes] = spec.module
+    if memo is not None:
+        digest = bytes.fromhex(spec.module_sha256)
+        if memo.get(digest) is not None:
+            module = [digest]
+        else:
+            memo.sent(digest, spec.module)
     return [
-        spec.module,
+        module,
         list(spec.args),
         [list(kv) for kv in spec.env],
         None if spec.stdin is None else os.fsencode(os.path.abspath(spec.stdin)),
@@ -125,10 +173,18 @@ def encode_spec(spec: JobSpec) -> list[Any]:
     ]
 
 
-def decode_spec(obj: Any) -> JobSpec:
-    """Rebuilds (and so re-validates) a JobSpec; raises ProtocolViolation or JobSpecError."""
+def decode_spec(obj: Any, memo: ModuleMemo | None = None) -> JobSpec:
+    """Rebuilds (and so re-validates) a JobSpec; raises ProtocolViolation or JobSpecError. With `memo` (the
+    worker's), a module sent as `[digest]` is taken from it, and a module sent whole is remembered."""
     try:
         module, args, env, stdin, inputs, limits, seed = obj
+        if memo is not None and isinstance(module, list):
+            held = memo.get(module[0]) if len(module) == 1 and isinstance(module[0], bytes) else None
+            if held is None:
+                raise ProtocolViolation("a module reference this worker does not hold")
+            module = held
+        elif memo is not None and isinstance(module, bytes):
+            memo.sent(bytes.fromhex(module_digest(module)), module)
         fuel, memory_bytes, wall_seconds, max_output_bytes = limits
         return JobSpec(
             module=module,
@@ -273,6 +329,7 @@ def serve(
 
     engine = new_engine()
     cache = ModuleCache(cache_dir)
+    memo = ModuleMemo(keep=True)
     replies = Replies(out, late_started=late_started)
     replies.write(["ready", os.getpid()])
     while True:
@@ -283,7 +340,7 @@ def serve(
             raise ProtocolViolation(f"unexpected request {message[0]!r}")
         _, job_id, raw_spec, raw_dir, raw_streams = message
         try:
-            spec = decode_spec(raw_spec)
+            spec = decode_spec(raw_spec, memo)
             output_dir = _decode_dir(raw_dir, "output_dir")
             streams_dir = _decode_dir(raw_streams, "streams_dir")
             try:
