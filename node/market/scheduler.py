@@ -335,6 +335,7 @@ class Scheduler:
                 try:
                     on_start(started_at)
                 except BaseException:
+                    run.abandoned = True  # no `then` for it
                     entry.handle.cancel()  # started: nobody would wait for it otherwise
                     raise
             entry.running = True
