@@ -70,6 +70,21 @@ class InputFile:
     size: int
 
 
+_last_digest: tuple[bytes, str] | None = None
+
+
+def module_digest(module: bytes) -> str:
+    """SHA-256 of a module, hex. The last one hashed is remembered by identity (the very same bytes object,
+    immutable): a worker that runs one module again and again (worker.ModuleMemo) hashes it once."""
+    global _last_digest
+    last = _last_digest
+    if last is not None and last[0] is module:
+        return last[1]
+    digest = hashlib.sha256(module).hexdigest()
+    _last_digest = (module, digest)
+    return digest
+
+
 @dataclass(frozen=True)
 class JobSpec:
     module: bytes
@@ -84,7 +99,7 @@ class JobSpec:
         if not isinstance(self.module, (bytes, bytearray)):
             raise JobSpecError("module must be bytes")
         object.__setattr__(self, "module", bytes(self.module))
-        object.__setattr__(self, "module_sha256", hashlib.sha256(self.module).hexdigest())
+        object.__setattr__(self, "module_sha256", module_digest(self.module))
         if not isinstance(self.limits, Limits):
             raise JobSpecError("limits must be a Limits")
         if not isinstance(self.seed, (bytes, bytearray)) or len(self.seed) != SEED_BYTES:

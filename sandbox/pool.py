@@ -7,8 +7,9 @@ the parent's `__main__` in every worker and `fork` would copy the node's threads
 that exits when its request pipe closes, so it never outlives the pool for long.
 
 Each worker slot has one supervisor thread. It hands the worker its job, then waits on the reply pipe
-with a watchdog: until the worker says `started` the budget is `compile_timeout`; after that it is the
-job's wall limit plus `grace_seconds` (the runner's own epoch watchdog should stop the guest well before).
+with a watchdog: until the worker says `started` (a tick of its own watchdog after the guest started, or
+never for a job that ends first) the budget is `compile_timeout`; after that it is the job's wall limit
+plus `grace_seconds` (the runner's own epoch watchdog should stop the guest well before).
 A worker that dies, breaks the protocol or outlives its watchdog is SIGKILLed and replaced, and its job
 ends with a RunResult of status `trap` and one of the WORKER_TRAPS names (no new Status: these are host
 events, not guest behaviour; `fuel_used` is 0 because the count is unknown, and they are never
@@ -25,20 +26,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import math
-import mmap
 import os
-import select
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import msgpack
 
 from .cache import load_or_create_key
 from .errors import SandboxError
@@ -46,17 +41,8 @@ from .job import JobSpec
 from .limits import Limits, RunResult, Status
 from .orphans import kill_orphaned_workers
 from .profile import PROFILE
-from .worker import (
-    _LEN,
-    _NS,
-    ERRORS,
-    EXIT_OUT_OF_MEMORY,
-    MAX_FRAME,
-    SHM_BYTES,
-    ProtocolViolation,
-    decode_result,
-    encode_spec,
-)
+from .worker import ERRORS, EXIT_OUT_OF_MEMORY, ProtocolViolation, decode_result, encode_spec
+from .worker_process import PoolError, _Worker, describe_exit
 
 log = logging.getLogger(__name__)
 
@@ -90,184 +76,6 @@ def cores_available() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-class PoolError(SandboxError):
-    """The pool cannot take the job: closed, busy past the caller's timeout, or no worker starts."""
-
-
-class _Worker:
-    """One worker process and the parent's ends of its pipes and paused-time page."""
-
-    def __init__(self, args: list[str], start_timeout: float) -> None:
-        req_r, req_w = os.pipe()
-        rep_r, rep_w = os.pipe()
-        with tempfile.TemporaryFile() as shm_file:
-            try:
-                shm_file.truncate(SHM_BYTES)
-                self.shm = mmap.mmap(shm_file.fileno(), SHM_BYTES)
-                self.proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "e31.sandbox.worker",
-                        "--request-fd",
-                        str(req_r),
-                        "--reply-fd",
-                        str(rep_w),
-                        "--paused-fd",
-                        str(shm_file.fileno()),
-                        *args,
-                    ],
-                    pass_fds=(req_r, rep_w, shm_file.fileno()),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            except BaseException:
-                os.close(req_w)
-                os.close(rep_r)
-                raise
-            finally:
-                os.close(req_r)
-                os.close(rep_w)
-        self.pid = self.proc.pid
-        self.requests = os.fdopen(req_w, "wb")
-        self.reply_fd = rep_r
-        os.set_blocking(rep_r, False)
-        self._buf = bytearray()
-        self._lock = threading.Lock()
-        self.paused_ns = 0
-        self.closed = False
-        deadline = time.monotonic() + start_timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.kill()
-                raise PoolError(f"worker {self.pid} did not start within {start_timeout:g} s")
-            try:
-                messages, eof = self.receive(remaining)
-            except ProtocolViolation as e:
-                self.kill()
-                raise PoolError(f"worker {self.pid} failed to start: {e}") from None
-            if messages:
-                if messages[0][0] != "ready" or len(messages) > 1:
-                    self.kill()
-                    raise PoolError(f"worker {self.pid} sent {messages[0][0]!r} instead of ready")
-                return
-            if eof:
-                code = self.kill()
-                raise PoolError(f"worker {self.pid} failed to start ({describe_exit(code)})")
-
-    def send(self, message: list[Any]) -> None:
-        payload = msgpack.packb(message, use_bin_type=True)
-        self.requests.write(_LEN.pack(len(payload)) + payload)
-        self.requests.flush()
-
-    def receive(self, timeout: float | None, wake_fd: int | None = None) -> tuple[list[list[Any]], bool]:
-        """Complete messages that arrive within `timeout` (or until `wake_fd` is readable), and
-        whether the worker's end closed. Raises ProtocolViolation on a malformed frame."""
-        poller = select.poll()  # not select(): the node may hold more than FD_SETSIZE descriptors
-        poller.register(self.reply_fd, select.POLLIN)
-        if wake_fd is not None:
-            poller.register(wake_fd, select.POLLIN)
-        ready = poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000)))
-        eof = False
-        if any(fd == self.reply_fd for fd, _ in ready):
-            try:
-                chunk = os.read(self.reply_fd, 1 << 20)
-            except BlockingIOError:
-                chunk = None
-            if chunk == b"":
-                eof = True
-            elif chunk:
-                self._buf += chunk
-        return self._frames(), eof
-
-    def _frames(self) -> list[list[Any]]:
-        out = []
-        while len(self._buf) >= _LEN.size:
-            (n,) = _LEN.unpack_from(self._buf)
-            if n > MAX_FRAME:
-                raise ProtocolViolation(f"worker frame of {n} bytes")
-            if len(self._buf) < _LEN.size + n:
-                break
-            payload = bytes(self._buf[_LEN.size : _LEN.size + n])
-            del self._buf[: _LEN.size + n]
-            try:
-                message = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
-            except Exception as e:  # msgpack raises several unrelated types
-                raise ProtocolViolation(f"undecodable worker frame: {e}") from None
-            if not isinstance(message, list) or not message or not isinstance(message[0], str):
-                raise ProtocolViolation("a worker frame must be an array starting with its kind")
-            out.append(message)
-        return out
-
-    def add_paused(self, ns: int) -> None:
-        if self.closed:
-            return
-        self.paused_ns += ns
-        _NS.pack_into(self.shm, 0, self.paused_ns)
-
-    def signal(self, sig: int) -> None:
-        # Under the lock that reaping takes: once reaped, the pid may belong to another process.
-        with self._lock:
-            if self.closed or self.proc.returncode is not None:
-                return
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-
-    def kill(self) -> int:
-        """SIGKILL and reap; returns the exit status (negative: the signal)."""
-        with self._lock:
-            if self.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.pid, signal.SIGKILL)
-            code = self.proc.wait()
-        self._close_fds()
-        return code
-
-    def reap(self) -> int:
-        """Waits for a worker whose pipe closed (it is dying) and returns its exit status."""
-        try:
-            with self._lock:
-                code = self.proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            code = self.kill()
-        self._close_fds()
-        return code
-
-    def quit(self, timeout: float) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            self.send(["quit"])
-        try:
-            with self._lock:
-                self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        self._close_fds()
-
-    def _close_fds(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        with contextlib.suppress(OSError):
-            self.requests.close()
-        with contextlib.suppress(OSError):
-            os.close(self.reply_fd)
-        self.shm.close()
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"killed by {name}"
-    return f"exit status {code}"
-
-
 def _classify_exit(code: int) -> tuple[str, str]:
     if code == -signal.SIGXFSZ:
         return WORKER_LIMIT, "broke its file size limit (RLIMIT_FSIZE, SIGXFSZ)"
@@ -296,21 +104,34 @@ def _host_result(limits: Limits, trap: str, message: str, wall: float) -> RunRes
     )
 
 
+Callback = Callable[["JobHandle"], object]
+
+
 class JobHandle:
     """One job submitted to the pool. All methods are thread-safe."""
 
     def __init__(
-        self, job_id: int, spec: JobSpec, output_dir: Path | None, streams_dir: Path | None = None
+        self,
+        job_id: int,
+        spec: JobSpec | Callable[[], JobSpec],
+        output_dir: Path | None,
+        streams_dir: Path | None = None,
+        on_sent: Callback | None = None,
+        on_done: Callback | None = None,
     ) -> None:
         self.job_id = job_id
-        self.spec = spec
+        self.spec: JobSpec | None = spec if isinstance(spec, JobSpec) else None
+        """None until a spec made by a function (WorkerPool.submit) has been made."""
+        self._make_spec = None if isinstance(spec, JobSpec) else spec
         self.output_dir = output_dir
         self.streams_dir = streams_dir
+        self._on_sent = on_sent
+        self._on_done = on_done
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._started = threading.Event()
         self._result: RunResult | None = None
-        self._error: SandboxError | None = None
+        self._error: Exception | None = None
         self._worker: _Worker | None = None
         self._slot: _Slot | None = None
         self._suspended_at: float | None = None
@@ -379,8 +200,9 @@ class JobHandle:
             slot.wake()
 
     def wait(self, timeout: float | None = None) -> RunResult:
-        """The job's result. Raises TimeoutError if it has not ended within `timeout` seconds, and
-        the SandboxError (JobSpecError, ...) the worker raised for a job that could not be run."""
+        """The job's result. Raises TimeoutError if it has not ended within `timeout` seconds, the
+        SandboxError (JobSpecError, ...) the worker raised for a job that could not be run, and what the
+        spec's function (WorkerPool.submit) raised."""
         if not self._done.wait(timeout):
             raise TimeoutError(f"job {self.job_id} still running after {timeout} s")
         if self._error is not None:
@@ -388,8 +210,10 @@ class JobHandle:
         assert self._result is not None
         return self._result
 
-    def _finish(self, result: RunResult | None, error: SandboxError | None = None) -> None:
+    def _finish(self, result: RunResult | None, error: Exception | None = None) -> None:
         with self._lock:
+            if self._done.is_set():
+                return
             if self._suspended_at is not None:
                 self._resume_locked()
             self._result, self._error = result, error
@@ -397,6 +221,15 @@ class JobHandle:
             self._slot = None
             self._started.set()
             self._done.set()
+        self._call(self._on_done)
+
+    def _call(self, callback: Callback | None) -> None:
+        if callback is None:
+            return
+        try:
+            callback(self)
+        except Exception:  # the caller's bug: logged, never the slot's end
+            log.exception("callback of job %d failed", self.job_id)
 
     def _paused(self) -> float:
         """Seconds spent suspended so far, including a pause in progress."""
@@ -499,19 +332,32 @@ class _Slot:
                     if job._suspended_at is not None:
                         worker.signal(signal.SIGSTOP)
             if cancelled:
-                job._finish(_host_result(job.spec.limits, CANCELLED, "cancelled before it started", 0.0))
+                limits = Limits() if job.spec is None else job.spec.limits
+                job._finish(_host_result(limits, CANCELLED, "cancelled before it started", 0.0))
                 return
+            if job.spec is None:
+                assert job._make_spec is not None
+                try:
+                    spec = job._make_spec()
+                    if not isinstance(spec, JobSpec):
+                        raise TypeError("the spec function must return a JobSpec")
+                    job.spec = spec
+                except Exception as e:  # the caller's function: raised by wait()
+                    job._finish(None, e)
+                    return
             # A worker that died meanwhile fails the send; the receive loop reports how it ended.
             with contextlib.suppress(ValueError, OSError):
                 worker.send(
                     [
                         "run",
                         job.job_id,
-                        encode_spec(job.spec),
+                        encode_spec(job.spec, worker.memo),
                         None if job.output_dir is None else os.fsencode(job.output_dir),
                         None if job.streams_dir is None else os.fsencode(job.streams_dir),
                     ]
                 )
+            if attempt == 0:
+                job._call(job._on_sent)
             if not self._supervise(job, worker, may_retry=attempt == 0):
                 return
             log.warning(
@@ -521,6 +367,7 @@ class _Slot:
     def _supervise(self, job: JobHandle, worker: _Worker, *, may_retry: bool) -> bool:
         """Sees the job to its end on `worker`; True if the worker died before starting it and the
         job should be sent again (only when `may_retry`)."""
+        assert job.spec is not None
         limits = job.spec.limits
         t0 = time.monotonic()
         budget = self.pool.compile_timeout
@@ -647,6 +494,8 @@ class WorkerPool:
         self._closed = False
         self._slots = [_Slot(self, i) for i in range(size)]
         self._running: set[JobHandle] = set()
+        self._queued: deque[JobHandle] = deque()
+        """Jobs given to `submit` while every worker was busy, first come first served."""
         try:
             self._start_workers()
         except BaseException:
@@ -715,6 +564,38 @@ class WorkerPool:
         slot.submit(job)
         return job
 
+    def submit(
+        self,
+        spec: JobSpec | Callable[[], JobSpec],
+        output_dir: Path | None = None,
+        *,
+        streams_dir: Path | None = None,
+        on_sent: Callback | None = None,
+        on_done: Callback | None = None,
+    ) -> JobHandle:
+        """Like `start_job`, but never blocks: with every worker busy the job waits in the pool's queue
+        for the next free one. `spec` may be a function that makes the spec: it is called in the
+        worker's supervisor thread once the job has a worker (what it raises, wait() raises). Callbacks,
+        called with the handle in a pool thread, must be quick and must not call back into the pool's
+        waits: `on_sent` once the spec is made and sent to the worker (not for a job that ends before),
+        `on_done` once the job has ended, whatever the end (wait(0) then returns or raises at once)."""
+        if not (isinstance(spec, JobSpec) or callable(spec)):
+            raise TypeError("spec must be a JobSpec or a function returning one")
+        out = None if output_dir is None else Path(output_dir).absolute()
+        streams = None if streams_dir is None else Path(streams_dir).absolute()
+        with self._cond:
+            if self._closed:
+                raise PoolError("the worker pool is closed")
+            job = JobHandle(next(self._ids), spec, out, streams, on_sent, on_done)
+            self._running.add(job)
+            if not self._free:
+                self._queued.append(job)
+                return job
+            slot = self._free.pop()
+            job._slot = slot
+        slot.submit(job)
+        return job
+
     def run(
         self,
         spec: JobSpec,
@@ -729,8 +610,14 @@ class WorkerPool:
     def _release(self, slot: _Slot) -> None:
         with self._cond:
             self._running = {j for j in self._running if not j.done()}
-            if not self._closed:
-                self._free.append(slot)
+            if self._closed:
+                return
+            if self._queued:
+                job = self._queued.popleft()
+                job._slot = slot
+                slot.submit(job)  # straight to the slot: it never looks free to start_job meanwhile
+                return
+            self._free.append(slot)
             self._cond.notify()
 
     def close(self, timeout: float = 10.0) -> None:
@@ -740,7 +627,11 @@ class WorkerPool:
                 return
             self._closed = True
             running = list(self._running)
+            queued, self._queued = list(self._queued), deque()
             self._cond.notify_all()
+        for job in queued:
+            limits = Limits() if job.spec is None else job.spec.limits
+            job._finish(_host_result(limits, CANCELLED, "cancelled before it started (pool closed)", 0.0))
         for job in running:
             job.cancel()
         for slot in self._slots:

@@ -66,6 +66,8 @@ MAX_TABLES = 16
 TICK_SECONDS = 0.02
 MAX_STEP = 0.25
 """Most seconds one watchdog sample may add: larger gaps are a paused process, not guest time."""
+IDLE_TICKS = 50
+"""Ticks the watchdog thread goes on ticking after a run (a second): the next run then needs no wake-up."""
 
 SINK_BUFFER = 1 << 20
 """Write buffer of each stream file: a guest's many small writes reach the disk in large ones."""
@@ -167,30 +169,38 @@ def _first_line(text: str, fallback: str) -> str:
 
 class _Watchdog:
     """One thread per engine that counts a run's elapsed (unpaused) time and interrupts the engine
-    once the run's limit has passed. Idle between runs; started with the first run."""
+    once the run's limit has passed. Started with the first run. Between runs it keeps ticking for
+    IDLE_TICKS ticks, then sleeps until the next run: so a run that starts while it ticks (back-to-back
+    short jobs) only sets the watchdog's fields, with no notify and no wake-up of the thread; its first
+    sample comes at most one tick after the start, as with a notify."""
 
     def __init__(self, engine: wasmtime.Engine) -> None:
         self._engine = weakref.ref(engine)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._generation = 0
         self._limit = 0.0
         self._clock: Callable[[], float] = time.monotonic
         self._armed = False
         self._elapsed = 0.0
         self._last = 0.0
         self._fired = False
+        self._idle = 0
+        self._waiting: float | None = None
+        """The tick of the thread's timed wait in progress (None: not in one, or waiting for a run)."""
+        self.on_tick: Callable[[], None] | None = None
+        """Called at each sample while a run is armed, after the limit is checked (run's `on_tick`)."""
 
     def arm(self, limit: float, clock: Callable[[], float]) -> None:
         with self._cond:
-            self._generation += 1
             self._limit, self._clock = limit, clock
             self._elapsed, self._fired, self._armed = 0.0, False, True
             self._last = clock()
+            self._idle = 0
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="e31-sandbox-watchdog", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif self._waiting is None or self._waiting > _tick(limit):
+                self._cond.notify()  # asleep, or on a longer tick than this run needs
 
     def disarm(self) -> tuple[float, bool]:
         """Stop watching; return (elapsed seconds, whether the limit was reached)."""
@@ -207,22 +217,30 @@ class _Watchdog:
     def _loop(self) -> None:
         with self._cond:
             while True:
-                if not self._armed or self._fired:
-                    self._cond.wait()
-                    continue
-                tick = min(TICK_SECONDS, self._limit / 10)
-                generation = self._generation
-                self._cond.wait(tick)
-                if not self._armed or self._generation != generation:
-                    continue
-                self._sample()
+                if self._armed and not self._fired:
+                    self._waiting = _tick(self._limit)
+                elif self._idle < IDLE_TICKS:
+                    self._waiting = TICK_SECONDS
+                    self._idle += 1
+                else:
+                    self._waiting = None
+                self._cond.wait(self._waiting)
+                self._waiting = None
                 engine = self._engine()
                 if engine is None:
                     return
-                if self._elapsed >= self._limit:
-                    self._fired = True
-                    engine.increment_epoch()
+                if self._armed and not self._fired:
+                    self._sample()
+                    if self._elapsed >= self._limit:
+                        self._fired = True
+                        engine.increment_epoch()
+                    elif self.on_tick is not None:
+                        self.on_tick()
                 del engine
+
+
+def _tick(limit: float) -> float:
+    return min(TICK_SECONDS, limit / 10)
 
 
 @dataclass
@@ -244,6 +262,7 @@ def run(
     streams_dir: Path | None = None,
     writable_root: Path | None = None,
     cache: ModuleCache | None = None,
+    on_tick: Callable[[], None] | None = None,
 ) -> RunResult:
     """Run one job to its end. Never raises for anything the guest does; raises SandboxError only
     for host-side failures (an input file that vanished, an output_dir or streams_dir that cannot
@@ -256,7 +275,11 @@ def run(
     for it.
 
     `cache`, when no `module` is given, compiles the module through that compiled-module cache (or
-    loads it from there)."""
+    loads it from there).
+
+    `on_tick` is called by the watchdog thread at each of its samples while the guest runs (about
+    every TICK_SECONDS, the first one at most a tick after the start; none for a run shorter than
+    that when the thread was ticking already): it must be quick and must not raise."""
     engine = engine or default_engine()
     state = _state(engine)
     if module is None and cache is not None:
@@ -266,7 +289,11 @@ def run(
             return invalid_result(spec.limits, str(e))
     with _RUN_LOCK, contextlib.ExitStack() as files:
         spills = None if streams_dir is None else _spills(files, streams_dir)
-        result, ctx = _run_locked(spec, output_dir, engine, module, clock, state, spills, writable_root)
+        state.watchdog.on_tick = on_tick
+        try:
+            result, ctx = _run_locked(spec, output_dir, engine, module, clock, state, spills, writable_root)
+        finally:
+            state.watchdog.on_tick = None
         try:
             for stream in () if ctx is None else (ctx.stdout, ctx.stderr):
                 if stream.error is not None:

@@ -9,12 +9,19 @@ wasmtime's 4 GiB+ reservations per memory would break), builds one engine and a 
 `ready`, then serves requests until its request pipe closes.
 
 Frames are a 4-byte big-endian length and a msgpack array. Requests:
-`["run", id, spec, output_dir, streams_dir]` (the directories as bytes or nil) and `["quit"]`.
-Replies: `["ready", pid]`, `["started", id]` (module compiled or loaded: the job's own wall clock
-starts), `["result", id, result]`, `["error", id, class_name, message]` (a SandboxError from the
-host side, re-raised in the caller). Results travel as plain msgpack, never pickle: the worker runs
-untrusted code, and a worker taken over through a wasmtime bug must not be able to run code in the
-node by what it sends back; the pool validates every reply field by field.
+`["run", id, spec, output_dir, streams_dir]` (the directories as bytes or nil) and `["quit"]`. A spec's
+module is its bytes, or `[digest]` (a one-element array of its 32-byte SHA-256) for a module the pool sent
+this worker before and both sides still remember: each keeps the same ModuleMemo of the modules sent
+(fed the same requests in the same order), so a job of a module the worker has costs no module bytes
+on the pipe and no hashing of them; a reference the worker does not hold breaks the protocol.
+Replies: `["ready", pid]`, `["started", id]`, `["result", id, result]`, `["error", id, class_name,
+message]` (a SandboxError from the host side, re-raised in the caller). `started` says the module is
+compiled or loaded and the job's own wall clock runs; the runner's watchdog thread sends it at its first
+sample of the run, at most a tick (20 ms) late, and not at all for a job whose result comes first,
+which says as much: a tiny job costs one reply frame and one wake-up of the pool's thread, not two.
+Results travel as plain msgpack, never pickle: the worker runs untrusted code, and a worker taken over
+through a wasmtime bug must not be able to run code in the node by what it sends back; the pool
+validates every reply field by field.
 
 Paused time: the job's clock is CLOCK_MONOTONIC minus the shared stopped-time counter. The pool writes
 the counter only while the worker is stopped, before SIGCONT, so the worker never sees a jump and a
@@ -24,6 +31,7 @@ paused job's wall limit is not consumed while it is paused.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import mmap
 import os
@@ -33,6 +41,7 @@ import struct
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -40,7 +49,7 @@ from typing import Any, BinaryIO
 import msgpack
 
 from .errors import InvalidModule, JobSpecError, ProfileMismatch, SandboxError
-from .job import JobSpec
+from .job import JobSpec, module_digest
 from .limits import Limits, RunResult, Status
 
 MAX_FRAME = 256 * 1024 * 1024
@@ -106,12 +115,55 @@ def _read_exact(inp: BinaryIO, n: int, *, eof_ok: bool) -> bytes | None:
 
 # -- job specs and results on the wire -----------------------------------------------------------
 
+MEMO_MODULES = 8
+MEMO_BYTES = 64 * 1024 * 1024
 
-def encode_spec(spec: JobSpec) -> list[Any]:
-    """Host paths travel absolute: a worker's working directory is the pool's at spawn time."""
+
+class ModuleMemo:
+    """The modules a worker was sent and keeps (the worker's memo, `keep=True`, holds their bytes) or is
+    known to keep (the pool's, which holds only their sizes), most recently used last: at most
+    MEMO_MODULES of them and MEMO_BYTES in all. The pool and its worker apply `sent` and `get` to the
+    same modules in the same order, so they always agree on what the worker holds."""
+
+    def __init__(self, *, keep: bool) -> None:
+        self._keep = keep
+        self._modules: OrderedDict[bytes, tuple[int, bytes | None]] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, digest: bytes) -> bytes | None:
+        """The module (its bytes; b"" in the pool's memo) if held, marked as just used; else None."""
+        entry = self._modules.get(digest)
+        if entry is None:
+            return None
+        self._modules.move_to_end(digest)
+        return entry[1] if entry[1] is not None else b""
+
+    def sent(self, digest: bytes, module: bytes) -> None:
+        if digest in self._modules:
+            self._modules.move_to_end(digest)
+            return
+        if len(module) > MEMO_BYTES:
+            return
+        self._modules[digest] = (len(module), module if self._keep else None)
+        self._bytes += len(module)
+        while len(self._modules) > MEMO_MODULES or self._bytes > MEMO_BYTES:
+            _, (size, _) = self._modules.popitem(last=False)
+            self._bytes -= size
+
+
+def encode_spec(spec: JobSpec, memo: ModuleMemo | None = None) -> list[Any]:
+    """Host paths travel absolute: a worker's working directory is the pool's at spawn time. With `memo`
+    (the pool's copy of what the worker holds), a module it holds travels as `[digest]`."""
     lim = spec.limits
+    module: bytes | list[bytes] = spec.module
+    if memo is not None:
+        digest = bytes.fromhex(spec.module_sha256)
+        if memo.get(digest) is not None:
+            module = [digest]
+        else:
+            memo.sent(digest, spec.module)
     return [
-        spec.module,
+        module,
         list(spec.args),
         [list(kv) for kv in spec.env],
         None if spec.stdin is None else os.fsencode(os.path.abspath(spec.stdin)),
@@ -121,10 +173,18 @@ def encode_spec(spec: JobSpec) -> list[Any]:
     ]
 
 
-def decode_spec(obj: Any) -> JobSpec:
-    """Rebuilds (and so re-validates) a JobSpec; raises ProtocolViolation or JobSpecError."""
+def decode_spec(obj: Any, memo: ModuleMemo | None = None) -> JobSpec:
+    """Rebuilds (and so re-validates) a JobSpec; raises ProtocolViolation or JobSpecError. With `memo` (the
+    worker's), a module sent as `[digest]` is taken from it, and a module sent whole is remembered."""
     try:
         module, args, env, stdin, inputs, limits, seed = obj
+        if memo is not None and isinstance(module, list):
+            held = memo.get(module[0]) if len(module) == 1 and isinstance(module[0], bytes) else None
+            if held is None:
+                raise ProtocolViolation("a module reference this worker does not hold")
+            module = held
+        elif memo is not None and isinstance(module, bytes):
+            memo.sent(bytes.fromhex(module_digest(module)), module)
         fuel, memory_bytes, wall_seconds, max_output_bytes = limits
         return JobSpec(
             module=module,
@@ -221,14 +281,57 @@ def paused_clock(shm: mmap.mmap) -> Callable[[], float]:
     return clock
 
 
-def serve(inp: BinaryIO, out: BinaryIO, cache_dir: Path, clock: Callable[[], float]) -> int:
+class Replies:
+    """The reply pipe, shared by the serving thread and the runner's watchdog thread, which sends a
+    running job's `started` late (runner.run's `on_tick`): the serving thread only notes the job (no
+    wake-up of anyone), and a job that ends before the watchdog's next sample never has it sent."""
+
+    def __init__(self, out: BinaryIO, *, late_started: bool) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+        self._late = late_started
+        self._pending: int | None = None
+
+    def write(self, message: list[Any]) -> None:
+        with self._lock:
+            self._pending = None
+            write_frame(self._out, message)
+
+    def started(self, job_id: int) -> None:
+        if not self._late:
+            self.write(["started", job_id])
+            return
+        with self._lock:
+            self._pending = job_id
+
+    def tick(self) -> None:
+        """Send the running job's `started` if it is not sent yet (called by the watchdog thread)."""
+        with self._lock:
+            if self._pending is not None:
+                job_id, self._pending = self._pending, None
+                with contextlib.suppress(OSError, ValueError):  # the pool is gone: serve() finds out
+                    write_frame(self._out, ["started", job_id])
+
+
+def serve(
+    inp: BinaryIO,
+    out: BinaryIO,
+    cache_dir: Path,
+    clock: Callable[[], float],
+    *,
+    late_started: bool = True,
+) -> int:
+    """Serve requests until the request pipe closes. `started` is sent late (Replies), unless
+    `late_started` is False: then at once."""
     from .cache import ModuleCache
     from .profile import new_engine
     from .runner import run
 
     engine = new_engine()
     cache = ModuleCache(cache_dir)
-    write_frame(out, ["ready", os.getpid()])
+    memo = ModuleMemo(keep=True)
+    replies = Replies(out, late_started=late_started)
+    replies.write(["ready", os.getpid()])
     while True:
         message = read_frame(inp)
         if message is None or message[0] == "quit":
@@ -237,20 +340,28 @@ def serve(inp: BinaryIO, out: BinaryIO, cache_dir: Path, clock: Callable[[], flo
             raise ProtocolViolation(f"unexpected request {message[0]!r}")
         _, job_id, raw_spec, raw_dir, raw_streams = message
         try:
-            spec = decode_spec(raw_spec)
+            spec = decode_spec(raw_spec, memo)
             output_dir = _decode_dir(raw_dir, "output_dir")
             streams_dir = _decode_dir(raw_streams, "streams_dir")
             try:
                 module = cache.get(engine, spec.module, bytes.fromhex(spec.module_sha256))
             except InvalidModule:
                 module = None  # the runner reports it as an invalid_module result
-            write_frame(out, ["started", job_id])
-            result = run(spec, output_dir, engine=engine, module=module, clock=clock, streams_dir=streams_dir)
+            replies.started(job_id)
+            result = run(
+                spec,
+                output_dir,
+                engine=engine,
+                module=module,
+                clock=clock,
+                streams_dir=streams_dir,
+                on_tick=replies.tick,
+            )
         except SandboxError as e:
             name = type(e).__name__ if type(e).__name__ in ERRORS else "SandboxError"
-            write_frame(out, ["error", job_id, name, str(e)])
+            replies.write(["error", job_id, name, str(e)])
             continue
-        write_frame(out, ["result", job_id, encode_result(result)])
+        replies.write(["result", job_id, encode_result(result)])
 
 
 def _decode_dir(raw: object, what: str) -> Path | None:

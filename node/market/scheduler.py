@@ -5,8 +5,10 @@ starts when a worker comes free is the policy's choice (policy.pick: fair share 
 bounded slowdown, earliest deadline first among the jobs at risk), one per worker. A job whose
 deadline passes while it waits never starts: `execute` raises JobExpired (at once: the queue watches the
 earliest deadline); a running job still running at its deadline is stopped and `execute` raises
-JobLate. The pool (sandbox/pool.py) is synchronous; each job is handed to it and waited for in a worker
-thread, so the event loop never blocks. A trio cancellation cancels the job in its worker.
+JobLate. The pool (sandbox/pool.py) is synchronous and never blocks `submit`; its supervisor thread makes
+the spec, calls `then`, and wakes the job's task through the trio token (`run_sync_soon`), so no thread
+waits per running job and starting one takes no thread hop. A trio cancellation cancels the job in its
+worker.
 
 The meter: `queued_at` is when the job entered the queue, `started_at` when it got a worker,
 `finished_at` when it ended; the compute time billed is the sandbox's own `wall_seconds`, which
@@ -25,13 +27,13 @@ A scheduler of 0 workers (a submit-only node) starts no pool and runs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -47,6 +49,7 @@ log = logging.getLogger("e31.scheduler")
 
 
 class Handle(Protocol):
+    def done(self) -> bool: ...
     def suspend(self) -> None: ...
     def resume(self) -> None: ...
     def cancel(self) -> None: ...
@@ -54,14 +57,18 @@ class Handle(Protocol):
 
 
 class Pool(Protocol):
-    def start_job(
+    def submit(
         self,
-        spec: JobSpec,
+        spec: JobSpec | Callable[[], JobSpec],
         output_dir: Path | None = None,
         *,
-        timeout: float | None = None,
         streams_dir: Path | None = None,
-    ) -> Handle: ...
+        on_sent: Callable[[Handle], object] | None = None,
+        on_done: Callable[[Handle], object] | None = None,
+    ) -> Handle:
+        """Never blocks; the callbacks come from a pool thread (sandbox/pool.py, WorkerPool.submit)."""
+        ...
+
     def close(self, timeout: float = 10.0) -> None: ...
 
 
@@ -290,12 +297,13 @@ class Scheduler:
         """Queue the job, run it when the policy gives it a worker, return what it did and when.
 
         `spec` may be a function making the spec (reading the module, preparing directories): it is
-        called in the thread that starts the run, once the job has a worker; `on_start` once the run
-        has started. `then` is called with the run's result in the thread that waited for it (storing
+        called in the pool's thread once the job has a worker; `on_start` (in the task) once the spec
+        is sent to the worker. `then` is called with the run's result in the pool's thread (storing
         small outputs; the worker stays reserved meanwhile), its return value kept as the record's
         `after`; not, as a rule, once the wait was cancelled. Either may raise: `execute` raises it.
         Raises JobExpired if the job's deadline passed before it started (it never did), JobLate if
-        it was still running at its deadline (it was stopped). One thread hop each way."""
+        it was still running at its deadline (it was stopped). No thread hop: the pool's thread wakes
+        the task."""
         queued_at = self.clock()
         if job is None:
             task = Task(b"~%d" % next(_ids), b"", NO_DEADLINE, max(1, estimate_ms), queued_at)
@@ -317,18 +325,21 @@ class Scheduler:
             if pool is None:
                 raise trio.ClosedResourceError("the scheduler has stopped")
             started_at = entry.started_at = max(self.clock(), queued_at)
-            entry.handle = await trio.to_thread.run_sync(partial(_start, pool, spec, output_dir, streams_dir))
-            if on_start is not None:
-                try:
-                    on_start(started_at)
-                except BaseException:
-                    entry.handle.cancel()  # started: nobody would wait for it otherwise
-                    raise
-            entry.running = True
+            run = _Run(self, started_at, then)
+            entry.handle = run.submit(pool, spec, output_dir, streams_dir)
             if self.suspended:
                 entry.paused = True
                 entry.handle.suspend()
-            result, finished_at, after = await self._wait(entry.handle, started_at, then, task.deadline)
+            await run.wait_sent(entry.handle)
+            if run.sent and on_start is not None:
+                try:
+                    on_start(started_at)
+                except BaseException:
+                    run.abandoned = True  # no `then` for it
+                    entry.handle.cancel()  # started: nobody would wait for it otherwise
+                    raise
+            entry.running = True
+            result, finished_at, after = await run.wait_done(entry.handle, task.deadline)
         finally:
             if entry in self._waiting:
                 self._waiting.remove(entry)
@@ -346,39 +357,83 @@ class Scheduler:
             self.calibration = self.calibration.ran(job.profile, result.fuel_used, finished_at - started_at)
         return record
 
-    async def _wait(
-        self, handle: Handle, started_at: int, then: Callable[[RunResult], object] | None, deadline: int
-    ) -> tuple[RunResult, int, object]:
-        cancelled = False
 
-        def wait() -> tuple[RunResult, int, object] | None:
-            try:
-                result = handle.wait(
-                    None if deadline >= NO_DEADLINE else max(0.0, (deadline - self.clock()) / 1000)
-                )
-            except TimeoutError:
-                return None
-            finished_at = max(self.clock(), started_at)  # the run's end, before `then` works on it
-            if then is None or cancelled:  # nobody waits for a cancelled run's `then` any more
-                return result, finished_at, None
-            return result, finished_at, then(result)
+class _Run:
+    """One job's run on the pool, seen from its trio task: the pool's thread reports that the spec was
+    sent and that the run ended (calling `then` first) through the trio token, no thread hop."""
 
+    def __init__(
+        self, scheduler: Scheduler, started_at: int, then: Callable[[RunResult], object] | None
+    ) -> None:
+        self._scheduler = scheduler
+        self._started_at = started_at
+        self._then = then
+        self._token = trio.lowlevel.current_trio_token()
+        self._sent = trio.Event()
+        self._ended = trio.Event()
+        self.sent = False
+        """The spec was made and sent to a worker (False: the job ended before, e.g. its spec failed)."""
+        self.abandoned = False
+        """Nobody waits for the run any more (cancelled, or stopped at its deadline): no `then`."""
+        self._outcome: tuple[RunResult, int, object] | BaseException | None = None
+
+    def submit(
+        self, pool: Pool, spec: JobSpec | Callable[[], JobSpec], output_dir: Path, streams_dir: Path | None
+    ) -> Handle:
+        return pool.submit(
+            spec, output_dir, streams_dir=streams_dir, on_sent=self._on_sent, on_done=self._on_done
+        )
+
+    def _wake(self, fn: Callable[[], object]) -> None:
+        with contextlib.suppress(trio.RunFinishedError):  # the node has stopped: nobody waits
+            self._token.run_sync_soon(fn)
+
+    def _ended_in_trio(self) -> None:
+        self._sent.set()
+        self._ended.set()
+
+    def _on_sent(self, handle: Handle) -> None:  # in the pool's thread
+        self.sent = True
+        self._wake(self._sent.set)
+
+    def _on_done(self, handle: Handle) -> None:  # in the pool's thread
         try:
-            done = await trio.to_thread.run_sync(wait, abandon_on_cancel=True)
+            result = handle.wait(0)
+            finished_at = max(self._scheduler.clock(), self._started_at)  # before `then` works on it
+            then = None if self.abandoned else self._then
+            self._outcome = (result, finished_at, None if then is None else then(result))
+        except BaseException as e:  # raised by `execute`: the spec's function's or `then`'s error
+            self._outcome = e
+        self._wake(self._ended_in_trio)  # one wake-up of the event loop for both
+
+    async def wait_sent(self, handle: Handle) -> None:
+        try:
+            await self._sent.wait()
         except trio.Cancelled:
-            cancelled = True
+            self.abandoned = True
             handle.cancel()
             raise
-        if done is None:  # still running at its deadline: it cannot be on time any more
+
+    async def wait_done(self, handle: Handle, deadline: int) -> tuple[RunResult, int, object]:
+        scheduler = self._scheduler
+        timeout = math.inf if deadline >= NO_DEADLINE else max(0.0, (deadline - scheduler.clock()) / 1000)
+        try:
+            with trio.move_on_after(timeout):
+                await self._ended.wait()
+            if not self._ended.is_set() and not handle.done():
+                # still running at its deadline: it cannot be on time any more
+                self.abandoned = True
+                handle.cancel()
+                scheduler.stopped_late += 1
+                scheduler.calibration = scheduler.calibration.missed()
+                raise JobLate("it was still running at its deadline")
+            await self._ended.wait()  # the run ended in time; `then` may still be at work on it
+        except trio.Cancelled:
+            self.abandoned = True
             handle.cancel()
-            self.stopped_late += 1
-            self.calibration = self.calibration.missed()
-            raise JobLate("it was still running at its deadline")
-        return done
-
-
-def _start(
-    pool: Pool, spec: JobSpec | Callable[[], JobSpec], output_dir: Path, streams_dir: Path | None
-) -> Handle:
-    job_spec = spec if isinstance(spec, JobSpec) else spec()
-    return pool.start_job(job_spec, output_dir, streams_dir=streams_dir)
+            raise
+        outcome = self._outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert outcome is not None
+        return outcome

@@ -7,7 +7,10 @@ from heads it signed before at the same sizes: a forked log, by docs/security.md
 
 So the store keeps a small second file next to the database, DATA/node.sqlite.watermark, written apart
 from SQLite (temp file, fsync, rename, fsync of the directory) and only *after* the durable commit it
-describes: it is never ahead of what is on disk, only at most one sync behind. It holds
+describes: it is never ahead of what is on disk. After a group-commit sync it is written behind, in a
+thread of its own, at most every WRITE_INTERVAL (100 ms): it lags the database by at most the syncs of
+the last interval and the write in progress. A signed tree head is written into it before the head
+leaves the node (`Store.promise_head`), and a clean close writes it up to the last commit. It holds
 
     store_id   the database's random id (table store_seq, made once): another node's WAL or file is not it
     seq        the store's commit sequence: bumped in every durable commit, in the same transaction
@@ -29,8 +32,10 @@ import base64
 import contextlib
 import hashlib
 import json
+import math
 import os
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +46,9 @@ from .connection import DiskFull, is_disk_full
 FORMAT = "e31-store-watermark"
 VERSION = 1
 SUFFIX = ".watermark"
+WRITE_INTERVAL = 0.1
+"""Seconds between the starts of two write-behind watermark writes (at most about 10 a second): the syncs
+made meanwhile are covered by the next write, which then costs two fsyncs per interval, not per sync."""
 
 
 class WatermarkError(StoreError):
@@ -202,9 +210,11 @@ class Keeper:
     """The watermark of one open store: advanced (never moved back) after durable commits, written at
     most once per advance. Thread-safe."""
 
-    def __init__(self, path: Path, mark: Mark) -> None:
+    def __init__(self, path: Path, mark: Mark, *, interval: float = WRITE_INTERVAL) -> None:
         self.path = path
         self.mark = mark
+        self.interval = interval
+        """Seconds between the starts of two write-behind writes (`advance_soon`); 0: as fast as it can."""
         self.written = mark
         self._lock = threading.Lock()
         self.failing: StoreError | None = None
@@ -216,8 +226,9 @@ class Keeper:
 
     def advance_soon(self, seq: int) -> None:
         """`advance(seq=seq)` in a writer thread of its own, off the caller's path: a sync does not wait
-        for the watermark's two fsyncs, and one write covers every sync made meanwhile. The watermark
-        then lags the database by at most the write in progress (it is never ahead of it)."""
+        for the watermark's two fsyncs, and one write covers every sync made meanwhile. Writes start at
+        most every `interval` seconds, so the watermark lags the database by at most the syncs of the
+        last `interval` plus the write in progress (it is never ahead of it)."""
         with self._wake:
             if seq <= self._pending:
                 return
@@ -228,13 +239,21 @@ class Keeper:
             self._wake.notify()
 
     def _write_behind(self) -> None:
+        last = -math.inf
         while True:
             with self._wake:
-                while self._pending <= self.mark.seq and not self._closed:
-                    self._wake.wait()
+                while not self._closed:
+                    if self._pending <= self.mark.seq:
+                        self._wake.wait()
+                        continue
+                    delay = last + self.interval - time.monotonic()
+                    if delay <= 0:
+                        break
+                    self._wake.wait(delay)  # close() wakes it: the last write is not held back
                 if self._pending <= self.mark.seq:
                     return
                 seq = self._pending
+            last = time.monotonic()
             self.advance(seq=seq)
 
     def close(self) -> None:
