@@ -7,7 +7,7 @@
   executor job row (`fetching`): the module, inputs and stdin are fetched from the submitter by
   hash (transfer.py), then the job waits in the scheduler's queue (`queued`), runs (`running`),
   and ends `done` with a signed `receipt`, or `failed` when it could not be run.
-- Delivery: a `result` carrying the receipt goes to the submitter until its `ack` comes, then the
+- Delivery: the receipt goes to the submitter in a `results` carrier until its `ack` comes, then the
   receipt is logged and proved (delivery.py).
 
 The job's seed (WASI random_get) is its 32-byte job id, so a re-run anywhere reproduces the run.
@@ -119,7 +119,9 @@ class Executor:
             capacity=capacity,
             held_tasks=self._held_tasks,
         )
-        self.delivery = Delivery(ctx, on_acked=on_acked, prover=prover, tidy=self._tidy)
+        self.delivery = Delivery(
+            ctx, on_acked=on_acked, prover=prover, tidy=self._tidy, busy=lambda ids: bool(self._active - ids)
+        )
         self._active: set[bytes] = set()
         self._held = held
         self._tasks = TaskSlot()
@@ -577,8 +579,7 @@ class Executor:
             msg.compute_ms,
             msg.waited_ms,
         )
-        self.delivery.signed(receipt)
-        await self.delivery.deliver(receipt, available, small)
+        self.delivery.queue(receipt, available, small)
 
     async def _fail(self, job_id: bytes, state: str, why: str, *, reason: str = "failed") -> None:
         """Give up a job this node cannot run: record why, and give the assignment back to the submitter

@@ -32,7 +32,7 @@ from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_verified
 from e31.protocol.errors import ProtocolError
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest
-from e31.protocol.messages import Accepted, Assign, InclusionProof, Release, Result
+from e31.protocol.messages import Accepted, Assign, InclusionProof, Release, Results
 
 from ..errors import StoreError, UsageError
 from ..lifecycle import TERMINAL
@@ -47,7 +47,7 @@ from .handoff import RETRYABLE_RELEASES, HandOff
 from .inclusion import InclusionProofs
 from .linkups import LinkUps
 from .offering import LocalOffer, OfferLine, Publish
-from .outcomes import Outcomes
+from .outcomes import Arrived, Carried, Outcomes
 from .rules import BidView, Window, backoff, choose_bid, lease_expiry, offer_expiry, window_state
 from .submitted import (
     ROLE,
@@ -641,9 +641,17 @@ class Submitter:
         if (nursery := self._tasks.nursery) is not None:
             nursery.start_soon(self.handoff.take_release, env)
 
-    def on_outcome(self, env: VerifiedEnvelope[Result]) -> None:
+    def on_outcome(self, env: Arrived) -> None:
         if (nursery := self._tasks.nursery) is not None and self.outcomes.admit(env):
             nursery.start_soon(self.outcomes.take, env)
+
+    def on_results(self, env: VerifiedEnvelope[Results]) -> None:
+        """A carrier of results: each entry is taken as the `result` it stands for, on its own (a bad
+        one is refused alone), all started in the same turn, so their commits share one transaction
+        and one sync (store/async_store.py's group commit)."""
+        carrier = env.message
+        for entry in carrier.entries:
+            self.on_outcome(Carried(carrier.result(entry), env.signer))
 
     def on_proof(self, env: VerifiedEnvelope[InclusionProof]) -> None:
         if (nursery := self._tasks.nursery) is not None:
