@@ -535,7 +535,7 @@ class Executor:
         owner = f"result:{job_hex}"
         msg = receipt.message
         receipt_id = receipt.message_id.raw
-        await self.ctx.store.atomically(  # one commit: the outcome is kept whole or not at all
+        outcome = (  # kept whole or not at all, in one commit with those of jobs ending with it
             call(Store.put_envelope, receipt_id, "receipt", receipt.raw, now, job_id),
             *(call(Store.put_small_blob, ref.root.hex(), data) for ref, data in small),
             *(call(Store.ref_blob, ref.root.hex(), owner, available / 1000) for ref in outputs_of(msg)),
@@ -571,6 +571,7 @@ class Executor:
                 fuel_used=msg.fuel_used,
             ),
         )
+        await self.delivery.finish(outcome, receipt, available, small)
         log.debug(  # per job: nothing at the default level
             "job %s ran: %s, %d fuel, %d ms compute, %d ms queued",
             job_hex[:12],
@@ -579,7 +580,6 @@ class Executor:
             msg.compute_ms,
             msg.waited_ms,
         )
-        self.delivery.queue(receipt, available, small)
 
     async def _fail(self, job_id: bytes, state: str, why: str, *, reason: str = "failed") -> None:
         """Give up a job this node cannot run: record why, and give the assignment back to the submitter

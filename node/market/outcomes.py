@@ -40,6 +40,7 @@ from ..store.db import Call, Store, call
 from ..store.rows import JobRow
 from .acks import Acknowledger
 from .adverts import TrackRecord
+from .commits import SharedCommits
 from .context import MarketContext
 from .submitted import (
     ROLE,
@@ -87,6 +88,8 @@ class Outcomes:
         self.transfer = transfer
         self.acks = acks
         self.notify = notify
+        self._commits = SharedCommits(ctx.store)
+        """The entries of a carrier end their jobs in one commit."""
         self._acks_resent: dict[tuple[bytes, bytes], float] = {}
         """(executor, ack id) -> when that stored ack was last sent again (ACKS_RESENT_KEPT at most)."""
 
@@ -233,7 +236,7 @@ class Outcomes:
             job_id,
         )
         if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)
-            await self.ctx.store.atomically(*small, kept, recorded)
+            await self._commits.atomically(*small, kept, recorded)
             job.receipt = receipt_env
             job.finished.set()
             self.acks.add(executor, receipt_env.message_id.raw, job_id)
@@ -247,7 +250,7 @@ class Outcomes:
             "reason": outcome_text(outcome.status, outcome.exit_code, outcome.trap),
         }
         # one commit: the receipt, outputs and ack, with the job's end
-        *_, moved = await self.ctx.store.atomically(
+        *_, moved = await self._commits.atomically(
             *small, kept, recorded, submitted_transition(self.ctx, job_id, row.state, "done", **end)
         )
         for _ in range(3):  # it moved on while the outcome was verified (offered again, or assigned)

@@ -102,13 +102,64 @@ async def test_results_that_end_while_other_jobs_are_held_share_a_carrier(
     template = verify(stored.raw, UsageReceipt).message
     carriers.clear()
     delivery = b.executor.delivery
-    delivery.busy = lambda ids: True  # other jobs are held: results wait for each other (5 ms at most)
-    for i in range(MAX_RESULTS + 2):  # all in one turn: more than one carrier holds
-        delivery.queue(_receipt(b, a, i, template), 0)
-    await until(lambda: sum(len(c.entries) for c in carriers) == MAX_RESULTS + 2)
+    delivery.busy = lambda ids: True  # other jobs are held: results wait for each other (20 ms at most)
+    async with trio.open_nursery() as jobs:  # all end at once: more than one carrier holds
+        for i in range(MAX_RESULTS + 2):
+            jobs.start_soon(delivery.finish, (), _receipt(b, a, i, template), 0)
     assert sorted(len(c.entries) for c in carriers) == [2, MAX_RESULTS]
     carriers.clear()
     delivery.busy = lambda ids: False  # nothing else held here: a result goes at once, alone
-    delivery.queue(_receipt(b, a, 1000, template), 0)
+    await delivery.finish((), _receipt(b, a, 1000, template), 0)
     await until(lambda: carriers)
     assert [len(c.entries) for c in carriers] == [1]
+
+
+async def test_the_outcomes_of_jobs_ending_together_commit_together_and_one_that_cannot_alone(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    from e31.node.errors import StoreError
+    from e31.node.store.db import call
+
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    carriers = carriers_to(net, a.id)
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(a.manifest(("5", "1000")))
+    await wait_state(a, job_id, "done")
+    (stored,) = await a.store.run(Store.envelopes_for_job, job_id, "receipt")
+    template = verify(stored.raw, UsageReceipt).message
+    carriers.clear()
+    commits: list[int] = []
+    atomically = b.store.atomically
+
+    async def counted(*calls: Any, durable: bool = True) -> Any:
+        commits.append(len(calls))
+        return await atomically(*calls, durable=durable)
+
+    def refuse(store: Store) -> None:
+        raise StoreError("this outcome cannot be stored")
+
+    b.store.atomically = counted  # type: ignore[method-assign]
+    delivery = b.executor.delivery
+    delivery.busy = lambda ids: True
+    receipts = [_receipt(b, a, i, template) for i in range(3)]
+    kv = [call(Store.kv_set, f"outcome {i}", b"kept") for i in range(3)]
+    errors: list[Exception] = []
+
+    async def finish(i: int) -> None:
+        calls = (kv[i], call(refuse)) if i == 1 else (kv[i],)
+        try:
+            await delivery.finish(calls, receipts[i], 0)
+        except StoreError as e:
+            errors.append(e)
+
+    async with trio.open_nursery() as jobs:
+        for i in range(3):
+            jobs.start_soon(finish, i)
+    assert commits[0] == 4, "one commit for the three outcomes first"
+    assert len(errors) == 1 and "cannot be stored" in str(errors[0])
+    assert await b.store.run(Store.kv_get, "outcome 0") == b"kept"
+    assert await b.store.run(Store.kv_get, "outcome 1") is None
+    assert await b.store.run(Store.kv_get, "outcome 2") == b"kept"
+    await until(lambda: carriers)
+    sent = {e.receipt for c in carriers for e in c.entries}
+    assert sent == {receipts[0].raw, receipts[2].raw}, "the outcome not stored is not sent"
