@@ -42,6 +42,7 @@ from ..store.rows import JobRow
 from .acks import Acknowledger
 from .admission import Admission
 from .adverts import TrackRecord
+from .commits import SharedCommits
 from .context import MarketContext
 from .handoff import RETRYABLE_RELEASES, HandOff
 from .inclusion import InclusionProofs
@@ -100,6 +101,8 @@ class Submitter:
         self._tasks = TaskSlot()
         self.acks = Acknowledger(ctx)
         self._in_flight = Admission(IN_FLIGHT, ADMIT_STEP)
+        self._assigning = SharedCommits(ctx.store)
+        """Assignments made at the same moment (the jobs of one bid) are stored in one commit."""
         self.changed = trio.Event()
         self._job_changed: dict[bytes, trio.Event] = {}
         """Set (and replaced) whenever a job's state changes: `e31 wait` long-polls on it."""
@@ -498,7 +501,7 @@ class Submitter:
         env = sign_verified(assign, self.ctx.identity)
         raw = env.raw
         changes = {"executor": str(NodeId(bid.executor)), "attempt": attempt}
-        _, moved = await self.ctx.store.atomically(  # one commit: the assignment with the state naming it
+        _, moved = await self._assigning.atomically(  # one commit: the assignment with the state naming it
             call(Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id),
             self._transition(job_id, "offered", "assigned", **changes),
         )
