@@ -526,9 +526,9 @@ class Executor:
         *,
         state: str,
     ) -> None:
-        """Keep the outcome and deliver it: one `result` carrying the signed receipt and the small outputs
-        the submitter would ask for next. `state` is the job's state until then: running, or queued for a
-        run too short to be marked."""
+        """Keep the outcome and deliver it (delivery.finish: with those of jobs ending close by, in one
+        commit and one `results` carrier, each receipt signed alone, with the small outputs). `state` is
+        the job's state until then: running, or queued for a run too short to be marked."""
         now = self.ctx.now_s()
         available = self.ctx.clock() + retention_ms(self.ctx.settings, manifest)
         job_hex = job_id.hex()
