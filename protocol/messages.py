@@ -300,6 +300,54 @@ class Result(Message):
     outputs: tuple[bytes, ...] = field(metadata=w(Seq(Bin(PUSH_MAX, min_len=1), MAX_PUSHED)))
 
 
+MAX_RESULTS = 64
+"""Finished jobs in one `results` carrier."""
+
+
+@record
+@dataclass(frozen=True, slots=True)
+class ResultEntry(Record):
+    """One finished job in a `results` carrier: the fields of a `result` less those the carrier holds
+    once for all (`network`, `executor`). `receipt` is the job's complete `receipt` envelope, signed on
+    its own, and carried as opaque bytes: the carrier's signature adds nothing to it."""
+
+    job_id: Digest = field(metadata=w(Hash()))
+    assignment_id: Digest = field(metadata=w(Hash()))
+    receipt: bytes = field(metadata=w(Bin(RECEIPT_MAX, min_len=1)))
+    available_until: int = field(metadata=w(TIME))
+    outputs: tuple[bytes, ...] = field(metadata=w(Seq(Bin(PUSH_MAX, min_len=1), MAX_PUSHED)))
+
+
+BY_ENTRY = operator.attrgetter("assignment_id.raw", "job_id.raw")
+"""Order of the entries of a `results` carrier: by assignment id, then job id (bytes)."""
+
+
+@message("results", issuer="executor")
+@dataclass(frozen=True, slots=True)
+class Results(Message):
+    """The executor delivers the jobs that finished close together in one message: one entry per
+    job, each the fields of a `result`. Each entry is taken or refused on its own (protocol/results.py
+    opens them), so one bad receipt does not keep the others out."""
+
+    network: str = field(metadata=w(NETWORK))
+    executor: NodeId = field(metadata=w(Key()))
+    entries: tuple[ResultEntry, ...] = field(
+        metadata=w(Seq(Sub(ResultEntry), MAX_RESULTS, min_items=1, order_key=BY_ENTRY))
+    )
+
+    def result(self, entry: ResultEntry) -> Result:
+        """The entry as the `result` it stands for (not signed: the carrier was)."""
+        return Result(
+            self.network,
+            entry.job_id,
+            entry.assignment_id,
+            self.executor,
+            entry.receipt,
+            entry.available_until,
+            entry.outputs,
+        )
+
+
 @message("accepted", issuer="executor")
 @dataclass(frozen=True, slots=True)
 class Accepted(Message):
@@ -416,6 +464,7 @@ AnyMessage = (
     | BlobRequest
     | BlobChunk
     | Result
+    | Results
     | UsageReceipt
     | Ack
     | Accepted
@@ -440,12 +489,14 @@ AnyMessage = (
 KINDS: tuple[str, ...] = tuple(REGISTRY)
 
 __all__ = [
+    "BY_ENTRY",
     "BY_JOB",
     "CANCEL_REASONS",
     "DECLINE_REASONS",
     "MAX_ACKED",
     "MAX_PROOF_ENTRIES",
     "MAX_PUSHED",
+    "MAX_RESULTS",
     "MAX_SET",
     "RECEIPT_MAX",
     "REGISTRY",
@@ -472,6 +523,8 @@ __all__ = [
     "ProofRequest",
     "Release",
     "Result",
+    "ResultEntry",
+    "Results",
     "TreeHead",
     "UsageReceipt",
     "check_address",

@@ -3,17 +3,21 @@
 An executor delivers a job in one message: a `result` holding the job's signed usage receipt whole and
 the bytes of its small outputs. `make_result` builds one within a frame; `open_result` checks a
 received one and returns its receipt, verified; `carried_outputs` matches the bytes it carries to the
-BlobRefs the receipt names. Sans-I/O: bytes in, checked values out.
+BlobRefs the receipt names. Jobs that finish close together travel in one `results` carrier
+(`make_results` packs them into as few carriers as fit in frames); its entries are the `result`s it
+stands for (`Results.result`), each checked alone with `check_result`, so a bad entry is refused alone.
+Sans-I/O: bytes in, checked values out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from .blobs import PUSH_MAX, BlobRef, blob_ref
 from .envelope import VerifiedEnvelope, verify
 from .errors import Mismatch
-from .messages import MAX_PUSHED, RECEIPT_MAX, Result
+from .ids import NodeId
+from .messages import BY_ENTRY, MAX_PUSHED, MAX_RESULTS, RECEIPT_MAX, Result, ResultEntry, Results
 from .receipts import UsageReceipt, expect
 
 PER_OUTPUT = 8
@@ -47,13 +51,53 @@ def make_result(
     )
 
 
+ENTRY_OVERHEAD = 128
+"""Bytes of an entry in a `results` carrier beyond its receipt and outputs (ids, time, headers)."""
+RESULTS_ROOM = RECEIPT_MAX
+"""Bytes of entries one `results` carrier holds at most: a frame less the carrier's own fields and
+envelope, so any one entry `make_result` builds fits alone."""
+
+Delivered = tuple[VerifiedEnvelope[UsageReceipt], int, Iterable[tuple[BlobRef, bytes]]]
+"""A finished job to deliver: its signed receipt, until when its outputs can be fetched, and the
+bytes of its small outputs (offered to the carrier, which takes what fits)."""
+
+
+def make_results(network: str, executor: NodeId, delivered: Sequence[Delivered]) -> list[Results]:
+    """The `results` carriers delivering these jobs: entries in carrier order, at most MAX_RESULTS and
+    RESULTS_ROOM bytes to a carrier, each with the small outputs `make_result` would carry. A receipt
+    given twice (the same assignment and job) is carried once."""
+    entries: dict[tuple[bytes, bytes], tuple[ResultEntry, int]] = {}
+    for receipt, available_until, small in delivered:
+        r = make_result(network, receipt, available_until, small)
+        entry = ResultEntry(r.job_id, r.assignment_id, r.receipt, r.available_until, r.outputs)
+        size = len(r.receipt) + sum(len(o) + PER_OUTPUT for o in r.outputs) + ENTRY_OVERHEAD
+        entries.setdefault(BY_ENTRY(entry), (entry, size))
+    carriers: list[Results] = []
+    batch: list[ResultEntry] = []
+    room = RESULTS_ROOM
+    for _, (entry, size) in sorted(entries.items()):
+        if batch and (len(batch) == MAX_RESULTS or size > room):
+            carriers.append(Results(network, executor, tuple(batch)))
+            batch, room = [], RESULTS_ROOM
+        batch.append(entry)
+        room -= size
+    if batch:
+        carriers.append(Results(network, executor, tuple(batch)))
+    return carriers
+
+
 def open_result(env: VerifiedEnvelope[Result]) -> VerifiedEnvelope[UsageReceipt]:
     """The receipt a verified `result` carries, verified in turn: raises a ProtocolError (Mismatch when
     it is a sound receipt of another job, assignment, network or executor than the result's)."""
-    result = env.message
+    return check_result(env.message, env.signer)
+
+
+def check_result(result: Result, signer: NodeId) -> VerifiedEnvelope[UsageReceipt]:
+    """The receipt `result` carries, verified: `result` came signed by `signer`, alone or as an entry of
+    a `results` carrier (`Results.result`). Raises a ProtocolError as `open_result` does."""
     receipt = verify(result.receipt, UsageReceipt, max_len=RECEIPT_MAX)
     msg = receipt.message
-    expect(receipt.signer == env.signer, "the result carries a receipt signed by another node")
+    expect(receipt.signer == signer, "the result carries a receipt signed by another node")
     expect(msg.executor == result.executor, "the result carries a receipt of another executor")
     expect(msg.network == result.network, "the result carries a receipt of another network")
     expect(msg.job_id == result.job_id, "the result carries a receipt of another job")
@@ -81,4 +125,15 @@ def outputs_of(receipt: UsageReceipt) -> tuple[BlobRef, ...]:
     return (receipt.stdout, receipt.stderr, *(f.blob for f in receipt.outputs))
 
 
-__all__ = ["PER_OUTPUT", "carried_outputs", "make_result", "open_result", "outputs_of"]
+__all__ = [
+    "ENTRY_OVERHEAD",
+    "PER_OUTPUT",
+    "RESULTS_ROOM",
+    "Delivered",
+    "carried_outputs",
+    "check_result",
+    "make_result",
+    "make_results",
+    "open_result",
+    "outputs_of",
+]

@@ -47,6 +47,7 @@ _JOB_ID_FIELD: dict[str, tuple[int, str]] = {
     "cancel": (1, "one"),
     "decline": (1, "list"),
     "bid": (4, "items"),
+    "results": (2, "items"),
 }
 """Where the body of an envelope of each kind names its jobs, for labelling one that does not verify:
 (field index, "one" job id, a "list" of job ids, or "items" records whose first field is a job id).

@@ -43,6 +43,9 @@ from .verdict import NodeRow, VerdictError, bundle_jobs, judge
 IMAGE_NAME = "e31-demo.png"
 BUNDLE_NAME = "receipts.e31bundle"
 POLL_INTERVAL = 0.2
+EXPORT_TRIES = 10
+"""Exports of the receipts at most, POLL_INTERVAL apart, until every done job's acknowledgement is in
+(a submitter signs acks a batch at a time, a moment after the jobs end)."""
 SUBMIT_THREADS = 4
 
 
@@ -388,20 +391,29 @@ def _audit(
     result: DemoResult,
 ) -> None:
     clock = time.monotonic()
-    called = e31_process(
-        "receipts",
-        "export",
-        "--out",
-        str(bundle),
-        "--with-blobs",
-        "--json",
-        "--data-dir",
-        str(data_dir),
-        timeout=300.0,
-    )
-    if called.code != 0:
-        result.problems.append(f"exporting the receipts failed: {called.error_line()}")
-        return
+    for attempt in range(EXPORT_TRIES):  # a job's ack follows its end by up to MarketSettings.ack_batch_s
+        if attempt:
+            time.sleep(POLL_INTERVAL)
+        called = e31_process(
+            "receipts",
+            "export",
+            "--out",
+            str(bundle),
+            "--with-blobs",
+            "--json",
+            "--data-dir",
+            str(data_dir),
+            timeout=300.0,
+        )
+        if called.code != 0:
+            result.problems.append(f"exporting the receipts failed: {called.error_line()}")
+            return
+        try:
+            receipted, acked = bundle_jobs(bundle)
+        except VerdictError as e:
+            raise DemoError(str(e)) from None
+        if not (done & receipted) - acked:
+            break
     result.receipts = bundle.resolve()
     answer = _json(called, "the export")
     counts = answer if isinstance(answer, dict) else {}
@@ -418,10 +430,6 @@ def _audit(
     report = _json(called, "the audit")
     if not isinstance(report, dict):
         raise DemoError("`e31 audit --json` printed something other than a JSON object")
-    try:
-        receipted, acked = bundle_jobs(bundle)
-    except VerdictError as e:
-        raise DemoError(str(e)) from None
     verdict = judge(report, {j: t.name for j, t in jobs.items()}, done, receipted, acked, names)
     result.verified, result.reexecuted, result.rows = verdict.verified, verdict.reexecuted, verdict.rows
     result.problems += verdict.problems

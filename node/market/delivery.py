@@ -1,16 +1,20 @@
 """An executor's delivery until acknowledged: results sent again until their ack comes, then the
 acknowledged receipts logged and proved.
 
-A `result` carrying the receipt (and the job's small outputs, the first time) is sent to the
-submitter, and again every `delivery_interval` (backing off) and whenever its link comes up, until its
-`ack` arrives. An ack names a batch of our receipts; it is checked against each
-(protocol/receipts.check_ack: ids of receipts we did not sign for that submitter are ignored) and
-stored once for them; acknowledged receipts are gathered for `proof_batch_s`, handed to `on_acked`
-(the receipt log: one append for the batch), and one signed `proof` per submitter places all of its
-receipts of the batch against one new tree head; again on request (`proofreq`) or on a repeated ack; a
-proof that finds no link goes when the link comes up. Receipts acknowledged but not yet logged when
-the node stopped are logged when it starts. The result is signed anew for each delivery and not kept:
-the receipt is. Delivery stops, unacknowledged, once the outputs' retention has ended.
+A finished job's outcome is committed, and its receipt (and its small outputs, the first time) goes to
+the submitter in a `results` carrier, with those of the jobs that finish close together: a result waits
+for others while other jobs are held here, at most GATHER_S and until MAX_RESULTS are in (one commit,
+sync, signature, message and send for the set; each receipt stays signed on its own). It is sent
+again every `delivery_interval` (backing off, the receipts due at once again in carriers) and
+whenever its link comes up, until its `ack` arrives. An ack names a batch of our receipts; it is
+checked against each (protocol/receipts.check_ack: ids of receipts we did not sign for that submitter
+are ignored) and stored once for them; acknowledged receipts are gathered for `proof_batch_s`, handed
+to `on_acked` (the receipt log: one append for the batch), and one signed `proof` per submitter
+places all of its receipts of the batch against one new tree head; again on request (`proofreq`) or
+on a repeated ack; a proof that finds no link goes when the link comes up. Receipts acknowledged but
+not yet logged when the node stopped are logged when it starts. The carrier is signed anew for each
+delivery and not kept: the receipt is. Delivery stops, unacknowledged, once the outputs' retention
+has ended.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from e31.protocol.codec import unpack_canonical
 from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_message
 from e31.protocol.errors import Mismatch
 from e31.protocol.jobs import JobManifest
+from e31.protocol.messages import MAX_RESULTS
 from e31.protocol.receipts import Ack, UsageReceipt, check_ack
-from e31.protocol.results import make_result
+from e31.protocol.results import Delivered, make_results
 
+from ..errors import StoreError
 from ..nursery import TaskSlot
-from ..store.db import Store
+from ..store.db import Call, Store
 from .context import MarketContext, MarketSettings
 from .rules import backoff
 
@@ -53,6 +59,22 @@ PROOFS_DUE_KEPT = 10_000
 """Proofs due kept while appending to the receipt log keeps failing (the oldest are dropped)."""
 PROOFS_WAITING_KEPT = 4096
 """Proofs kept per peer for when its link comes up (the oldest dropped first)."""
+GATHER_S = 0.02
+"""Seconds a finished job's result waits at most for the results of other jobs held here, to share
+their `results` carrier."""
+
+
+class _Finished:
+    """Finished jobs gathered to be committed and delivered together: each job's outcome (its store
+    calls) and delivery, and once `committed` is set, the error of each that could not be stored."""
+
+    __slots__ = ("calls", "committed", "errors", "items")
+
+    def __init__(self) -> None:
+        self.items: list[Delivered] = []
+        self.calls: list[tuple[Call, ...]] = []
+        self.errors: list[StoreError | None] = []
+        self.committed = trio.Event()
 
 
 def retention_ms(settings: MarketSettings, manifest: JobManifest) -> int:
@@ -70,12 +92,19 @@ class Delivery:
         on_acked: OnAcked | None,
         prover: Prover | None,
         tidy: Callable[[], Awaitable[None]],
+        busy: Callable[[set[bytes]], bool] = lambda _: False,
     ) -> None:
         self.ctx = ctx
         self.on_acked = on_acked
         self.prover = prover
         self.tidy = tidy
         """Run at each turn of the delivery loop (the executor deletes the run directories it moved aside)."""
+        self.busy = busy
+        """Whether jobs other than these (ids) are held here: their results may join a carrier soon."""
+        self._batch = _Finished()
+        """Finished jobs gathered for the next commit and carrier (`finish`)."""
+        self._gathering = trio.Event()
+        self._more = trio.Event()
         self._tasks = TaskSlot()
         self._deliver_now = trio.Event()
         self._to_prove: _ProofsDue = {}
@@ -89,6 +118,7 @@ class Delivery:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with self._tasks.open() as nursery:
             nursery.start_soon(self._delivery_loop)
+            nursery.start_soon(self._send_loop)
             nursery.start_soon(self._prove_loop)
             await self._log_acked_unlogged()
             task_status.started()
@@ -118,16 +148,80 @@ class Delivery:
                 self._unacked.pop(row.digest, None)
                 log.info("stopped delivering the receipt of job %s: withdrawn", job_id.hex()[:12])
 
-    async def deliver(
+    async def finish(
         self,
+        calls: tuple[Call, ...],
         receipt: VerifiedEnvelope[UsageReceipt],
         available: int,
         small: Iterable[tuple[BlobRef, bytes]] = (),
-    ) -> bool:
-        """Send the receipt's submitter its `result` (signed anew each time: it is not kept, its
-        receipt is); False when there is no link to it."""
-        result = make_result(self.ctx.network, receipt, available, small)
-        return await self.ctx.send_to(receipt.message.submitter.raw, sign_message(result, self.ctx.identity))
+    ) -> None:
+        """Keep a finished job's outcome (`calls`: all commit or none) and deliver its receipt: with
+        the jobs that end close together, in one commit and one carrier. Returns once the outcome is
+        committed (durably); raises the StoreError of a commit that failed (it is then not sent)."""
+        batch = self._batch
+        index = len(batch.items)
+        batch.items.append((receipt, available, tuple(small)))
+        batch.calls.append(calls)
+        self._gathering.set()
+        self._more.set()
+        await batch.committed.wait()
+        error = batch.errors[index]
+        if error is not None:
+            raise error
+
+    async def _send_loop(self) -> None:
+        """Commit and send what `finish` gathered: at once when no other job is held here (nothing is
+        coming), else when MAX_RESULTS are in or GATHER_S has passed since the first."""
+        while True:
+            await self._gathering.wait()
+            with trio.move_on_after(GATHER_S):
+                while len(self._batch.items) < MAX_RESULTS and self.busy(
+                    {d[0].message.job_id.raw for d in self._batch.items}
+                ):
+                    await self._more.wait()
+                    self._more = trio.Event()
+            batch, self._batch = self._batch, _Finished()
+            self._gathering, self._more = trio.Event(), trio.Event()
+            with trio.CancelScope(shield=True):  # the jobs' tasks wait for this commit
+                await self._commit(batch)
+            kept = [d for d, error in zip(batch.items, batch.errors, strict=True) if error is None]
+            for receipt, _, _ in kept:
+                self.signed(receipt)
+            await self.deliver(kept)
+
+    async def _commit(self, batch: _Finished) -> None:
+        """One durable commit for the batch's outcomes; if it fails, each is committed alone, so one
+        that cannot be stored does not take the others with it."""
+        try:
+            await self.ctx.store.atomically(*(c for calls in batch.calls for c in calls))
+            batch.errors = [None] * len(batch.calls)
+        except StoreError as e:
+            if len(batch.calls) == 1:
+                batch.errors = [e]
+            else:
+                for calls in batch.calls:
+                    try:
+                        await self.ctx.store.atomically(*calls)
+                        batch.errors.append(None)
+                    except StoreError as alone:
+                        batch.errors.append(alone)
+        finally:
+            batch.errors += [StoreError("the outcome was not stored")] * (
+                len(batch.calls) - len(batch.errors)
+            )
+            batch.committed.set()
+
+    async def deliver(self, delivered: list[Delivered]) -> None:
+        """Send each receipt's submitter its results, in as few `results` carriers as fit (signed anew
+        each time: they are not kept, the receipts are). One that finds no link goes again with the
+        receipt's next delivery."""
+        by_submitter: dict[bytes, list[Delivered]] = {}
+        for d in delivered:
+            by_submitter.setdefault(d[0].message.submitter.raw, []).append(d)
+        for submitter, items in by_submitter.items():
+            for carrier in make_results(self.ctx.network, self.ctx.node, items):
+                if not await self.ctx.send_to(submitter, sign_message(carrier, self.ctx.identity)):
+                    break
 
     async def _delivery_loop(self) -> None:
         settings = self.ctx.settings
@@ -137,6 +231,7 @@ class Delivery:
             self._deliver_now = trio.Event()
             await self.tidy()
             now = self.ctx.now_s()
+            due: list[Delivered] = []
             for row in await self.ctx.store.run(Store.receipts_due, now):
                 stored = await self.ctx.store.run(Store.envelope, row.message_id)
                 job = await self.ctx.store.run(Store.job, row.job_id, ROLE)
@@ -154,11 +249,13 @@ class Delivery:
                     )
                     await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, math.inf)
                     continue
-                await self.deliver(receipt, available)  # the submitter fetches the outputs it lacks
+                due.append((receipt, available, ()))  # the submitter fetches the outputs it lacks
                 delay = backoff(
                     settings.delivery_interval, row.delivery_tries, settings.delivery_backoff_max, doublings=8
                 )
                 await self.ctx.store.run(Store.receipt_delivery_failed, row.digest, now + delay)
+            if due:
+                await self.deliver(due)
 
     async def take_ack(self, env: VerifiedEnvelope[Ack]) -> None:
         """The submitter countersigned a batch of our receipts: keep the ack once, as the ack of each

@@ -7,7 +7,7 @@
   executor job row (`fetching`): the module, inputs and stdin are fetched from the submitter by
   hash (transfer.py), then the job waits in the scheduler's queue (`queued`), runs (`running`),
   and ends `done` with a signed `receipt`, or `failed` when it could not be run.
-- Delivery: a `result` carrying the receipt goes to the submitter until its `ack` comes, then the
+- Delivery: the receipt goes to the submitter in a `results` carrier until its `ack` comes, then the
   receipt is logged and proved (delivery.py).
 
 The job's seed (WASI random_get) is its 32-byte job id, so a re-run anywhere reproduces the run.
@@ -120,7 +120,9 @@ class Executor:
             held_tasks=self._held_tasks,
             fetch_rate=transfer.rate,
         )
-        self.delivery = Delivery(ctx, on_acked=on_acked, prover=prover, tidy=self._tidy)
+        self.delivery = Delivery(
+            ctx, on_acked=on_acked, prover=prover, tidy=self._tidy, busy=lambda ids: bool(self._active - ids)
+        )
         self._active: set[bytes] = set()
         self._held = held
         self._tasks = TaskSlot()
@@ -525,16 +527,16 @@ class Executor:
         *,
         state: str,
     ) -> None:
-        """Keep the outcome and deliver it: one `result` carrying the signed receipt and the small outputs
-        the submitter would ask for next. `state` is the job's state until then: running, or queued for a
-        run too short to be marked."""
+        """Keep the outcome and deliver it (delivery.finish: with those of jobs ending close by, in one
+        commit and one `results` carrier, each receipt signed alone, with the small outputs). `state` is
+        the job's state until then: running, or queued for a run too short to be marked."""
         now = self.ctx.now_s()
         available = self.ctx.clock() + retention_ms(self.ctx.settings, manifest)
         job_hex = job_id.hex()
         owner = f"result:{job_hex}"
         msg = receipt.message
         receipt_id = receipt.message_id.raw
-        await self.ctx.store.atomically(  # one commit: the outcome is kept whole or not at all
+        outcome = (  # kept whole or not at all, in one commit with those of jobs ending with it
             call(Store.put_envelope, receipt_id, "receipt", receipt.raw, now, job_id),
             *(call(Store.put_small_blob, ref.root.hex(), data) for ref, data in small),
             *(call(Store.ref_blob, ref.root.hex(), owner, available / 1000) for ref in outputs_of(msg)),
@@ -570,6 +572,7 @@ class Executor:
                 fuel_used=msg.fuel_used,
             ),
         )
+        await self.delivery.finish(outcome, receipt, available, small)
         log.debug(  # per job: nothing at the default level
             "job %s ran: %s, %d fuel, %d ms compute, %d ms queued",
             job_hex[:12],
@@ -578,8 +581,6 @@ class Executor:
             msg.compute_ms,
             msg.waited_ms,
         )
-        self.delivery.signed(receipt)
-        await self.delivery.deliver(receipt, available, small)
 
     async def _fail(self, job_id: bytes, state: str, why: str, *, reason: str = "failed") -> None:
         """Give up a job this node cannot run: record why, and give the assignment back to the submitter

@@ -23,7 +23,7 @@ import hashlib
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 from e31.protocol.blobs import BlobRef
@@ -32,7 +32,7 @@ from e31.protocol.errors import Mismatch, ProtocolError
 from e31.protocol.ids import NodeId
 from e31.protocol.messages import Assign, Result
 from e31.protocol.receipts import UsageReceipt, check_receipt_assignment, check_receipt_manifest
-from e31.protocol.results import carried_outputs, open_result, outputs_of
+from e31.protocol.results import carried_outputs, check_result, outputs_of
 
 from .. import metrics
 from ..lifecycle import TERMINAL
@@ -40,6 +40,7 @@ from ..store.db import Call, Store, call
 from ..store.rows import JobRow
 from .acks import Acknowledger
 from .adverts import TrackRecord
+from .commits import SharedCommits
 from .context import MarketContext
 from .submitted import (
     ROLE,
@@ -54,6 +55,17 @@ from .submitted import (
 from .transfer import BlobTransfer, FetchError, PeerUnreachable
 
 log = logging.getLogger("e31.submitter")
+
+
+class Carried(NamedTuple):
+    """A `result` that came as an entry of a verified `results` carrier, whose signer stands for it."""
+
+    message: Result
+    signer: NodeId
+
+
+Arrived = VerifiedEnvelope[Result] | Carried
+"""A result as it arrived: alone (its own envelope) or in a carrier."""
 
 ACKS_RESENT_KEPT = 1024
 """Stored acks remembered as sent again (the oldest forgotten first: it may then go once more)."""
@@ -76,10 +88,12 @@ class Outcomes:
         self.transfer = transfer
         self.acks = acks
         self.notify = notify
+        self._commits = SharedCommits(ctx.store)
+        """The entries of a carrier end their jobs in one commit."""
         self._acks_resent: dict[tuple[bytes, bytes], float] = {}
         """(executor, ack id) -> when that stored ack was last sent again (ACKS_RESENT_KEPT at most)."""
 
-    def admit(self, env: VerifiedEnvelope[Result]) -> bool:
+    def admit(self, env: Arrived) -> bool:
         """Whether a `result` is to be taken in (`take`). One carrying a receipt already taken in for a
         job still under way is dropped at once: executors deliver again until acknowledged, and each
         copy would otherwise cost a signature check and store work while the first is being verified.
@@ -92,11 +106,13 @@ class Outcomes:
             job.outcomes.add(key)
         return True
 
-    async def take(self, env: VerifiedEnvelope[Result]) -> None:
+    async def take(self, env: Arrived) -> None:
         msg = env.message
         job_id = msg.job_id.raw
         try:
-            receipt_env = open_result(env)  # a receipt that does not open never will: its copies stay out
+            receipt_env = check_result(
+                msg, env.signer
+            )  # a receipt that does not open never will: its copies stay out
         except ProtocolError as e:
             metrics.VERIFICATION_FAILURES.inc(1, "result")
             log.warning("job %s: dropping a result from %s: %s", job_id.hex()[:12], env.signer, e)
@@ -172,7 +188,7 @@ class Outcomes:
             job.completing = False
             job.settled.set()
 
-    def _forget_outcome(self, job_id: bytes, env: VerifiedEnvelope[Result]) -> None:
+    def _forget_outcome(self, job_id: bytes, env: Arrived) -> None:
         """Let a later copy of this result's receipt, from its signer, in again."""
         top = self.jobs.get(job_id)
         if top is not None:
@@ -220,7 +236,7 @@ class Outcomes:
             job_id,
         )
         if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)
-            await self.ctx.store.atomically(*small, kept, recorded)
+            await self._commits.atomically(*small, kept, recorded)
             job.receipt = receipt_env
             job.finished.set()
             self.acks.add(executor, receipt_env.message_id.raw, job_id)
@@ -234,7 +250,7 @@ class Outcomes:
             "reason": outcome_text(outcome.status, outcome.exit_code, outcome.trap),
         }
         # one commit: the receipt, outputs and ack, with the job's end
-        *_, moved = await self.ctx.store.atomically(
+        *_, moved = await self._commits.atomically(
             *small, kept, recorded, submitted_transition(self.ctx, job_id, row.state, "done", **end)
         )
         for _ in range(3):  # it moved on while the outcome was verified (offered again, or assigned)
@@ -363,7 +379,7 @@ class Outcomes:
         job.finished.set()
 
 
-def outcome_key(env: VerifiedEnvelope[Result]) -> bytes:
+def outcome_key(env: Arrived) -> bytes:
     """A delivered receipt, as the submitter dedupes it: its signer's result carrying those bytes (a
     node that wraps another's receipt in a result of its own does not keep the real one out)."""
     return env.signer.raw + hashlib.sha256(env.message.receipt).digest()

@@ -35,6 +35,7 @@ from e31.protocol.messages import (
     ProofRequest,
     Release,
     Result,
+    Results,
 )
 
 from ..nursery import TaskSlot
@@ -53,6 +54,7 @@ DIRECT_KINDS = frozenset(
         "accepted",
         "release",
         "result",
+        "results",
         "ack",
         "cancel",
         "blobreq",
@@ -129,6 +131,8 @@ class Market:
             self.transfer.on_chunk(peer, env)
         elif isinstance(msg, Bid | Decline):
             self.submitter.on_answer(env)
+        elif isinstance(msg, Results):
+            self.submitter.on_results(env)
         elif isinstance(msg, Result):
             self.submitter.on_outcome(env)
         elif isinstance(msg, Assign):

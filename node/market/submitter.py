@@ -32,7 +32,7 @@ from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_verified
 from e31.protocol.errors import ProtocolError
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest
-from e31.protocol.messages import Accepted, Assign, InclusionProof, Release, Result
+from e31.protocol.messages import Accepted, Assign, InclusionProof, Release, Results
 
 from ..errors import StoreError, UsageError
 from ..lifecycle import TERMINAL
@@ -42,12 +42,13 @@ from ..store.rows import JobRow
 from .acks import Acknowledger
 from .admission import Admission
 from .adverts import TrackRecord
+from .commits import SharedCommits
 from .context import MarketContext
 from .handoff import RETRYABLE_RELEASES, HandOff
 from .inclusion import InclusionProofs
 from .linkups import LinkUps
 from .offering import LocalOffer, OfferLine, Publish
-from .outcomes import Outcomes
+from .outcomes import Arrived, Carried, Outcomes
 from .rules import BidView, Window, backoff, choose_bid, lease_expiry, offer_expiry, window_state
 from .submitted import (
     ROLE,
@@ -100,6 +101,8 @@ class Submitter:
         self._tasks = TaskSlot()
         self.acks = Acknowledger(ctx)
         self._in_flight = Admission(IN_FLIGHT, ADMIT_STEP)
+        self._assigning = SharedCommits(ctx.store)
+        """Assignments made at the same moment (the jobs of one bid) are stored in one commit."""
         self.changed = trio.Event()
         self._job_changed: dict[bytes, trio.Event] = {}
         """Set (and replaced) whenever a job's state changes: `e31 wait` long-polls on it."""
@@ -498,7 +501,7 @@ class Submitter:
         env = sign_verified(assign, self.ctx.identity)
         raw = env.raw
         changes = {"executor": str(NodeId(bid.executor)), "attempt": attempt}
-        _, moved = await self.ctx.store.atomically(  # one commit: the assignment with the state naming it
+        _, moved = await self._assigning.atomically(  # one commit: the assignment with the state naming it
             call(Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id),
             self._transition(job_id, "offered", "assigned", **changes),
         )
@@ -641,9 +644,17 @@ class Submitter:
         if (nursery := self._tasks.nursery) is not None:
             nursery.start_soon(self.handoff.take_release, env)
 
-    def on_outcome(self, env: VerifiedEnvelope[Result]) -> None:
+    def on_outcome(self, env: Arrived) -> None:
         if (nursery := self._tasks.nursery) is not None and self.outcomes.admit(env):
             nursery.start_soon(self.outcomes.take, env)
+
+    def on_results(self, env: VerifiedEnvelope[Results]) -> None:
+        """A carrier of results: each entry is taken as the `result` it stands for, on its own (a bad
+        one is refused alone), all started in the same turn, so their commits share one transaction
+        and one sync (store/async_store.py's group commit)."""
+        carrier = env.message
+        for entry in carrier.entries:
+            self.on_outcome(Carried(carrier.result(entry), env.signer))
 
     def on_proof(self, env: VerifiedEnvelope[InclusionProof]) -> None:
         if (nursery := self._tasks.nursery) is not None:

@@ -382,8 +382,8 @@ async def test_an_unacknowledged_receipt_is_retried_until_its_retention_ends(
 
     async def count_receipts(peer: bytes, raw: bytes) -> None:
         env = verify(raw)
-        if env.kind == "result":
-            deliveries.append(env.message.receipt)
+        if env.kind == "results":
+            deliveries.extend(entry.receipt for entry in env.message.entries)
         await to_a(peer, raw)
 
     net.handlers[b.id], net.handlers[a.id] = drop_acks, count_receipts

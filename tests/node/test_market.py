@@ -23,7 +23,18 @@ from e31.protocol.blobs import BlobRef, blob_ref
 from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest, Limits
-from e31.protocol.messages import Accepted, Assign, Bid, BidItem, Cancel, Decline, Offer, Release, Result
+from e31.protocol.messages import (
+    Accepted,
+    Assign,
+    Bid,
+    BidItem,
+    Cancel,
+    Decline,
+    Offer,
+    Release,
+    Result,
+    Results,
+)
 from e31.protocol.receipts import Ack, Outcome, UsageReceipt
 from e31.sandbox.profile import PROFILE
 from market_nodes import NETWORK, SETTINGS, Net, RealNode, start, until, wait_state, wall_ms
@@ -276,7 +287,7 @@ async def test_a_receipt_verified_before_a_stop_without_its_ack_is_acknowledged_
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     monkeypatch.setattr(a.submitter.acks, "add", lambda *args: None)  # as if it stopped before each ack
-    results = intercept(net, a.id, "result", lambda n: n > 1)  # B's deliveries stop after the first
+    results = intercept(net, a.id, "results", lambda n: n > 1)  # B's deliveries stop after the first
     await start(nursery, a, b)
     job_id = await a.submitter.submit(a.manifest(("25", "1000")))
     await wait_state(a, job_id, "done")
@@ -330,15 +341,15 @@ async def test_a_lost_result_comes_again_without_its_outputs_which_are_fetched(
     checked, deliver = trio.Event(), net.handlers[a.id]
 
     async def held(peer: bytes, raw: bytes) -> None:
-        if isinstance(verify(raw).message, Result):
+        if isinstance(verify(raw).message, Results):
             await checked.wait()
         await deliver(peer, raw)
 
     net.handlers[a.id] = held
-    lost = lose_first(net, a.id, Result)  # the first delivery, carrying the job's stdout, goes missing
+    lost = lose_first(net, a.id, Results)  # the first delivery, carrying the job's stdout, goes missing
     job_id = await a.submitter.submit(a.manifest(("18", "1000")))
     await until(lambda: lost, 10)
-    first = verify(lost[0], Result).message
+    (first,) = verify(lost[0], Results).message.entries
     assert len(first.outputs) == 1, "the first delivery carries the job's small stdout"
     assert (await a.job(job_id)).state == "assigned"
     assert not await a.store.run(Store.envelopes_for_job, job_id, "receipt")
@@ -744,7 +755,7 @@ async def test_a_strangers_outcomes_neither_crash_the_submitter_nor_take_the_job
     forged_all, deliver = trio.Event(), net.handlers[a.id]
 
     async def held(peer: bytes, raw: bytes) -> None:
-        if isinstance(verify(raw).message, Result):
+        if isinstance(verify(raw).message, (Result, Results)):
             await forged_all.wait()
         await deliver(peer, raw)
 

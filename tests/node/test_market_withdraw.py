@@ -48,7 +48,7 @@ class Slow:
         async def to_a(peer: bytes, raw: bytes) -> None:
             env = verify(raw)
             self.heard.append((peer, env.kind))
-            if env.kind == "result" and self._holding(peer):
+            if env.kind == "results" and self._holding(peer):
                 self.held.setdefault(peer, []).append((peer, raw))
                 return
             await deliver_a(peer, raw)
@@ -132,7 +132,7 @@ async def assert_withdrawn(slow: Slow, job_id: bytes, second: RealNode) -> None:
     row = await wait_state(second, job_id, "cancelled", role="executor")
     assert row.reason == "cancelled by its submitter"
     assert await second.store.run(Store.receipts_for_job, job_id) == []
-    assert (second.id, "result") not in slow.heard and (second.id, "release") not in slow.heard
+    assert (second.id, "results") not in slow.heard and (second.id, "release") not in slow.heard
 
 
 async def assert_one_receipt_counts(a: RealNode, first: RealNode, job_id: bytes) -> None:
@@ -256,4 +256,4 @@ async def test_a_withdrawal_racing_its_assignment_keeps_the_job_from_starting(
     await wait_state(a, job_id, "offered")
     row = await executor_row(b, job_id)
     assert row is None or row.state == "cancelled"
-    assert b.executor.scheduler.completed == 0 and "result" not in heard
+    assert b.executor.scheduler.completed == 0 and "results" not in heard

@@ -153,7 +153,7 @@ async def test_a_result_whose_outputs_cannot_be_fetched_for_now_waits_and_the_jo
     results: list[int] = []
 
     async def lose_the_first_result(peer: bytes, raw: bytes) -> None:
-        if open_env(raw).kind == "result":
+        if open_env(raw).kind == "results":
             results.append(len(results))
             if len(results) == 1:
                 return

@@ -719,3 +719,21 @@ async def test_a_consumer_that_does_not_read_stalls_the_sender(limits: Limits) -
             await consumed.wait()
     assert len(received) == count
     assert all(m == i.to_bytes(4, "big") * (size // 4) for i, m in enumerate(received))
+
+
+async def test_a_node_of_protocol_version_1_is_refused_at_its_first_message(
+    caplog: pytest.LogCaptureFixture, raw: RawOpener
+) -> None:
+    """Version 1 nodes cannot read `results` carriers: their handshake is refused with a logged reason
+    (HandshakeFailed inside the transport), no link forms, and good peers are not affected."""
+    from e31.protocol.codec import encode_frame, pack
+    from e31.protocol.handshake import network_tag
+
+    async with running() as server:
+        stream = await raw(server.address)
+        await stream.send_all(encode_frame(pack([1, network_tag(NET), os.urandom(32)])))
+        assert await until_closed_by_peer(stream) == b""
+        async with linked(server.address) as conn:
+            assert await roundtrip(conn, b"ok") == b"echo:ok"
+    assert any("version 1; we speak 2" in line for line in drop_lines(caplog))
+    assert len(server.accepted) == 1

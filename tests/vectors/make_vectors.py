@@ -25,8 +25,10 @@ from e31.protocol.ids import Digest, NodeId, sha256
 from e31.protocol.jobs import EnvVar, FileRef, JobManifest, Limits
 from e31.protocol.merkle import MerkleLog
 from e31.protocol.messages import (
+    BY_ENTRY,
     BY_JOB,
     MAX_PUSHED,
+    MAX_RESULTS,
     MAX_SET,
     Accepted,
     Ack,
@@ -48,6 +50,8 @@ from e31.protocol.messages import (
     ProofRequest,
     Release,
     Result,
+    ResultEntry,
+    Results,
     TreeHead,
     UsageReceipt,
 )
@@ -504,9 +508,69 @@ def invalid() -> list[dict[str, Any]]:
     return out
 
 
+def results_samples() -> list[tuple[str, str, Message]]:
+    """`results` carriers (issue 24): the sample `result` with a second job's, and a carrier whose
+    second entry holds a receipt signed by another key (the carrier is sound; that entry is refused
+    alone)."""
+    res = sample("result")
+    assert isinstance(res, Result)
+    first = ResultEntry(res.job_id, res.assignment_id, res.receipt, res.available_until, res.outputs)
+    receipt = sample("receipt")
+    assert isinstance(receipt, UsageReceipt)
+    other = manifest(args=("kmeans", "--k", "4", "data/points.csv"), nonce=bytes(range(16, 32)))
+    bid_id = digest("results: bid")
+    assign = Assign(NET, other.job_id, bid_id, nid("submitter"), nid("executor"), 2, T0 + 700_000)
+    assignment_id = verify(sign_message(assign, key("submitter"))).message_id
+    second = dataclasses.replace(
+        receipt, job_id=other.job_id, assignment_id=assignment_id, outputs=(), stdout=blob(b"4 clusters\n")
+    )
+    entry = ResultEntry(
+        other.job_id, assignment_id, sign_message(second, key("executor")), T0 + 7 * 86_400_000, ()
+    )
+    forged = dataclasses.replace(
+        entry, receipt=sign_message(dataclasses.replace(second, executor=nid("stranger")), key("stranger"))
+    )
+    return [
+        ("results", "executor", Results(NET, nid("executor"), tuple(sorted((first, entry), key=BY_ENTRY)))),
+        ("results-one-entry", "executor", Results(NET, nid("executor"), (first,))),
+        (
+            "results-entry-receipt-of-another-signer",
+            "executor",
+            Results(NET, nid("executor"), tuple(sorted((first, forged), key=BY_ENTRY))),
+        ),
+    ]
+
+
+def results_invalid() -> list[dict[str, Any]]:
+    """`results` carriers a decoder must refuse whole (InvalidMessage), signed by the executor."""
+    rw = next(m for n, _, m in results_samples() if n == "results").to_wire()
+    one, two = rw[2]
+    many = tuple((digest(f"results: assignment {i}").raw, *one[1:]) for i in range(MAX_RESULTS + 1))
+    cases = [
+        ("results-no-entries", (*rw[:2], ())),
+        ("results-entries-unsorted", (*rw[:2], (two, one))),
+        ("results-entry-twice", (*rw[:2], (one, one))),
+        (f"results-{MAX_RESULTS + 1}-entries", (*rw[:2], tuple(sorted(many)))),
+        ("results-entry-no-receipt", (*rw[:2], ((*one[:2], b"", *one[3:]),))),
+        ("results-entry-output-over-push-max", (*rw[:2], ((*one[:4], (b"x" * (PUSH_MAX + 1),)),))),
+        ("results-no-executor", (rw[0], rw[2])),
+    ]
+    return [
+        {
+            "name": name,
+            "valid": False,
+            "kind": "results",
+            "seed": seed("executor").hex(),
+            "error": "InvalidMessage",
+            "envelope": _resign("results", pack(wire), key("executor")).hex(),
+        }
+        for name, wire in cases
+    ]
+
+
 def build() -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for name, key_name, msg in samples() + relay_samples():
+    for name, key_name, msg in samples() + relay_samples() + results_samples():
         data = sign_message(msg, key(key_name))
         env = verify(data)
         assert env.message_id == message_id(env.kind, env.body, env.signer)
@@ -522,7 +586,7 @@ def build() -> list[dict[str, Any]]:
                 "fields": msg.to_json(),
             }
         )
-    return out + invalid()
+    return out + invalid() + results_invalid()
 
 
 def render() -> str:

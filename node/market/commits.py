@@ -1,0 +1,86 @@
+"""Shared commits: the writes that several tasks make at the same moment go into one transaction.
+
+The entries of a `results` carrier are each taken in a task of their own, started in one turn
+(outcomes.py); each ends its job with a few writes that must commit together. `SharedCommits.atomically`
+stands for `AsyncStore.atomically`: the first task to call it leads a batch, lets every other task
+that is ready run (a checkpoint, again while more join), then commits all the calls of the batch in
+one transaction and hands each task its own results. A batch that fails is committed again one task
+at a time, so one task's failing write never takes the others' with it (each gets its own error).
+A lone caller costs one checkpoint more than `AsyncStore.atomically`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from ..errors import StoreError
+from ..store.async_store import AsyncStore
+from ..store.db import Call
+
+
+class _Batch:
+    __slots__ = ("done", "members", "results")
+
+    def __init__(self) -> None:
+        self.members: list[tuple[Call, ...]] = []
+        self.results: list[list[Any] | StoreError] = []
+        self.done = trio.Event()
+
+
+class SharedCommits:
+    def __init__(self, store: AsyncStore) -> None:
+        self.store = store
+        self._open: _Batch | None = None
+
+    async def atomically(self, *calls: Call) -> list[Any]:
+        """The results of `calls`, committed durably in one transaction with those of the tasks that
+        call this at the same moment (all of a task's calls commit or none do)."""
+        batch = self._open
+        leader = batch is None
+        if batch is None:
+            batch = self._open = _Batch()
+        index = len(batch.members)
+        batch.members.append(calls)
+        if leader:
+            with trio.CancelScope(shield=True):  # the others wait on this batch: it always commits
+                await self._lead(batch)
+        else:
+            await batch.done.wait()
+        result = batch.results[index]
+        if isinstance(result, StoreError):
+            raise result
+        return result
+
+    async def _lead(self, batch: _Batch) -> None:
+        try:
+            joined = -1
+            while joined != len(batch.members):
+                joined = len(batch.members)
+                await trio.lowlevel.checkpoint()
+            self._open = None
+            if len(batch.members) == 1:
+                batch.results = [await self._alone(batch.members[0])]
+                return
+            try:
+                merged = await self.store.atomically(*(c for member in batch.members for c in member))
+            except StoreError:
+                batch.results = [await self._alone(member) for member in batch.members]
+                return
+            start = 0
+            for member in batch.members:
+                batch.results.append(merged[start : start + len(member)])
+                start += len(member)
+        finally:
+            if self._open is batch:
+                self._open = None
+            missing = StoreError("the shared commit was not made")
+            batch.results += [missing] * (len(batch.members) - len(batch.results))
+            batch.done.set()
+
+    async def _alone(self, calls: tuple[Call, ...]) -> list[Any] | StoreError:
+        try:
+            return await self.store.atomically(*calls)
+        except StoreError as e:
+            return e

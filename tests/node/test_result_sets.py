@@ -1,0 +1,165 @@
+"""Results travel in `results` carriers: an executor gathers the results of jobs that end close
+together into one signed message (delivery.py), and a submitter takes each entry on its own, so a bad
+entry does not keep the good ones out (outcomes.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import trio
+from e31.node.store.db import Store
+from e31.protocol.envelope import sign_message, sign_verified, verify
+from e31.protocol.ids import Digest, NodeId, sha256
+from e31.protocol.messages import BY_ENTRY, MAX_RESULTS, Results, UsageReceipt
+from market_nodes import Net, RealNode, start, until, wait_state
+
+
+def carriers_to(net: Net, node: bytes) -> list[Results]:
+    """Record every `results` carrier sent to `node` (and let it through)."""
+    seen: list[Results] = []
+    deliver = net.handlers[node]
+
+    async def handler(peer: bytes, raw: bytes) -> None:
+        env = verify(raw)
+        if isinstance(env.message, Results):
+            seen.append(env.message)
+        await deliver(peer, raw)
+
+    net.handlers[node] = handler
+    return seen
+
+
+async def test_the_jobs_of_a_sweep_come_back_in_carriers_and_each_ends_done(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    carriers = carriers_to(net, a.id)
+    await start(nursery, a, b)
+    jobs = [await a.submitter.submit(a.manifest(("7", str(1000 + i)))) for i in range(6)]
+    for job_id in jobs:
+        await wait_state(a, job_id, "done")
+    delivered = {e.job_id.raw for c in carriers for e in c.entries}
+    assert delivered >= set(jobs), "every job's receipt came in a `results` carrier"
+    for c in carriers:
+        assert 1 <= len(c.entries) <= MAX_RESULTS
+        assert [BY_ENTRY(e) for e in c.entries] == sorted(BY_ENTRY(e) for e in c.entries)
+
+
+async def test_a_bad_entry_of_a_carrier_does_not_keep_the_good_one_out(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    keys = {a.id: a.key, b.id: b.key}
+    deliver = net.handlers[a.id]
+    tampered: list[Results] = []
+
+    async def handler(peer: bytes, raw: bytes) -> None:
+        env = verify(raw)
+        if isinstance(env.message, Results) and not tampered:
+            carrier = env.message
+            good = carrier.entries[0]
+            other_job = dataclasses.replace(good, job_id=sha256(b"a job nobody assigned"))
+            garbage = dataclasses.replace(good, assignment_id=Digest(b"\x00" * 32), receipt=b"\x01\x02")
+            entries = tuple(sorted({*carrier.entries, other_job, garbage}, key=BY_ENTRY))
+            carrier = dataclasses.replace(carrier, entries=entries)
+            tampered.append(carrier)
+            raw = sign_message(carrier, keys[env.signer.raw])  # signed by the executor as before
+        await deliver(peer, raw)
+
+    net.handlers[a.id] = handler
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(a.manifest(("5", "1000")))
+    row = await wait_state(a, job_id, "done")
+    assert tampered and len(tampered[0].entries) >= 3
+    assert row.reason == "exited 0"
+    receipts = await a.store.run(Store.receipts_for_job, job_id)
+    assert len(receipts) == 1 and receipts[0].delivered is not None
+    assert not await a.store.run(Store.job, sha256(b"a job nobody assigned").raw, "submitter")
+
+
+def _receipt(executor: RealNode, submitter: RealNode, i: int, template: UsageReceipt) -> Any:
+    changed = dataclasses.replace(
+        template,
+        job_id=sha256(b"job %d" % i),
+        assignment_id=sha256(b"assignment %d" % i),
+        submitter=NodeId(submitter.id),
+        executor=NodeId(executor.id),
+    )
+    return sign_verified(changed, executor.key)
+
+
+async def test_results_that_end_while_other_jobs_are_held_share_a_carrier(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    carriers = carriers_to(net, a.id)
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(a.manifest(("5", "1000")))
+    await wait_state(a, job_id, "done")
+    (stored,) = await a.store.run(Store.envelopes_for_job, job_id, "receipt")
+    template = verify(stored.raw, UsageReceipt).message
+    carriers.clear()
+    delivery = b.executor.delivery
+    delivery.busy = lambda ids: True  # other jobs are held: results wait for each other (20 ms at most)
+    async with trio.open_nursery() as jobs:  # all end at once: more than one carrier holds
+        for i in range(MAX_RESULTS + 2):
+            jobs.start_soon(delivery.finish, (), _receipt(b, a, i, template), 0)
+    assert sorted(len(c.entries) for c in carriers) == [2, MAX_RESULTS]
+    carriers.clear()
+    delivery.busy = lambda ids: False  # nothing else held here: a result goes at once, alone
+    await delivery.finish((), _receipt(b, a, 1000, template), 0)
+    await until(lambda: carriers)
+    assert [len(c.entries) for c in carriers] == [1]
+
+
+async def test_the_outcomes_of_jobs_ending_together_commit_together_and_one_that_cannot_alone(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    from e31.node.errors import StoreError
+    from e31.node.store.db import call
+
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    carriers = carriers_to(net, a.id)
+    await start(nursery, a, b)
+    job_id = await a.submitter.submit(a.manifest(("5", "1000")))
+    await wait_state(a, job_id, "done")
+    (stored,) = await a.store.run(Store.envelopes_for_job, job_id, "receipt")
+    template = verify(stored.raw, UsageReceipt).message
+    carriers.clear()
+    commits: list[int] = []
+    atomically = b.store.atomically
+
+    async def counted(*calls: Any, durable: bool = True) -> Any:
+        commits.append(len(calls))
+        return await atomically(*calls, durable=durable)
+
+    def refuse(store: Store) -> None:
+        raise StoreError("this outcome cannot be stored")
+
+    b.store.atomically = counted  # type: ignore[method-assign]
+    delivery = b.executor.delivery
+    delivery.busy = lambda ids: True
+    receipts = [_receipt(b, a, i, template) for i in range(3)]
+    kv = [call(Store.kv_set, f"outcome {i}", b"kept") for i in range(3)]
+    errors: list[Exception] = []
+
+    async def finish(i: int) -> None:
+        calls = (kv[i], call(refuse)) if i == 1 else (kv[i],)
+        try:
+            await delivery.finish(calls, receipts[i], 0)
+        except StoreError as e:
+            errors.append(e)
+
+    async with trio.open_nursery() as jobs:
+        for i in range(3):
+            jobs.start_soon(finish, i)
+    assert commits[0] == 4, "one commit for the three outcomes first"
+    assert len(errors) == 1 and "cannot be stored" in str(errors[0])
+    assert await b.store.run(Store.kv_get, "outcome 0") == b"kept"
+    assert await b.store.run(Store.kv_get, "outcome 1") is None
+    assert await b.store.run(Store.kv_get, "outcome 2") == b"kept"
+    await until(lambda: carriers)
+    sent = {e.receipt for c in carriers for e in c.entries}
+    assert sent == {receipts[0].raw, receipts[2].raw}, "the outcome not stored is not sent"
