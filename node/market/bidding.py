@@ -114,8 +114,8 @@ class Bids:
             self._drop_promise(bid_id)  # (its bid may have lapsed and gone meanwhile)
 
     async def answer(self, env: VerifiedEnvelope[Offer]) -> None:
-        """Answer an offer with one `bid` for the jobs this node can finish in time (each planned as if
-        offered alone: against the queue as it is now) and a `decline` per reason for the others."""
+        """Answer an offer with one `bid` for the jobs this node can finish in time (the offer planned
+        once with every job promised here: policy.admit) and a `decline` per reason for the others."""
         now = self.ctx.clock()
         try:
             check_fresh(env, now, network=self.ctx.network)
