@@ -1,10 +1,11 @@
 """The line of jobs waiting to be offered, the signed offers that take them, and the answers.
 
 Each job's driver (submitter.py) joins the line for a round; `run` takes the waiting jobs as many to
-one signed offer as fit (MAX_SET, the gossip size cap), paced by a token bucket under what every node
-accepts from one signer, gossips it and shows it to this node's own executor, and opens each job's
-round. Bids and declines for that offer land in the round they answer (`on_answer`), where the driver
-waits for them.
+one signed offer as fit (MAX_SET, the gossip size cap), in the scheduling policy's order (jobs at risk
+first, then fair turns across the groups of jobs submitted together: policy.offer_key), paced by a
+token bucket under what every node accepts from one signer, gossips it and shows it to this node's own
+executor, and opens each job's round. Bids and declines for that offer land in the round they answer
+(`on_answer`), where the driver waits for them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from e31.protocol.messages import MAX_SET, Bid, Decline, Offer
 from ..net.links import TokenBucket
 from ..store.db import Store, call
 from .context import MarketContext
+from .policy import UNMEASURED, Task, Usage, offer_key
 from .rules import BidView, held_bytes
 from .submitted import Jobs, Joining, Round, in_round
 
@@ -63,6 +65,10 @@ class OfferLine:
         self._offers = TokenBucket(OFFER_RATE, OFFER_BURST)
         self._offer_line = trio.Lock()
         self._joining: list[Joining] = []
+        self._joined: dict[Joining, int] = {}
+        """When each job in line joined it (ms): its arrival, for the order (`_in_order`)."""
+        self._usage = Usage()
+        """Fuel budgets offered per group of jobs submitted together: the fair share of the line."""
         self._offer_wake = trio.Event()
         self._expiries: set[int] = set()
         self._expiries_prune_at = EXPIRIES_PRUNE_MIN
@@ -75,12 +81,14 @@ class OfferLine:
     def join(self, entry: Joining) -> None:
         """Put a job in line for the next offer (the offer sets `entry.done`)."""
         self._joining.append(entry)
+        self._joined[entry] = self.ctx.clock()
         self._offer_wake.set()
 
     def leave(self, entry: Joining) -> None:
         """Take a job out of line (its driver was cancelled before an offer took it)."""
         if entry in self._joining:
             self._joining.remove(entry)
+        self._joined.pop(entry, None)
 
     async def _gossip_tokens(self, cost: int) -> None:
         """Wait in line until `cost` tokens of the offer pace are there, and take them."""
@@ -175,9 +183,27 @@ class OfferLine:
             return False
         return True
 
+    def _in_order(self) -> list[Joining]:
+        """The line in the policy's order (policy.offer_key): the jobs at risk of missing their deadline
+        first, by deadline; then fair turns across groups of jobs submitted together (a lone job is
+        not offered after a whole sweep), the smaller job first, then arrival."""
+        now = self.ctx.clock()
+
+        def key(entry: Joining) -> tuple[object, ...]:
+            return offer_key(self._task(entry, now), now, self._usage)
+
+        return sorted(self._joining, key=key)  # stable: equal keys keep the line's order
+
+    def _task(self, entry: Joining, now: int) -> Task:
+        m = entry.job.manifest
+        group = m.created_at.to_bytes(8, "big") + m.module.root.raw[:8]  # a batch shares both
+        estimate = UNMEASURED.estimate_ms(m.profile.raw, m.limits.fuel, m.limits.wall_ms)
+        return Task(entry.job_id, group, m.deadline, estimate, self._joined.get(entry, now), m.limits.fuel)
+
     def _take_set(self) -> list[Joining]:
-        """The jobs of the next offer, in the order they joined: at most MAX_SET, one round per job
-        (replica lanes of one job go in different offers), within OFFER_BYTES."""
+        """The jobs of the next offer, in the policy's order (`_in_order`): at most MAX_SET, one round
+        per job (replica lanes of one job go in different offers), within OFFER_BYTES."""
+        now = self.ctx.clock()
         taken: list[Joining] = []
         rest: list[Joining] = []
         ids: set[bytes] = set()
@@ -185,9 +211,10 @@ class OfferLine:
         slack = int(self.ctx.settings.window.max_wait * 1000)
         soon = self.ctx.clock() + slack
         low = high = 0
-        for entry in self._joining:
+        for entry in self._in_order():
             if entry.job.finished.is_set():
                 entry.done.set()  # its driver sees the job finished and leaves the round
+                self._joined.pop(entry, None)
                 continue
             # The offer expires with its shortest-lived job: a job whose offer must expire soon goes
             # only with jobs whose offers expire about as soon (not to cut the others' rounds short).
@@ -203,9 +230,14 @@ class OfferLine:
                 taken.append(entry)
                 ids.add(entry.job_id)
                 size += entry.job.size
+                task = self._task(entry, now)
+                self._usage.charge(task.submitter, task.fuel, now)
+                self._joined.pop(entry, None)
             else:
                 rest.append(entry)
         self._joining = rest
+        if not rest:
+            self._usage.forget_below(now)
         return taken
 
     def _sign_offer(self, taken: list[Joining]) -> VerifiedEnvelope[Offer]:
