@@ -1144,8 +1144,12 @@ async def test_a_job_whose_offer_must_expire_soon_goes_only_with_jobs_that_expir
         manifest = a.manifest((str(i), "100"))
         entries.append(Joining(manifest.job_id.raw, SubmittedJob(manifest), expires))
     a.submitter.offers._joining = list(entries)
-    assert a.submitter.offers._take_set() == [entries[0], entries[2], entries[3]]
-    assert a.submitter.offers._take_set() == [entries[1], entries[4]]  # the two short-lived ones, together
+
+    def take() -> list[Joining]:  # (in the line's order: which of them go together is what counts)
+        return sorted(a.submitter.offers._take_set(), key=entries.index)
+
+    assert take() == [entries[0], entries[2], entries[3]]
+    assert take() == [entries[1], entries[4]]  # the two short-lived ones, together
     assert a.submitter.offers._joining == []
 
 
