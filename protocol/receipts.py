@@ -3,15 +3,19 @@
 A receipt is the executor's signed account of one run: what ran (module, inputs, profile,
 limits), what came out (stdout, stderr, output files, outcome), what it used (fuel, peak memory,
 compute time) and when it was queued, started and finished, so waiting is visible and never
-billed. The submitter countersigns receipts with an `ack` naming their message ids: one ack may
-answer a batch of receipts of one executor.
+billed. Version 2 adds the `meter` (a 21st field): the time the run was paused and the time spent
+fetching the job's inputs, neither of them billed. A version 1 receipt has 20 fields (no meter) and
+still decodes, to `meter=None`, and encodes back to the same 20 fields: the version is the array's
+length; a 21st field that is nil is refused (one receipt, one encoding).
+The submitter countersigns receipts with an `ack` naming their message ids: one ack may answer a
+batch of receipts of one executor.
 The check functions take already verified messages and raise Mismatch; they never look at a clock.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .blobs import BlobRef
 from .errors import InvalidMessage, Mismatch
@@ -23,6 +27,7 @@ from .schema import (
     NETWORK,
     TIME,
     U32,
+    Codec,
     Hash,
     Key,
     Message,
@@ -33,6 +38,7 @@ from .schema import (
     Sub,
     Text,
     UInt,
+    compiled_decoder,
     find_sorted,
     message,
     record,
@@ -63,6 +69,55 @@ class Outcome(Record):
             raise InvalidMessage("Outcome: trap is set exactly when status is 'trap'")
 
 
+ABSENT = object()
+"""Stands, in a wire array made longer to the newer shape, for a field the older version lacks."""
+
+
+class Added(Codec[Any]):
+    """A field a newer version of a record added at its end: absent from an older version's array
+    (ABSENT there: decoded as None), never nil on the wire."""
+
+    def __init__(self, inner: Codec[Any]) -> None:
+        self.inner = inner
+
+    def check(self, v: object) -> None:
+        if v is not None:
+            self.inner.check(v)
+
+    def enc(self, v: Any) -> Any:
+        return None if v is None else self.inner.enc(v)  # (None: the record drops the field)
+
+    def dec(self, w: object) -> Any:
+        return None if w is ABSENT else self.inner.dec(w)
+
+    def decode(self, w: object) -> Any:
+        return None if w is ABSENT else self.inner.decode(w)
+
+    def to_json(self, v: Any) -> Any:
+        return None if v is None else self.inner.to_json(v)
+
+    def from_json(self, j: object) -> Any:
+        return None if j is None else self.inner.from_json(j)
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} (version 2; a version 1 array ends before it; never nil)"
+
+
+@record
+@dataclass(frozen=True, slots=True)
+class Meter(Record):
+    """What a run's job spent apart from compute, none of it billed (receipt version 2)."""
+
+    paused_ms: int = field(metadata=w(UInt()))
+    """Time the run was paused while it held its core (the machine's owner came back; preemption)."""
+    fetch_ms: int = field(metadata=w(UInt()))
+    """Time spent fetching the job's module, inputs and stdin before it was queued."""
+
+
+RECEIPT_V1_FIELDS = 20
+"""Fields of a version 1 receipt (no `meter`); a version 2 receipt has one more."""
+
+
 @message("receipt", issuer="executor")
 @dataclass(frozen=True, slots=True)
 class UsageReceipt(Message):
@@ -86,10 +141,14 @@ class UsageReceipt(Message):
     queued_at: int = field(metadata=w(TIME))
     started_at: int = field(metadata=w(TIME))
     finished_at: int = field(metadata=w(TIME))
+    meter: Meter | None = field(default=None, metadata=w(Added(Sub(Meter))))
+    """Version 2: the unbilled time; None in a version 1 receipt (which has no such field at all)."""
 
     def _validate(self) -> None:
         if not self.queued_at <= self.started_at <= self.finished_at:
             raise InvalidMessage("UsageReceipt: expected queued_at <= started_at <= finished_at")
+        if self.meter is not None and self.meter.paused_ms > self.finished_at - self.started_at:
+            raise InvalidMessage("UsageReceipt: meter.paused_ms exceeds finished_at - started_at")
         if self.fuel_used > self.limits.fuel:
             raise InvalidMessage("UsageReceipt: fuel_used exceeds limits.fuel")
         if self.peak_memory > self.limits.memory_bytes:
@@ -102,6 +161,57 @@ class UsageReceipt(Message):
     @property
     def waited_ms(self) -> int:
         return self.started_at - self.queued_at
+
+    @property
+    def version(self) -> int:
+        """1: no meter; 2: with one."""
+        return 1 if self.meter is None else 2
+
+    def to_wire(self) -> tuple[Any, ...]:
+        wire = Record.to_wire(self)
+        return wire[:RECEIPT_V1_FIELDS] if self.meter is None else wire
+
+    def to_json(self) -> dict[str, Any]:
+        doc = Record.to_json(self)
+        if self.meter is None:  # a version 1 receipt, as it was written
+            del doc["meter"]
+        return doc
+
+    @classmethod
+    def from_json(cls, j: object) -> UsageReceipt:
+        if isinstance(j, dict) and "meter" not in j:
+            j = {**j, "meter": None}
+        return Record.from_json.__func__(cls, j)  # type: ignore[attr-defined,no-any-return]
+
+    @classmethod
+    def from_wire_reference(cls, wire: object) -> UsageReceipt:
+        return Record.from_wire_reference.__func__(cls, _receipt_v2_shape(wire))  # type: ignore[attr-defined,no-any-return]
+
+
+def _receipt_v2_shape(wire: object) -> object:
+    """A version 1 receipt's wire array in the version 2 shape: its meter ABSENT (decoded as None)."""
+    if type(wire) is tuple and len(wire) == RECEIPT_V1_FIELDS:
+        return (*wire, ABSENT)
+    return wire
+
+
+_decode_receipt_fields = None
+
+
+def _receipt_from_wire(wire: object) -> UsageReceipt:
+    """UsageReceipt's decoder: both versions (the compiled decoder of its fields, built on first use);
+    a refusal raises the reference decoder's error for the wire as it came."""
+    global _decode_receipt_fields
+    if _decode_receipt_fields is None:
+        _decode_receipt_fields = compiled_decoder(UsageReceipt)
+    try:
+        return _decode_receipt_fields(_receipt_v2_shape(wire))
+    except InvalidMessage:
+        UsageReceipt.from_wire_reference(wire)
+        raise
+
+
+UsageReceipt.from_wire = _receipt_from_wire  # type: ignore[method-assign]
 
 
 MAX_ACKED = 256
@@ -129,6 +239,19 @@ def expect(ok: bool, what: str) -> None:
     """Raise Mismatch(what) unless `ok`: how the checks tying signed messages together read."""
     if not ok:
         raise Mismatch(what)
+
+
+METER_SLACK_MS = 1_000
+"""How far a receipt's compute and pause may exceed its run's span before an auditor notes it (the
+executor measures them with different clocks)."""
+
+
+def meter_overrun_ms(receipt: UsageReceipt) -> int:
+    """How far `compute_ms + meter.paused_ms` exceeds `finished_at - started_at` (0 if it does not, or
+    the receipt has no meter): billed time the executor also says the run was paused."""
+    if receipt.meter is None:
+        return 0
+    return max(0, receipt.compute_ms + receipt.meter.paused_ms - (receipt.finished_at - receipt.started_at))
 
 
 def check_receipt_manifest(receipt: UsageReceipt, manifest: JobManifest) -> None:

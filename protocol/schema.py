@@ -721,6 +721,12 @@ class Source:
         return v
 
 
+def compiled_decoder(cls: type[R]) -> Callable[[object], R]:
+    """A new compiled decoder of `cls`'s fields, whatever its `from_wire` is now: for a record that
+    wraps its decoder (a message with an older, shorter form: receipts.UsageReceipt)."""
+    return _compile_from_wire(cls)
+
+
 def _compile_from_wire(cls: type[R]) -> Callable[[object], R]:
     """The decoder of one record class (see the module comment): compiled in C when the extension is
     there, else generated as Python. Decoding is the hot path of verification, right after the

@@ -415,6 +415,8 @@ class JobsApi:
                 "fuel_used": r.fuel_used,
                 "compute_ms": r.compute_ms,
                 "queued_ms": r.waited_ms,
+                "paused_ms": None if r.meter is None else r.meter.paused_ms,
+                "fetch_ms": None if r.meter is None else r.meter.fetch_ms,
                 "peak_memory": r.peak_memory,
                 "outputs": [f.name for f in r.outputs],
             }

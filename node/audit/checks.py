@@ -30,9 +30,11 @@ from e31.protocol.jobs import JobManifest
 from e31.protocol.merkle import verify_consistency, verify_entry_inclusion
 from e31.protocol.messages import Ack, Assign, InclusionProof, Offer, TreeHead, UsageReceipt
 from e31.protocol.receipts import (
+    METER_SLACK_MS,
     check_ack,
     check_receipt_assignment,
     check_receipt_manifest,
+    meter_overrun_ms,
 )
 
 from .bundle import Bundle
@@ -60,7 +62,7 @@ class Finding:
     severity: str
     """"problem" (the audit fails) or "note"."""
     check: str
-    """Which check: envelope, manifest, assignment, ack, inclusion, log, dispute, reexecute."""
+    """Which check: envelope, manifest, assignment, meter, ack, inclusion, log, dispute, reexecute."""
     what: str
     job: str | None = None
     node: str | None = None
@@ -74,6 +76,9 @@ class NodeSummary:
     fuel: int = 0
     compute_ms: int = 0
     queue_wait_ms: int = 0
+    paused_ms: int = 0
+    fetch_ms: int = 0
+    """From version 2 receipts' meters (a version 1 receipt says nothing of either)."""
     reexecuted: int = 0
     problems: int = 0
 
@@ -224,6 +229,9 @@ class _Audit:
                         "assignment",
                         f"receipt {_short(env.message_id)} does not match its assignment: {e}",
                     )
+            if (over := meter_overrun_ms(r)) > METER_SLACK_MS:
+                what = f"receipt {_short(env.message_id)} bills {over} ms of compute while the run was paused"
+                self.add("note", "meter", what, r.job_id, r.executor)
 
     def _bad(self, env: VerifiedEnvelope[UsageReceipt], check: str, what: str) -> None:
         self.bad_receipts.add(env.message_id)
@@ -502,6 +510,8 @@ class _Audit:
             s.fuel += r.fuel_used
             s.compute_ms += r.compute_ms
             s.queue_wait_ms += r.waited_ms
+            s.paused_ms += r.meter.paused_ms if r.meter else 0
+            s.fetch_ms += r.meter.fetch_ms if r.meter else 0
             s.reexecuted += verified.get(env.message_id, 0)
         for node, s in nodes.items():
             s.jobs = len(jobs[node])
@@ -636,7 +646,8 @@ def render(report: AuditReport) -> str:
     lines = ["bundle: " + ", ".join(f"{n} {noun}{'' if n == 1 else 's'}" for n, noun in counts)]
     if report.nodes:
         lines.append("")
-        head = ("node", "jobs", "receipts", "fuel", "compute s", "queue wait s", "re-executed", "problems")
+        head: tuple[str, ...] = ("node", "jobs", "receipts", "fuel", "compute s", "queue wait s")
+        head += ("paused s", "fetch s", "re-executed", "problems")
         rows = [head] + [
             (
                 n.node,
@@ -645,6 +656,8 @@ def render(report: AuditReport) -> str:
                 f"{n.fuel:,}",
                 f"{n.compute_ms / 1000:.3f}",
                 f"{n.queue_wait_ms / 1000:.3f}",
+                f"{n.paused_ms / 1000:.3f}",
+                f"{n.fetch_ms / 1000:.3f}",
                 str(n.reexecuted),
                 str(n.problems),
             )

@@ -7,6 +7,9 @@ its deadline on an idle core), then the offer's jobs are planned together with e
 promised (policy.admit: those queued, fetching or running, and those of its live bids not yet
 assigned); a job that would finish late, or make a promised job late, is declined `deadline`. A bid
 item's start and finish are the plan's.
+A bid's jobs that its submitter has not assigned CHOSEN_GRACE_MS after it assigned the first of them
+count no more as promised (they went to other bidders: the submitter spreads an offer's jobs at once,
+spread.py), though a late assignment of one is still taken while the bid lives.
 A bid names the blobs of its jobs this node holds already (`held`: the submitter prefers such a bid
 when all else is equal), and its finish counts the time to fetch the others (fetch_estimate.py), so a
 node holding a job's large blobs bids an earlier finish. The offer is remembered under the bid's id
@@ -42,6 +45,10 @@ PROMISED_BYTES_MAX = 16 << 20
 the assignment): past it, offers are declined `busy` until bids lapse or are assigned. A set of 64 tiny
 jobs is about 20 KiB, so this is hundreds of open bids; it bounds what a signer gossiping large offers
 that it never assigns can make every executor hold."""
+CHOSEN_GRACE_MS = 1000
+"""How long after a bid's first assignment its other jobs still count as promised here: a submitter
+assigns an offer's jobs all at once, when its bid window closes; those it gave to other nodes would
+otherwise hold this node's queue (`busy`, `deadline`) until the bid lapses."""
 SUBMIT_ONLY_TEXT = "this node runs no jobs (cores = 0: it only submits)"
 ANSWERED_PRUNE_MIN = 1024
 """Answered offers held before the expired ones are first forgotten (an expired offer is refused anyway)."""
@@ -90,6 +97,8 @@ class Bids:
         """What this node offers now; None: the configured ceiling."""
         self._promises: dict[bytes, Promise] = {}
         self._promised_bytes = 0
+        self._chosen_at: dict[bytes, int] = {}
+        """When each live bid's first assignment came (ms): CHOSEN_GRACE_MS later its rest lapses."""
         """The offers' bytes the live bids keep (at most PROMISED_BYTES_MAX)."""
         self._answered: dict[bytes, int] = {}
         """Offers (message id) answered, with their expiry: an offer heard again is not answered twice."""
@@ -116,12 +125,13 @@ class Bids:
     def assigned(self, bid_id: bytes, promise: Promise, job_id: bytes) -> None:
         """A job of the bid was assigned (and stored): the bid keeps its other jobs, or goes."""
         promise.jobs.pop(job_id, None)
+        self._chosen_at.setdefault(bid_id, self.ctx.clock())
         if not promise.jobs and self._promises.get(bid_id) is promise:
             self._drop_promise(bid_id)  # (its bid may have lapsed and gone meanwhile)
 
     async def answer(self, env: VerifiedEnvelope[Offer]) -> None:
-        """Answer an offer with one `bid` for the jobs this node can finish in time (each planned as if
-        offered alone: against the queue as it is now) and a `decline` per reason for the others."""
+        """Answer an offer with one `bid` for the jobs this node can finish in time (the offer planned
+        once with every job promised here: policy.admit) and a `decline` per reason for the others."""
         now = self.ctx.clock()
         try:
             check_fresh(env, now, network=self.ctx.network)
@@ -244,18 +254,22 @@ class Bids:
         estimate = self.scheduler.estimate_ms(manifest.profile.raw, lim.fuel, lim.wall_ms)
         return Task(manifest.job_id.raw, manifest.submitter.raw, manifest.deadline, estimate, now, lim.fuel)
 
-    def _bid_tasks(self, now: int) -> list[Task]:
+    def _open(self, now: int) -> list[Promise]:
+        """The live bids whose unassigned jobs still count: none of them assigned yet, or the first
+        less than CHOSEN_GRACE_MS ago (the submitter's choice for that offer is made)."""
+        chosen = self._chosen_at
         return [
-            self.task(m, now)
-            for p in self._promises.values()
-            if p.bid_expires > now
-            for m in p.jobs.values()
-            if m.deadline > now
+            p
+            for bid_id, p in self._promises.items()
+            if p.bid_expires > now and now - chosen.get(bid_id, now) < CHOSEN_GRACE_MS
         ]
 
+    def _bid_tasks(self, now: int) -> list[Task]:
+        return [self.task(m, now) for p in self._open(now) for m in p.jobs.values() if m.deadline > now]
+
     def _promised_jobs(self, now: int) -> int:
-        """Jobs named by live bids and not yet assigned."""
-        return sum(len(p.jobs) for p in self._promises.values() if p.bid_expires > now)
+        """Jobs named by live bids, not yet assigned, and still counted (`_open`)."""
+        return sum(len(p.jobs) for p in self._open(now))
 
     def _forget_old_promises(self, now: int) -> None:
         """Drop lapsed bids from the front: bids are made with one TTL (or expire earlier, with their
@@ -271,6 +285,7 @@ class Bids:
 
     def _drop_promise(self, bid_id: bytes) -> None:
         promise = self._promises.pop(bid_id, None)
+        self._chosen_at.pop(bid_id, None)
         if promise is not None:
             self._promised_bytes -= len(promise.offer.raw)
 

@@ -30,6 +30,7 @@ whose run was over keeps its receipt and stops delivering it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -42,34 +43,31 @@ from typing import Any, cast
 import trio
 from e31.protocol.blobs import BlobRef
 from e31.protocol.codec import pack, unpack_canonical
-from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_message, sign_verified
+from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_message
 from e31.protocol.errors import InvalidMessage
 from e31.protocol.ids import NodeId
-from e31.protocol.jobs import FileRef, JobManifest
+from e31.protocol.jobs import JobManifest
 from e31.protocol.messages import Accepted, Assign, Cancel, Offer, ProofRequest, Release
-from e31.protocol.receipts import TRAP_MAX, Ack, Outcome, UsageReceipt
+from e31.protocol.receipts import Ack, UsageReceipt
 from e31.protocol.results import outputs_of
 from e31.sandbox.errors import SandboxError
 from e31.sandbox.job import JobSpec
 from e31.sandbox.limits import Limits as SandboxLimits
-from e31.sandbox.limits import RunResult, Status
+from e31.sandbox.limits import RunResult
 
 from ..errors import StoreError
 from ..nursery import TaskSlot
 from ..store.blobs import BlobCorrupt, BlobError, BlobStore
 from ..store.db import Store, call
+from . import meter
 from .bidding import BidCapacity, Bids, clip
 from .context import MarketContext, transition
 from .delivery import Delivery, OnAcked, Prover, retention_ms
 from .held import Held, HeldJobs
 from .outputs import JobFailed, StoredOutputs, store_outputs
 from .policy import Task
-from .scheduler import JobExpired, JobInfo, JobLate, RunRecord, Scheduler
+from .scheduler import JobExpired, JobInfo, JobLate, Scheduler
 from .transfer import BlobTransfer, FetchError
-
-_TEST_LIE = 1 if os.environ.get("E31_TEST_CORRUPT_OUTPUT") == "1" else 0
-"""TEST ONLY: E31_TEST_CORRUPT_OUTPUT=1 makes this node a lying executor that claims one fuel more than
-it used (tests/node/test_faults_submitter.py catches it as `disputed`). Never set it otherwise."""
 
 log = logging.getLogger("e31.executor")
 
@@ -294,15 +292,28 @@ class Executor:
                 row = await self.ctx.store.run(Store.job, job_id, ROLE)
                 await self._fail(job_id, row.state if row else "queued", GIVE_BACK_TEXT, reason="deadline")
         except StoreError as e:  # (a full disk): this job stops here, the node and its other jobs go on
-            log.warning(
-                "job %s: its state cannot be stored: %s; it runs again at the next start",
-                job_id.hex()[:12],
-                e,
-            )
+            await self._give_back_unstored(job_id, assign, held, e)
         finally:
             self._active.discard(job_id)
             self._held.pop(job_id, None)
             self._discard(work)
+
+    async def _give_back_unstored(
+        self, job_id: bytes, assign: VerifiedEnvelope[Assign], held: Held, error: StoreError
+    ) -> None:
+        """A job whose state could not be stored (a full disk): one whose run had not ended is given back
+        at once (`release`, reason `other`: a fault of this node, not of the job; recorded `failed` if
+        the store takes it), so its submitter offers it again now instead of waiting out the lease. An
+        ended run's outcome is kept."""
+        why = f"its state cannot be stored here: {error}"
+        log.warning("job %s: %s", job_id.hex()[:12], why)
+        if not (held.ran or held.ending or held.withdrawn):
+            held.ending = True  # no `accepted` after the release
+            with contextlib.suppress(StoreError):
+                await self.ctx.store.run(
+                    Store.update_job, job_id, ROLE, self.ctx.now_s(), state="failed", reason=why[:500]
+                )
+            await self._release(assign, "other", why)
 
     def _held_tasks(self) -> list[Task]:
         """The jobs held here that have not started, as the policy sees them (for bids: held.py)."""
@@ -343,8 +354,11 @@ class Executor:
         fetched: bool,
     ) -> None:
         try:
+            fetch_ms = 0  # the meter: time spent fetching, never billed
             if not fetched:  # (stored as queued when every blob was here already)
+                began = self.ctx.clock()
                 await self._fetch_inputs(manifest)
+                fetch_ms = self.ctx.clock() - began
                 await self._set_state(job_id, "fetching", "queued")
             nursery = self._tasks.nursery
             if nursery is not None:
@@ -386,14 +400,27 @@ class Executor:
                     if attempt == 2 or manifest.submitter.raw == self.ctx.node.raw:
                         raise
                     log.warning("job %s: %s; fetching it again", job_id.hex()[:12], e)
+                    began = self.ctx.clock()
                     await self._fetch_inputs(manifest)
+                    fetch_ms += self.ctx.clock() - began
             held.ran = True
             marking.cancel()  # a run that ended before it was marked running goes from queued to done
             await marked.wait()  # a `running` being written is in the store before `done` can be
             stored = cast("StoredOutputs | None", record.after)
             if stored is None:
                 stored = await trio.to_thread.run_sync(store_outputs, blobs, work, record.result)
-            receipt = self._receipt(manifest, assign, record, stored.stdout, stored.stderr, stored.outputs)
+            receipt = meter.receipt(
+                network=self.ctx.network,
+                executor=self.ctx.node,
+                identity=self.ctx.identity,
+                manifest=manifest,
+                assign=assign,
+                record=record,
+                fetch_ms=fetch_ms,
+                stdout=stored.stdout,
+                stderr=stored.stderr,
+                outputs=stored.outputs,
+            )
         except (JobExpired, JobLate) as e:  # no receipt: the meter records nothing for it
             held.ending = True
             row = await self.ctx.store.run(Store.job, job_id, ROLE)
@@ -481,41 +508,6 @@ class Executor:
                 held.running = True
         finally:
             marked.set()
-
-    def _receipt(
-        self,
-        manifest: JobManifest,
-        assign: VerifiedEnvelope[Assign],
-        record: RunRecord,
-        stdout: BlobRef,
-        stderr: BlobRef,
-        outputs: tuple[FileRef, ...],
-    ) -> VerifiedEnvelope[UsageReceipt]:
-        """The signed receipt of a run whose outputs are stored."""
-        result = record.result
-        receipt = UsageReceipt(
-            network=self.ctx.network,
-            job_id=manifest.job_id,
-            assignment_id=assign.message_id,
-            submitter=manifest.submitter,
-            executor=self.ctx.node,
-            module=manifest.module,
-            inputs=manifest.inputs,
-            stdin=manifest.stdin,
-            stdout=stdout,
-            stderr=stderr,
-            outputs=outputs,
-            profile=manifest.profile,
-            limits=manifest.limits,
-            outcome=_outcome(result),
-            fuel_used=result.fuel_used + _TEST_LIE,
-            peak_memory=min(result.peak_memory_bytes, manifest.limits.memory_bytes),
-            compute_ms=record.compute_ms,
-            queued_at=record.queued_at,
-            started_at=record.started_at,
-            finished_at=record.finished_at,
-        )
-        return sign_verified(receipt, self.ctx.identity)
 
     async def _finish(
         self,
@@ -663,15 +655,6 @@ class Executor:
             and self._tasks.nursery is not None
         ):
             self.delivery.prove(peer, msg.receipt_id.raw, None)
-
-
-def _outcome(result: RunResult) -> Outcome:
-    if result.status is Status.EXITED:
-        return Outcome("exited", result.exit_code if result.exit_code is not None else 0, None)
-    if result.status is Status.TRAP:
-        trap = (result.trap or "unknown")[:TRAP_MAX] or "unknown"
-        return Outcome("trap", None, trap)
-    return Outcome(str(result.status), None, None)
 
 
 def _inputs_unchanged(blobs: BlobStore, manifest: JobManifest) -> None:

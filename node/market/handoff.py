@@ -27,8 +27,9 @@ from .submitted import ROLE, Jobs, SubmittedJob, holders, names_our_assignment, 
 
 log = logging.getLogger("e31.submitter")
 
-RETRYABLE_RELEASES = frozenset({"unknown", "lease"})
-"""Release reasons that say nothing against the executor: it may bid for the job again (once)."""
+RETRYABLE_RELEASES = frozenset({"unknown", "lease", "other"})
+"""Release reasons that say nothing against the job or the executor (`other`: a fault of the node, such
+as a full disk): it may bid for the job again (once)."""
 
 
 class HandOff:

@@ -1,16 +1,20 @@
 """The line of jobs waiting to be offered, the signed offers that take them, and the answers.
 
 Each job's driver (submitter.py) joins the line for a round; `run` takes the waiting jobs as many to
-one signed offer as fit (MAX_SET, the gossip size cap), paced by a token bucket under what every node
-accepts from one signer, gossips it and shows it to this node's own executor, and opens each job's
-round. Bids and declines for that offer land in the round they answer (`on_answer`), where the driver
-waits for them.
+one signed offer as fit (MAX_SET, the gossip size cap), in the scheduling policy's order (jobs at risk
+first, then fair turns across the groups of jobs submitted together: policy.offer_key), paced by a
+token bucket under what every node accepts from one signer, gossips it and shows it to this node's own
+executor, and opens each job's round. Bids and declines for that offer land in the round they answer
+(`on_answer`), where the driver waits for them. When the first of an offer's jobs is ready to take a
+bid, the offer's jobs are spread across all their bidders at once (`choose`, spread.py); a job whose
+spread bid is gone, or a replica lane, takes its own (rules.choose_bid).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Container, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -22,8 +26,10 @@ from e31.protocol.messages import MAX_SET, Bid, Decline, Offer
 from ..net.links import TokenBucket
 from ..store.db import Store, call
 from .context import MarketContext
-from .rules import BidView, held_bytes
-from .submitted import Jobs, Joining, Round, in_round
+from .policy import UNMEASURED, Task, Usage, offer_key
+from .rules import BidView, choose_bid, held_bytes
+from .spread import Wanted, spread
+from .submitted import Jobs, Joining, Round, SubmittedJob, in_round
 
 log = logging.getLogger("e31.submitter")
 
@@ -43,6 +49,26 @@ envelope. A manifest alone over it is still offered, alone (gossip refuses it; t
 EXPIRIES_PRUNE_MIN = 4096
 """Expiries of offers signed here held before the past ones are first forgotten (no two live offers of
 this node share an expiry, so none is the same message as another)."""
+SPREADS_PRUNE_MIN = 1024
+"""Offers with rounds open past which those whose rounds all ended are dropped (each is dropped with
+its last round anyway; this bounds what a driver cancelled before its round began leaves behind)."""
+
+
+@dataclass(eq=False)
+class Spread:
+    """The jobs of one offer (their rounds open with it) and, once the first took a bid, each one's."""
+
+    members: dict[bytes, SubmittedJob]
+    chosen: dict[bytes, BidView] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """What the submitter's rules read for a job's bid: its failures, its own load, the known keys."""
+
+    exclude: frozenset[bytes]
+    load: Mapping[bytes, int]
+    known: Container[bytes] = field(default_factory=frozenset)
 
 
 class OfferLine:
@@ -63,9 +89,15 @@ class OfferLine:
         self._offers = TokenBucket(OFFER_RATE, OFFER_BURST)
         self._offer_line = trio.Lock()
         self._joining: list[Joining] = []
+        self._joined: dict[Joining, int] = {}
+        """When each job in line joined it (ms): its arrival, for the order (`_in_order`)."""
+        self._usage = Usage()
+        """Fuel budgets offered per group of jobs submitted together: the fair share of the line."""
         self._offer_wake = trio.Event()
         self._expiries: set[int] = set()
         self._expiries_prune_at = EXPIRIES_PRUNE_MIN
+        self._spreads: dict[bytes, Spread] = {}
+        """The offers with rounds open, by offer id (each leaves with its last round: `forget`)."""
 
     @property
     def local(self) -> bool:
@@ -75,12 +107,14 @@ class OfferLine:
     def join(self, entry: Joining) -> None:
         """Put a job in line for the next offer (the offer sets `entry.done`)."""
         self._joining.append(entry)
+        self._joined[entry] = self.ctx.clock()
         self._offer_wake.set()
 
     def leave(self, entry: Joining) -> None:
         """Take a job out of line (its driver was cancelled before an offer took it)."""
         if entry in self._joining:
             self._joining.remove(entry)
+        self._joined.pop(entry, None)
 
     async def _gossip_tokens(self, cost: int) -> None:
         """Wait in line until `cost` tokens of the offer pace are there, and take them."""
@@ -136,6 +170,9 @@ class OfferLine:
             opened = trio.current_time()
             for entry in taken:
                 entry.job.round = Round(env.message_id.raw, opened)
+            self._spreads[env.message_id.raw] = Spread({e.job_id: e.job for e in taken})
+            if len(self._spreads) >= SPREADS_PRUNE_MIN:  # a driver cancelled before its round began
+                self._spreads = {o: g for o, g in self._spreads.items() if self._wanted(o, g)}
             if gossip and self.publish is not None:
                 try:
                     self.publish(env)
@@ -175,9 +212,27 @@ class OfferLine:
             return False
         return True
 
+    def _in_order(self) -> list[Joining]:
+        """The line in the policy's order (policy.offer_key): the jobs at risk of missing their deadline
+        first, by deadline; then fair turns across groups of jobs submitted together (a lone job is
+        not offered after a whole sweep), the smaller job first, then arrival."""
+        now = self.ctx.clock()
+
+        def key(entry: Joining) -> tuple[object, ...]:
+            return offer_key(self._task(entry, now), now, self._usage)
+
+        return sorted(self._joining, key=key)  # stable: equal keys keep the line's order
+
+    def _task(self, entry: Joining, now: int) -> Task:
+        m = entry.job.manifest
+        group = m.created_at.to_bytes(8, "big") + m.module.root.raw[:8]  # a batch shares both
+        estimate = UNMEASURED.estimate_ms(m.profile.raw, m.limits.fuel, m.limits.wall_ms)
+        return Task(entry.job_id, group, m.deadline, estimate, self._joined.get(entry, now), m.limits.fuel)
+
     def _take_set(self) -> list[Joining]:
-        """The jobs of the next offer, in the order they joined: at most MAX_SET, one round per job
-        (replica lanes of one job go in different offers), within OFFER_BYTES."""
+        """The jobs of the next offer, in the policy's order (`_in_order`): at most MAX_SET, one round
+        per job (replica lanes of one job go in different offers), within OFFER_BYTES."""
+        now = self.ctx.clock()
         taken: list[Joining] = []
         rest: list[Joining] = []
         ids: set[bytes] = set()
@@ -185,9 +240,10 @@ class OfferLine:
         slack = int(self.ctx.settings.window.max_wait * 1000)
         soon = self.ctx.clock() + slack
         low = high = 0
-        for entry in self._joining:
+        for entry in self._in_order():
             if entry.job.finished.is_set():
                 entry.done.set()  # its driver sees the job finished and leaves the round
+                self._joined.pop(entry, None)
                 continue
             # The offer expires with its shortest-lived job: a job whose offer must expire soon goes
             # only with jobs whose offers expire about as soon (not to cut the others' rounds short).
@@ -203,9 +259,14 @@ class OfferLine:
                 taken.append(entry)
                 ids.add(entry.job_id)
                 size += entry.job.size
+                task = self._task(entry, now)
+                self._usage.charge(task.submitter, task.fuel, now)
+                self._joined.pop(entry, None)
             else:
                 rest.append(entry)
         self._joining = rest
+        if not rest:
+            self._usage.forget_below(now)
         return taken
 
     def _sign_offer(self, taken: list[Joining]) -> VerifiedEnvelope[Offer]:
@@ -222,6 +283,56 @@ class OfferLine:
             self._expiries_prune_at = max(EXPIRIES_PRUNE_MIN, 2 * len(self._expiries))
         manifests = tuple(e.job.manifest for e in sorted(taken, key=lambda e: e.job_id))
         return sign_verified(Offer(self.ctx.network, expires, self.ctx.node, manifests), self.ctx.identity)
+
+    def choose(self, job_id: bytes, job: SubmittedJob, choice: Choice) -> BidView | None:
+        """The bid the job takes now from its open round: its share of the spread of its offer
+        (computed once, with the bids in hand when the first of the offer's jobs is ready), or, if
+        that bid is gone or the job is a replica lane, the best bid for it alone (rules.choose_bid)."""
+        rnd = job.round
+        if rnd is None:
+            return None
+        now = self.ctx.clock()
+        group = self._spreads.get(rnd.offer_id)
+        if group is not None and job.manifest.replicas == 1:
+            if group.chosen is None:
+                group.chosen = spread(
+                    self._wanted(rnd.offer_id, group), choice.load, now=now, known=choice.known
+                )
+            bid = group.chosen.get(job_id)
+            if (
+                bid is not None
+                and rnd.bids.get(bid.executor) is bid
+                and bid.expires > now
+                and bid.executor not in choice.exclude
+            ):
+                return bid
+        return choose_bid(
+            rnd.bids.values(),
+            choice.load,
+            now=now,
+            deadline=job.manifest.deadline,
+            exclude=choice.exclude,
+            known=choice.known,
+        )
+
+    def _wanted(self, offer_id: bytes, group: Spread) -> list[Wanted]:
+        """The offer's single jobs whose round is still open with it, with their bids."""
+        return [
+            Wanted(job_id, job.manifest.deadline, dict(rnd.bids), frozenset(job.rejected))
+            for job_id, job in group.members.items()
+            if (rnd := job.round) is not None
+            and rnd.offer_id == offer_id
+            and job.manifest.replicas == 1
+            and not job.finished.is_set()
+        ]
+
+    def forget(self, offer_id: bytes, job_id: bytes) -> None:
+        """The job's round with that offer is over: the offer's spread leaves with its last round."""
+        group = self._spreads.get(offer_id)
+        if group is not None:
+            group.members.pop(job_id, None)
+            if not group.members:
+                del self._spreads[offer_id]
 
     def on_answer(self, env: VerifiedEnvelope[Any]) -> None:
         """A bid or decline: each job it names whose current round is that offer's hears from it."""

@@ -24,7 +24,9 @@ decide through these functions; docs/scheduling.md explains them and shows what 
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -181,9 +183,83 @@ class Admitted:
 
 def admit(slots: Sequence[Slot], promised: Sequence[Task], offered: Sequence[Task], now: int) -> Admitted:
     """Plan `offered` with every job already `promised`: accept, in deadline order, each that finishes
-    by its deadline without making late any job that was on time; decline the rest."""
+    by its deadline without making late any job that was on time; decline the rest.
+
+    The decisions are those of `admit_each` (one plan per offered job), reached with fewer plans.
+    When no promised job is late, an offered job is declined with no plan if even the fluid bound
+    (`fluid_finish`) of its work, that of every promised job due no later and that of the offered
+    jobs accepted before it (all of them planned before any job due later) ends past its deadline:
+    the last of them would be late. So a node whose backlog cannot meet an offer answers it for the
+    price of one plan and a sort. The others are first planned together, once, and accepted all at
+    once when that plan makes nothing late (removing jobs from a list schedule of independent jobs
+    never delays the others, so each would have been accepted in turn); only otherwise is each
+    planned in turn."""
+    base = plan(slots, promised, now)
+    before = late(promised, base)
+    offered = sorted(offered, key=edf_key)
+    if not offered:
+        return Admitted({}, {}, len(promised))
+    free = sorted(max(now, s.free_at) for s in slots)
+    queue = sorted(promised, key=edf_key)
+    deadlines = [t.deadline for t in queue]
+    prefix = list(itertools.accumulate((t.estimate_ms for t in queue), initial=0))
+
+    def past_bound(task: Task, accepted_ms: int) -> int:
+        """How far the fluid bound ends past the task's deadline (0: it does not; it is only a
+        bound while no promised job is late)."""
+        if before or not free:
+            return 0
+        work = prefix[bisect.bisect_right(deadlines, task.deadline)] + accepted_ms + task.estimate_ms
+        return max(0, math.ceil(fluid_finish(free, work)) - task.deadline)
+
+    declined = {t.key: over for t in offered if (over := past_bound(t, 0))}
+    kept = [t for t in offered if t.key not in declined]
+    together = [*promised, *kept]
+    planned = plan(slots, together, now)
+    if late(together, planned) <= before:
+        return Admitted({t.key: planned[t.key] for t in kept}, declined, len(together))
+    chosen, accepted_ms = list(promised), 0
+    accepted: list[Task] = []
+    for task in kept:
+        if over := past_bound(task, accepted_ms):
+            declined[task.key] = over
+            continue
+        trial = [*chosen, task]
+        planned = plan(slots, trial, now)
+        now_late = late(trial, planned)
+        if task.key in now_late or not now_late <= before:
+            declined[task.key] = max(0, planned.get(task.key, (0, task.deadline))[1] - task.deadline)
+            continue
+        chosen.append(task)
+        accepted.append(task)
+        accepted_ms += task.estimate_ms
+    final = plan(slots, chosen, now)
+    return Admitted({t.key: final[t.key] for t in accepted}, declined, len(chosen))
+
+
+def fluid_finish(free: Sequence[int], work: int) -> float:
+    """The earliest `work` ms of jobs could all be done on cores free from the times `free` (sorted),
+    were they divisible at will (water-filling): a lower bound on the last finish of any plan of them."""
+    total = 0
+    for k, at in enumerate(free):  # k: the cores filled so far, each up to the level
+        if k and (total + work) / k <= at:
+            return (total + work) / k
+        total += at
+    return (total + work) / max(1, len(free))
+
+
+def admit_each(
+    slots: Sequence[Slot],
+    promised: Sequence[Task],
+    offered: Sequence[Task],
+    now: int,
+    before: frozenset[bytes] | None = None,
+) -> Admitted:
+    """`admit` by its definition: each offered job, in deadline order, planned with the promised and
+    the accepted ones (one plan per job). `before`: the promised jobs already late, if known."""
     chosen = list(promised)
-    before = late(chosen, plan(slots, chosen, now))
+    if before is None:
+        before = late(chosen, plan(slots, chosen, now))
     accepted: list[Task] = []
     declined: dict[bytes, int] = {}
     for task in sorted(offered, key=edf_key):
@@ -201,6 +277,27 @@ def admit(slots: Sequence[Slot], promised: Sequence[Task], offered: Sequence[Tas
 
 
 # --- order ---------------------------------------------------------------------------------------------
+
+AT_RISK = 2.0
+"""A job is at risk when its deadline is at most this many times its estimate away."""
+UNMEASURED = Calibration()
+"""The estimates of a node that knows nothing of the executor (a submitter ordering its own line)."""
+
+
+def at_risk(task: Task, now: int) -> bool:
+    return task.deadline - now <= AT_RISK * task.estimate_ms
+
+
+def offer_key(
+    task: Task, now: int, usage: Usage, weights: Mapping[bytes, float] | None = None
+) -> tuple[bool, int, tuple[bool, float, float, int, int]]:
+    """The order in which a submitter offers its own waiting jobs (`task.submitter`: the group of jobs
+    submitted together): the jobs at risk first, earliest deadline first; then fair order across the
+    groups (`fair_key`: aged jobs, least usage per weight, smaller job, arrival). No job id: a stable
+    sort keeps the line's order among equals."""
+    if at_risk(task, now):
+        return (False, task.deadline, (False, 0.0, 0.0, task.estimate_ms, task.arrived))
+    return (True, 0, fair_key(task, now, usage, weights or {})[:-1])
 
 
 def expired(tasks: Iterable[Task], now: int) -> list[Task]:

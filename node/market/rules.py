@@ -30,6 +30,8 @@ from enum import Enum
 from e31.protocol.ids import Digest
 from e31.protocol.jobs import JobManifest
 
+from .policy import AT_RISK
+
 MIN_ESTIMATE_MS = 1
 
 
@@ -145,8 +147,10 @@ def choose_bid(
     exclude: frozenset[bytes] = frozenset(),
     known: Container[bytes] = frozenset(),
 ) -> BidView | None:
-    """The best live bid that finishes by the deadline, or None. `load`: jobs this submitter has
-    assigned to each executor and not yet seen finish; `exclude`: executors that failed this job;
+    """The best live bid that finishes by the deadline, or None: the earliest finish, counting `load`,
+    the jobs this submitter has assigned to each executor and not yet seen finish, unless the job is
+    at risk (the scheduling policy's rule; then the promised finish alone); `exclude`: executors that
+    failed this job;
     `known`: executors with evidence behind them (`Evidence.known`). A known executor's bid goes ahead
     of an equal one from a stranger; and while a known executor bids, a stranger gets the job only if
     strangers would then hold at most STRANGER_WORK_SHARE of this submitter's jobs under way (so any
@@ -161,9 +165,15 @@ def choose_bid(
             live = [b for b in live if b.executor in known]
     if not live:
         return None
+    soonest = min(live, key=lambda b: (b.expected_finish, b.expected_start, b.executor))
+    duration = max(soonest.expected_finish - soonest.expected_start, MIN_ESTIMATE_MS)
+    # At risk (policy.at_risk: its deadline within AT_RISK times its run): the executor's queue runs
+    # it ahead of the jobs there with slack (policy.pick), so the jobs this submitter has under way
+    # there do not delay it as a queue of theirs would: the earliest finish it is promised wins.
+    urgent = deadline - now <= AT_RISK * duration
 
     def rank(b: BidView) -> tuple[int, int, bool, int, bytes]:
-        finish, start, _ = bid_rank(b, load.get(b.executor, 0))
+        finish, start, _ = bid_rank(b, 0 if urgent else load.get(b.executor, 0))
         # all else equal: the executor that holds more of the job's bytes (no fetch), then by key
         return (finish, start, b.executor not in known, -b.held_bytes, b.executor)
 

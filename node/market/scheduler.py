@@ -14,7 +14,8 @@ The meter: `queued_at` is when the job entered the queue, `started_at` when it g
 `finished_at` when it ended; the compute time billed is the sandbox's own `wall_seconds`, which
 counts only while the guest holds the CPU (a suspended job's pause is excluded by the pool), and
 fuel comes from the sandbox alone. The wait for a worker is visible (started_at - queued_at) and
-never billed.
+never billed; so is the time a run was paused while it held its worker (`RunRecord.paused_ms`,
+measured here from `suspend` to `resume`), which its receipt's meter records (meter.py).
 
 Calibration: each run teaches the policy's Calibration its profile's fuel rate (fuel over the time the
 run held its worker, not counting a pause) and the safety margin; a job stopped at its deadline raises
@@ -84,6 +85,8 @@ class RunRecord:
     finished_at: int
     after: object = None
     """What `execute`'s `then` returned (None without one)."""
+    paused_ms: int = 0
+    """Time the run was paused while it held its worker (the owner's return): not billed."""
 
     @property
     def compute_ms(self) -> int:
@@ -140,6 +143,22 @@ class _Entry:
     running: bool = False
     paused: bool = False
     """Suspended at some time while it held its worker."""
+    charged: bool = False
+    """Its submitter's usage was charged its fuel budget when it got a worker."""
+    paused_ms: int = 0
+    """Time it was paused while it held its worker, up to `paused_since` (the meter: not billed)."""
+    paused_since: int | None = None
+    """When its current pause began (None: not paused now)."""
+
+    def pause(self, now: int) -> None:
+        self.paused = True
+        if self.paused_since is None:
+            self.paused_since = now
+
+    def unpause(self, now: int) -> None:
+        if self.paused_since is not None:
+            self.paused_ms += max(0, now - self.paused_since)
+            self.paused_since = None
 
 
 @dataclass
@@ -248,15 +267,18 @@ class Scheduler:
         if self.suspended:
             return
         self._resumed = trio.Event()
+        now = self.clock()
         for entry in self._running:
-            entry.paused = True
             if entry.handle is not None:
+                entry.pause(now)
                 entry.handle.suspend()
 
     def resume(self) -> None:
+        now = self.clock()
         for entry in self._running:
             if entry.handle is not None:
                 entry.handle.resume()
+                entry.unpause(now)
         self._resumed.set()
         self._dispatch()
 
@@ -281,6 +303,7 @@ class Scheduler:
             self._running.add(entry)
             if entry.job is not None:
                 self.usage.charge(entry.job.submitter, entry.job.fuel, now)
+                entry.charged = True
             entry.go.set()
 
     async def execute(
@@ -328,7 +351,7 @@ class Scheduler:
             run = _Run(self, started_at, then)
             entry.handle = run.submit(pool, spec, output_dir, streams_dir)
             if self.suspended:
-                entry.paused = True
+                entry.pause(self.clock())
                 entry.handle.suspend()
             await run.wait_sent(entry.handle)
             if run.sent and on_start is not None:
@@ -340,12 +363,17 @@ class Scheduler:
                     raise
             entry.running = True
             result, finished_at, after = await run.wait_done(entry.handle, task.deadline)
+        except BaseException:
+            self._refund(entry)
+            raise
         finally:
             if entry in self._waiting:
                 self._waiting.remove(entry)
             self._running.discard(entry)
             self._dispatch()
-        record = RunRecord(result, queued_at, started_at, finished_at, after)
+        entry.unpause(finished_at)  # (a run that ended while paused: its pause ends with it)
+        paused_ms = min(entry.paused_ms, finished_at - started_at)
+        record = RunRecord(result, queued_at, started_at, finished_at, after, paused_ms)
         self.completed += 1
         metrics.RUNS.inc(1, str(result.status))
         metrics.FUEL_SERVED.inc(result.fuel_used)
@@ -356,6 +384,18 @@ class Scheduler:
         if job is not None and not entry.paused:  # a paused run's elapsed time says nothing of the rate
             self.calibration = self.calibration.ran(job.profile, result.fuel_used, finished_at - started_at)
         return record
+
+    def _refund(self, entry: _Entry) -> None:
+        """A job charged its budget that ended with no result (stopped at its deadline, cancelled, or
+        never started): its submitter keeps only what the time it held its worker could have burnt."""
+        job = entry.job
+        if job is None or not entry.charged:
+            return
+        now = self.clock()
+        held_ms = max(0, now - entry.started_at) if entry.started_at else 0
+        burnt = min(job.fuel, held_ms * self.calibration.rate(job.profile) // 1000)
+        self.usage.charge(job.submitter, burnt - job.fuel, now)
+        entry.charged = False
 
 
 class _Run:

@@ -26,7 +26,7 @@ from e31.protocol.messages import (
     TreeHead,
     UsageReceipt,
 )
-from e31.protocol.receipts import Outcome
+from e31.protocol.receipts import Meter, Outcome
 from e31.protocol.schema import Message, Seq, Sub
 from receipt_fixtures import (
     LIMITS,
@@ -338,3 +338,29 @@ def test_the_job_id_fields_peeked_at_are_those_of_the_messages() -> None:
                 found[kind] = (index, "items" if codec.order_key in (BY_JOB, BY_ENTRY) else "?")
     assert "offer" not in found  # manifests: the job ids are hashes, not fields
     assert found == _JOB_ID_FIELD
+
+
+def test_the_meter_of_version_2_receipts_is_shown_and_an_overrun_noted(log: ReceiptLog) -> None:
+    """A version 2 receipt's pause and fetch times are summed per executor and shown; a receipt
+    billing compute over time it also says was paused gets a note (not a problem: clocks differ);
+    a version 1 receipt (no meter) audits as before."""
+    old = mandelbrot(nonce=31)
+    r = verify(old.receipt, UsageReceipt).message
+    assert r.version == 1
+    span = r.finished_at - r.started_at
+    metered = resign_receipt(mandelbrot(nonce=32), meter=Meter(paused_ms=0, fetch_ms=2_500))
+    # held its core 3 s past the run, paused all that time, and bills 2 s of compute besides the run's
+    liar = resign_receipt(
+        mandelbrot(nonce=33),
+        compute_ms=r.compute_ms + 2_000,
+        finished_at=r.started_at + span + 3_000,
+        meter=Meter(paused_ms=span + 3_000, fetch_ms=0),
+    )
+    report = audit(bundle_of([old, metered, liar], log), reexecute=True)
+    assert report.sound, problems(report)
+    (node,) = report.nodes
+    assert (node.paused_ms, node.fetch_ms, node.reexecuted) == (span + 3_000, 2_500, 3)
+    notes = [(n.check, n.job) for n in report.notes]
+    assert notes == [("meter", liar.job_id.hex())]
+    text = render(report)
+    assert "paused s" in text and "fetch s" in text and f"{(span + 3_000) / 1000:.3f}" in text

@@ -1180,8 +1180,12 @@ async def test_a_job_whose_offer_must_expire_soon_goes_only_with_jobs_that_expir
         manifest = a.manifest((str(i), "100"))
         entries.append(Joining(manifest.job_id.raw, SubmittedJob(manifest), expires))
     a.submitter.offers._joining = list(entries)
-    assert a.submitter.offers._take_set() == [entries[0], entries[2], entries[3]]
-    assert a.submitter.offers._take_set() == [entries[1], entries[4]]  # the two short-lived ones, together
+
+    def take() -> list[Joining]:  # (in the line's order: which of them go together is what counts)
+        return sorted(a.submitter.offers._take_set(), key=entries.index)
+
+    assert take() == [entries[0], entries[2], entries[3]]
+    assert take() == [entries[1], entries[4]]  # the two short-lived ones, together
     assert a.submitter.offers._joining == []
 
 
@@ -1217,3 +1221,33 @@ async def test_messages_reaching_a_stopped_market_are_dropped_not_spawned(
         c.id, sign_message(Accepted(NETWORK, Digest(b"\x01" * 32), Digest(b"\x02" * 32), NodeId(c.id)), c.key)
     )
     assert b.submitter.jobs == {}
+
+
+async def test_the_line_offers_jobs_at_risk_first_and_a_lone_job_before_a_sweeps_rest(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """The submitter's own line follows the scheduling policy (policy.offer_key): a job whose deadline
+    is near its estimate goes first; a lone job joining behind a sweep of more than one offer's jobs
+    goes in the next offer, not after the whole sweep (the sweep's offered jobs count against it)."""
+    from e31.node.market.submitted import Joining, SubmittedJob
+    from e31.protocol.messages import MAX_SET
+
+    a = RealNode(net, tmp_path, "a", 1)
+    line = a.submitter.offers
+    far = wall_ms() + 600_000
+    sweep = [a.manifest((str(i), "100"), deadline_s=600) for i in range(MAX_SET + 20)]
+    sweep = [replace(m, created_at=sweep[0].created_at) for m in sweep]  # one batch
+    lone = a.manifest(("lone", "100"), deadline_s=600)
+    urgent = a.manifest(("urgent", "100"), deadline_s=15)  # 1e10 fuel: 12.5 s at the unmeasured rate
+    entries = {m.job_id.raw: Joining(m.job_id.raw, SubmittedJob(m), far) for m in (*sweep, lone, urgent)}
+    for m in (*sweep, lone, urgent):
+        line.join(entries[m.job_id.raw])
+    first = line._take_set()
+    assert first[0] is entries[urgent.job_id.raw] and len(first) == MAX_SET
+    second = line._take_set()
+    taken = first + second
+    assert entries[lone.job_id.raw] in taken
+    # the lone job went before the sweep's last jobs, which came in the order they joined
+    rest = [e for e in taken if e.job_id in {m.job_id.raw for m in sweep}]
+    assert [e.job_id for e in rest] == [m.job_id.raw for m in sweep]
+    assert taken.index(entries[lone.job_id.raw]) < taken.index(rest[-1])

@@ -241,3 +241,12 @@ def test_backoff_doubles_per_try_up_to_its_doublings_and_its_cap() -> None:
     assert [backoff(0.2, tries, 60.0, doublings=8) for tries in (0, 1, 2, 3)] == [0.2, 0.4, 0.8, 1.6]
     assert backoff(0.2, 9, 60.0, doublings=8) == backoff(0.2, 8, 60.0, doublings=8) == 51.2
     assert backoff(1.0, 20, 8.0, doublings=12) == 8.0
+
+
+def test_a_job_at_risk_takes_the_earliest_promised_finish_whatever_the_load() -> None:
+    """The executor runs a job at risk ahead of the jobs there with slack (policy.pick), so this
+    submitter's jobs under way there do not count against its bid: the fair-order policy's rule."""
+    a, b = bid(b"a", NOW, NOW + 1000), bid(b"b", NOW, NOW + 1500)
+    load = {b"a": 1}
+    assert choose_bid([a, b], load, now=NOW, deadline=NOW + 10_000) == b  # slack: the load counts
+    assert choose_bid([a, b], load, now=NOW, deadline=NOW + 1_800) == a  # within twice its run: at risk

@@ -13,8 +13,10 @@ from e31.node.market.policy import (
     Task,
     Usage,
     admit,
+    admit_each,
     edf_key,
     expired,
+    fluid_finish,
     late,
     pick,
     plan,
@@ -53,6 +55,37 @@ def test_admission_never_promises_an_infeasible_set(
     assert set(result.accepted) | set(result.declined) == {t.key for t in offered}
     for t in accepted:
         assert result.accepted[t.key] == after[t.key] and after[t.key][1] <= t.deadline
+
+
+def sweep_tasks(prefix: bytes) -> st.SearchStrategy[list[Task]]:
+    """Jobs of a sweep: many sharing one of a few deadlines (where admission's shortcuts matter)."""
+    job = st.tuples(st.integers(1, 3000), st.sampled_from([4000, 9000, 15000, 30000]))
+    return st.lists(job, max_size=24).map(
+        lambda jobs: [Task(prefix + bytes([i]), b"s", NOW + d, e, NOW) for i, (e, d) in enumerate(jobs)]
+    )
+
+
+@given(slots_st, tasks(prefix=b"p") | sweep_tasks(b"p"), tasks(prefix=b"o") | sweep_tasks(b"o"))
+@settings(max_examples=500, deadline=None)
+def test_admission_decides_as_planning_each_job_in_turn(
+    slots: list[Slot], promised: list[Task], offered: list[Task]
+) -> None:
+    """`admit`'s shortcuts (the fluid bound, one plan for the whole offer) change no decision and no
+    planned time of its definition, `admit_each`."""
+    fast, each = admit(slots, promised, offered, NOW), admit_each(slots, promised, offered, NOW)
+    assert (fast.accepted, set(fast.declined), fast.promised) == (
+        each.accepted,
+        set(each.declined),
+        each.promised,
+    )
+
+
+def test_fluid_finish_fills_the_earliest_free_cores_first() -> None:
+    assert fluid_finish([0], 10) == 10
+    assert fluid_finish([0, 0], 10) == 5
+    assert fluid_finish([0, 100], 10) == 10  # the second core is free only after the work is done
+    assert fluid_finish([0, 4], 10) == 7
+    assert fluid_finish([], 10) == 10
 
 
 def run_all(cores: int, waiting: list[Task], usage: Usage) -> dict[bytes, int]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,15 +107,27 @@ def test_the_six_job_overload_ends_every_job_on_time_or_with_a_reason(
         print(f"  {d['state']}: {d['reason']}")
 
 
-@pytest.mark.skip(
-    reason="flaky on a quiet machine (one clean-clone CI run of three started BBBBBBBBAAAAAAAA: one "
-    "submitter's eight jobs all started before the other's first); whether the second submitter's offers "
-    "came late or the executor's order let them wait is not yet known. The fair order itself is tested "
-    "in test_policy.py and test_scheduler.py."
-)
-def test_two_submitters_offering_at_once_are_served_in_turn(trio_of_nodes: tuple[Node, Node, Node]) -> None:
-    x, s1, s2 = trio_of_nodes
-    per_sample = calibrate(x, s2)
+def test_two_submitters_offering_at_once_are_served_in_turn(
+    trio_of_nodes: tuple[Node, Node, Node], tmp_path: Path
+) -> None:
+    """Two submitters of equal standing: new ones, since the executor's fair order counts each
+    submitter's fuel of the last minutes (a half-life of 10 min): s1, with the runs of the test before
+    on its account, is rightly served after all eight of a new submitter's jobs."""
+    x, s1, _ = trio_of_nodes
+    per_sample = calibrate(x, s1)
+    fresh: list[Node] = []
+    try:
+        for name in ("s3", "s4"):
+            fresh.append(Node(tmp_path / name, "--bootstrap", x.address, "--cores", "0"))
+        for s in fresh:
+            wait_for(f"{s.data_dir.name} to link to the executor", lambda s=s: x.node_id in s.connected())
+        serve_two(x, fresh[0], fresh[1], per_sample)
+    finally:
+        for node in fresh:
+            node.stop()
+
+
+def serve_two(x: Node, s1: Node, s2: Node, per_sample: float) -> None:
     samples = int(4_000_000_000 / per_sample)  # a few tenths of a second each
 
     def batch(s: Node, seed: int) -> list[str]:

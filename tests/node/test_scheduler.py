@@ -123,14 +123,14 @@ async def test_whole_streams_and_worker_pids_come_from_the_pool(scheduler: Sched
 async def test_suspending_a_running_job_changes_nothing_in_its_result(
     scheduler: Scheduler, tmp_path: Path
 ) -> None:
-    baseline = await scheduler.execute(montecarlo(4, 20_000_000), tmp_path / "a", estimate_ms=1)
+    baseline = await scheduler.execute(montecarlo(4, 50_000_000), tmp_path / "a", estimate_ms=1)
     result: list[RunRecord] = []
     started = trio.Event()
 
     async def one() -> None:
         result.append(
             await scheduler.execute(
-                montecarlo(4, 20_000_000), tmp_path / "b", estimate_ms=1, on_start=lambda at: started.set()
+                montecarlo(4, 50_000_000), tmp_path / "b", estimate_ms=1, on_start=lambda at: started.set()
             )
         )
 
@@ -148,6 +148,9 @@ async def test_suspending_a_running_job_changes_nothing_in_its_result(
         baseline.result.fuel_used,
         baseline.result.stdout,
     )
+    # the meter: the pause (at least the 0.5 s slept while suspended) is recorded, within the run's span
+    assert baseline.paused_ms == 0
+    assert 400 <= record.paused_ms <= record.finished_at - record.started_at
 
 
 def info(key: bytes, submitter: bytes, deadline: int, fuel: int = 10**8) -> JobInfo:
@@ -233,6 +236,8 @@ async def test_a_job_still_running_at_its_deadline_is_stopped(scheduler: Schedul
         await scheduler.execute(long, tmp_path / "late", estimate_ms=1, job=info(b"late", b"S", deadline))
     assert wall_ms() >= deadline and scheduler.stopped_late == 1
     assert scheduler.calibration.margin > before  # a missed promise makes the next estimates more careful
+    # its submitter, charged the 1e13 budget at the start, keeps only what 0.5 s at the rate could burn
+    assert 0 < scheduler.usage.value(b"S", wall_ms()) < 10**13 / 100
     # the worker is free again
     with trio.fail_after(30):
         record = await scheduler.execute(montecarlo(7, 1000), tmp_path / "next", estimate_ms=1)

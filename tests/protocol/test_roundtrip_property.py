@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from e31.protocol import schema
+from e31.protocol import receipts, schema
 from e31.protocol.codec import pack, unpack_canonical
 from e31.protocol.errors import InvalidMessage
 from e31.protocol.ids import Digest, NodeId
@@ -59,7 +59,7 @@ def values(codec: schema.Codec[Any]) -> st.SearchStrategy[Any]:
         return st.binary(min_size=32, max_size=32).map(NodeId)
     if isinstance(codec, schema.Hash):
         return st.binary(min_size=32, max_size=32).map(Digest)
-    if isinstance(codec, schema.Opt):
+    if isinstance(codec, (schema.Opt, receipts.Added)):  # Added: None is a field absent from the array
         return st.none() | values(codec.inner)
     if isinstance(codec, schema.Seq):
         items = st.lists(values(codec.inner), min_size=codec.min, max_size=min(codec.max, 3))
@@ -84,6 +84,9 @@ def _repair(cls: type[Record], fields: dict[str, Any]) -> None:
         fields["queued_at"], fields["started_at"], fields["finished_at"] = times
         fields["fuel_used"] = min(fields["fuel_used"], fields["limits"].fuel)
         fields["peak_memory"] = min(fields["peak_memory"], fields["limits"].memory_bytes)
+        if fields["meter"] is not None:
+            paused = min(fields["meter"].paused_ms, fields["finished_at"] - fields["started_at"])
+            fields["meter"] = dataclasses.replace(fields["meter"], paused_ms=paused)
     elif cls is JobManifest and fields["deadline"] <= fields["created_at"]:
         fields["created_at"], fields["deadline"] = fields["deadline"], fields["created_at"]
     elif cls is BidItem and fields["expected_finish"] < fields["expected_start"]:

@@ -19,6 +19,7 @@ RECORDS = [
     jobs.JobManifest,
     messages.BidItem,
     receipts.Outcome,
+    receipts.Meter,
 ]
 
 

@@ -55,7 +55,7 @@ from e31.protocol.messages import (
     TreeHead,
     UsageReceipt,
 )
-from e31.protocol.receipts import Outcome
+from e31.protocol.receipts import Meter, Outcome
 from e31.protocol.schema import BY_RAW, Message
 
 OUT = Path(__file__).with_name("envelopes.json")
@@ -236,6 +236,8 @@ def samples() -> list[tuple[str, str, Message]]:
             "executor",
             dataclasses.replace(receipt, outcome=Outcome("timeout", None, None), fuel_used=LIMITS.fuel),
         ),
+        # version 2: the meter (paused while holding its core; fetching its inputs), neither billed
+        ("receipt-metered", "executor", dataclasses.replace(receipt, meter=Meter(600, 2_500))),
         ("accepted", "executor", Accepted(NET, man.job_id, assignment_id, nid("executor"))),
         (
             "release",
@@ -438,6 +440,10 @@ def invalid() -> list[dict[str, Any]]:
     rw = list(sample("receipt").to_wire())
     rw[14] = LIMITS.fuel + 1
     signed("receipt-fuel-over-limit", "receipt", "executor", tuple(rw))
+    mw2 = sample("receipt-metered").to_wire()
+    signed("receipt-meter-nil", "receipt", "executor", (*mw2[:20], None))  # version 1 is 20 fields
+    signed("receipt-meter-and-more", "receipt", "executor", (*mw2, 0))
+    signed("receipt-paused-past-run", "receipt", "executor", (*mw2[:20], (1_301, 0)))  # ran 1,300 ms
     # Offers: a manifest that breaks its own rules, then the set's rules.
     ow = sample("offer").to_wire()
     first, second = ow[3]

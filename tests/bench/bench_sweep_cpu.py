@@ -1,0 +1,51 @@
+"""What a sweep costs each node, and how the sweep is spread: CPU per job of one batch, per node.
+
+    .venv/bin/python tests/bench/bench_sweep_cpu.py [--jobs N] [--cores C]
+
+Starts three `e31 node run` processes on 127.0.0.1 (bench_jobs.py's `net()`: node0 submits, all three
+run jobs), runs a warm-up job, then one batch of N tiny jobs (montecarlo, 1,000 samples; what
+`e31 submit --batch` sends), and prints for each node the jobs it ran and its CPU per job of the
+batch (the node process and its sandbox workers, from /proc). A node that runs few of the jobs
+spends its CPU mostly on hearing and answering the sweep's offers (bidding). Bounded: one batch,
+bench_jobs.py's timeouts. Compare ratios measured in the same minutes (the host is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_jobs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=500)
+    parser.add_argument("--cores", type=int, default=1, help="--cores of each node")
+    args = parser.parse_args()
+    with bench_jobs.net(cores=args.cores) as network:
+        api = network.nodes[0].api(timeout=60)
+        bench_jobs.wait(api, bench_jobs.submit(api, bench_jobs.tiny(0)))
+        pids = [n.pid for n in network.nodes]
+        before = [bench_jobs.cpu_seconds([p]) for p in pids]
+        t0 = time.time()
+        swept = bench_jobs.sweep(network, args.jobs, 300_000)
+        cpu = [bench_jobs.cpu_seconds([p]) - b for p, b in zip(pids, before, strict=True)]
+        ids = {str(n.node_id): i for i, n in enumerate(network.nodes)}
+        ran = [0] * len(pids)
+        for doc in api.get("/v1/jobs"):
+            if doc.get("created", 0) >= t0 - 1 and doc.get("executor") in ids:
+                ran[ids[doc["executor"]]] += 1
+    print(f"sweep of {args.jobs} tiny jobs over 3 nodes (--cores {args.cores}): {swept['seconds']:.1f} s")
+    for i, (c, n) in enumerate(zip(cpu, ran, strict=True)):
+        print(f"  node{i}: ran {n:5d} jobs, CPU {c * 1000 / args.jobs:6.2f} ms per job of the sweep")
+    print(f"  all: {sum(cpu) * 1000 / args.jobs:.2f} ms per job")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
