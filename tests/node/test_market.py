@@ -598,7 +598,7 @@ async def test_a_tiny_run_is_recorded_once_from_queued_to_done_a_long_one_as_run
     row = await b.store.run(Store.job, tiny, "executor")
     assert row is not None and row.state == "done" and row.started is not None and row.fuel_used
     assert ("queued", "running") not in moves
-    long = await a.submitter.submit(a.manifest(("17", "100000000")))  # over a second (9e9 fuel)
+    long = await a.submitter.submit(a.manifest(("17", "400000000"), fuel=4 * 10**10))  # over a second
     await wait_state(a, long, "done")
     assert moves.count(("queued", "running")) == 1
     [running] = marked
