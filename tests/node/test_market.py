@@ -609,7 +609,7 @@ async def test_a_tiny_run_is_recorded_once_from_queued_to_done_a_long_one_as_run
     row = await b.store.run(Store.job, tiny, "executor")
     assert row is not None and row.state == "done" and row.started is not None and row.fuel_used
     assert ("queued", "running") not in moves
-    long = await a.submitter.submit(a.manifest(("17", "100000000")))  # over a second (9e9 fuel)
+    long = await a.submitter.submit(a.manifest(("17", "400000000"), fuel=4 * 10**10))  # over a second
     await wait_state(a, long, "done")
     assert moves.count(("queued", "running")) == 1
     [running] = marked
@@ -622,13 +622,22 @@ async def test_a_job_still_held_after_the_accept_delay_is_handed_off_a_short_one
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
-    waiting = await a.submitter.submit(a.manifest(("14", "600000000")))  # runs for seconds
+    checked, deliver = trio.Event(), net.handlers[a.id]
+
+    async def held(peer: bytes, raw: bytes) -> None:  # B's result waits until A's state is checked
+        if isinstance(verify(raw).message, Result):
+            await checked.wait()
+        await deliver(peer, raw)
+
+    net.handlers[a.id] = held
+    waiting = await a.submitter.submit(a.manifest(("14", "600000000"), fuel=6 * 10**10))  # runs for seconds
 
     async def handed_off() -> set[bytes]:
         return await a.submitter.handed_off([await a.job(waiting)])
 
     await until(handed_off, ACCEPT_DELAY + 5)
     assert (await a.job(waiting)).state == "assigned"  # handed off by the acceptance, not by its end
+    checked.set()
     assert len(await a.store.run(Store.envelopes_for_job, waiting, "accepted")) == 1
     await wait_state(a, waiting, "done")
     quick = await a.submitter.submit(a.manifest(("15", "1000")))
