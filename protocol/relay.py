@@ -354,8 +354,13 @@ REACHABILITY = ("unknown", "public", "private")
 
 class Reachability:
     """What dial-backs have shown: `public` once any peer completed a handshake with this node at an
-    address it observed; `private` once `needed` distinct peers tried and none did. A later success
-    makes it public again; `reset()` forgets everything (the node's addresses changed)."""
+    address it observed; `private` once `needed` distinct peers tried and none did, or fewer if the
+    node had fewer direct peers to ask when the last failure came (`dialed(..., peers=)`), so one
+    lying peer cannot make a node with other peers private. A later success makes it public again;
+    `reset()` forgets everything (the node's addresses changed). `observed` keeps linked peers'
+    words only (`forget` at link down), at most MAX_OBSERVED."""
+
+    MAX_OBSERVED = 256
 
     def __init__(self, needed: int = 1) -> None:
         if type(needed) is not int or needed < 1:
@@ -365,20 +370,31 @@ class Reachability:
         self.failed_from: set[bytes] = set()
         self.observed: dict[bytes, str] = {}
         """Peer -> the address it says it sees this node's link come from."""
+        self._threshold = needed
 
     @property
     def status(self) -> str:
         if self.reachable_at:
             return "public"
-        if len(self.failed_from) >= self.needed:
+        if self.failed_from and len(self.failed_from) >= self._threshold:
             return "private"
         return "unknown"
 
     def observe(self, peer: bytes, address: str) -> None:
+        self.observed.pop(peer, None)
         self.observed[peer] = address
+        while len(self.observed) > self.MAX_OBSERVED:
+            del self.observed[next(iter(self.observed))]
 
-    def dialed(self, peer: bytes, address: str, reachable: bool) -> str:
-        """A dial-back by `peer` at `address` came back; returns the new status."""
+    def forget(self, peer: bytes) -> None:
+        """`peer`'s link closed: what it observed no longer holds."""
+        self.observed.pop(peer, None)
+
+    def dialed(self, peer: bytes, address: str, reachable: bool, *, peers: int | None = None) -> str:
+        """A dial-back by `peer` at `address` came back, `peers` direct peers linked now (None: any
+        number); returns the new status."""
+        if peers is not None:
+            self._threshold = max(1, min(self.needed, peers))
         if reachable:
             self.reachable_at.add(address)
             self.failed_from.discard(peer)

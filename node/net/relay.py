@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,7 @@ from .circuits import RelayStream
 from .links import TokenBucket
 from .peering import PeerService, Send
 from .probe import probe
+from .relayed_in import RelayedIn
 from .transport import Connection, ConnectionClosed, DialFailed, TransportError, establish
 
 log = logging.getLogger("e31.relay")
@@ -103,6 +105,13 @@ class RelaySettings:
     """Seconds before a node reached through a relay is tried again after a failed circuit."""
     max_relays: int = 2
     """Relays a node that cannot be dialled holds reservations with."""
+    max_reservation: float = 600.0
+    """The longest reservation a node takes a relay's word for (RelayLimits.reservation_seconds)."""
+    relayed_in_per_relay: int = 8
+    relayed_in: int = 32
+    """Relayed links (or their handshakes) a node accepts at once through one relay, and in all."""
+    buckets_kept: int = 1024
+    """Peers whose dial-back rate is remembered (least recently used first out), links up or not."""
 
 
 class RelayService:
@@ -125,7 +134,7 @@ class RelayService:
         self.offer = offer
         self.book = RelayBook(limits or RelayLimits()) if offer else None
         self.settings = settings or RelaySettings()
-        self.reach = Reachability()
+        self.reach = Reachability(needed=2)
         self.reservations: dict[bytes, float] = {}
         """Relay -> when this node's reservation there ends (trio time)."""
         self.relays_offered: set[bytes] = set()
@@ -138,7 +147,10 @@ class RelayService:
         """Each relayed link's connection -> its relay."""
         self._asked: dict[bytes, bytes] = {}
         """Peer -> the nonce of the dial-back it was asked for (answered or not)."""
-        self._buckets: dict[bytes, TokenBucket] = {}
+        self._buckets: OrderedDict[bytes, TokenBucket] = OrderedDict()
+        self._inbound = RelayedIn(
+            peering.caps, per_relay=self.settings.relayed_in_per_relay, total=self.settings.relayed_in
+        )
         self._dialing = 0
         self._via_tried: dict[bytes, float] = {}
         self._vias: dict[bytes, Via] = {}
@@ -223,8 +235,8 @@ class RelayService:
 
     def link_down(self, peer: bytes) -> None:
         self._sends.pop(peer, None)
-        self._buckets.pop(peer, None)
         self._asked.pop(peer, None)
+        self.reach.forget(peer)
         self.relays_offered.discard(peer)
         self._reserve_asked.pop(peer, None)
         if self.reservations.pop(peer, None) is not None:
@@ -319,9 +331,12 @@ class RelayService:
         host = conn.remote_address[0]
         address = join_address(host, m.port)
         s = self.settings
-        bucket = self._buckets.setdefault(
-            peer, TokenBucket(s.dialbacks_per_peer / s.dialback_interval, s.dialbacks_per_peer)
+        bucket = self._buckets.pop(peer, None) or TokenBucket(
+            s.dialbacks_per_peer / s.dialback_interval, s.dialbacks_per_peer
         )
+        self._buckets[peer] = bucket  # kept across reconnects, least recently used dropped first
+        while len(self._buckets) > s.buckets_kept:
+            self._buckets.popitem(last=False)
         refused = (
             self._dialing >= s.max_dialbacks
             or not bucket.allow(trio.current_time())
@@ -348,7 +363,8 @@ class RelayService:
         if self._asked.get(peer) != m.nonce or m.refused:
             return
         before = self.status
-        after = self.reach.dialed(peer, m.address, m.reachable)
+        direct = sum(1 for p in self._sends if self._direct(p) is not None)
+        after = self.reach.dialed(peer, m.address, m.reachable, peers=direct)
         if after == before:
             return
         if after == "private":
@@ -365,6 +381,9 @@ class RelayService:
     async def _maintain(self) -> None:
         while True:
             now = trio.current_time()
+            for relay in [r for r, until in self.reservations.items() if until <= now]:
+                log.info("the reservation at relay %s ended unrenewed", NodeId(relay))
+                del self.reservations[relay]
             if self.book is not None:
                 for c in self.book.overdue(now):
                     for end in (c.source, c.target):
@@ -421,7 +440,16 @@ class RelayService:
         await self._send(peer, Reserved(self.network, self.me, m.node, expires, refusal))
 
     def _on_reserved(self, peer: bytes, m: Reserved) -> None:
-        if m.node != self.me:
+        """Taken only as the answer to an ask still open, over a direct link, while this node is not
+        known to be dialable, up to `max_relays`; its life is capped at `max_reservation`."""
+        if m.node != self.me or peer not in self._reserve_asked or self._direct(peer) is None:
+            log.debug("ignoring a reserved from %s: not asked for there", NodeId(peer))
+            return
+        if self.status == "public":
+            self._reserve_asked.pop(peer, None)
+            return
+        if peer not in self.reservations and len(self.reservations) >= self.settings.max_relays:
+            self._reserve_asked.pop(peer, None)
             return
         if m.refusal:
             log.info("relay %s refused a reservation: %s", NodeId(peer), m.refusal)
@@ -429,7 +457,7 @@ class RelayService:
             return
         now = trio.current_time()
         new = peer not in self.reservations
-        self._granted[peer] = max(0.0, m.expires / 1000 - self._wall())
+        self._granted[peer] = min(max(0.0, m.expires / 1000 - self._wall()), self.settings.max_reservation)
         self.reservations[peer] = now + self._granted[peer]
         self._reserve_asked.pop(peer, None)
         if new:
@@ -518,6 +546,7 @@ class RelayService:
 
     async def reserve(self, relay: bytes) -> bool:
         """Ask `relay` (a linked peer) for a reservation; the answer lands in `reservations`."""
+        self._reserve_asked[relay] = trio.current_time()
         return await self._send(relay, Reserve(self.network, self.me, self._expiry()))
 
     async def link_via(self, relay: bytes, target: bytes) -> None:
@@ -548,7 +577,13 @@ class RelayService:
             self._relayed.pop(conn, None)
             await conn.aclose()
 
-    async def _accept(self, relay: bytes, stream: RelayStream, source: bytes) -> None:
+    async def _accept(self, relay: bytes, host: str, stream: RelayStream, source: bytes) -> None:
+        try:
+            await self._accept_admitted(relay, stream, source)
+        finally:
+            self._inbound.release(relay, host)
+
+    async def _accept_admitted(self, relay: bytes, stream: RelayStream, source: bytes) -> None:
         limits = self.peering.limits
         try:
             conn = await establish(
@@ -575,12 +610,17 @@ class RelayService:
         if m.target == self.me and m.sender.raw == peer and m.source != self.me:
             if (peer, m.circuit) in self._ends:
                 return
-            if peer not in self.reservations or self._nursery is None:
-                why = "this node holds no reservation at that relay"
-                await self._send(peer, RelayClose(self.network, self.me, m.circuit, "refused", why))
+            host, reason = self._remote(peer)[0], "refused"
+            why: str | None = "this node holds no reservation at that relay"
+            if peer in self.reservations and self._direct(peer) is not None and self._nursery is not None:
+                reason, why = "limit", self._inbound.admit(peer, host)
+            if why is not None or self._nursery is None:
+                self.counters["refusals"] += 1
+                log.info("refused a circuit from %s through %s: %s", m.source, NodeId(peer), why)
+                await self._send(peer, RelayClose(self.network, self.me, m.circuit, reason, why or ""))
                 return
             stream = self._new_stream(peer, m.circuit)
-            self._nursery.start_soon(self._accept, peer, stream, m.source.raw)
+            self._nursery.start_soon(self._accept, peer, host, stream, m.source.raw)
             return
         await self._relay_circuit(peer, m)
 

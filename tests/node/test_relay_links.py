@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from e31.node.store.db import Store
 from e31.protocol.envelope import claimed_kind, node_id_of, sign_message, verify
 from e31.protocol.ids import Digest
 from e31.protocol.messages import Cancel
-from e31.protocol.relay import Dialback, Dialed, Observed, RelayData, RelayLimits, Reserved
+from e31.protocol.relay import Circuit, Dialback, Dialed, Observed, RelayData, RelayLimits, Reserved
 from nacl.signing import SigningKey
 
 FAST = PeerSettings.fast(0.05)
@@ -53,7 +54,13 @@ class Heard:
 
 @asynccontextmanager
 async def node(
-    tmp_path: Path, name: str, *, relay: bool = False, hidden: bool = True, limits: RelayLimits | None = None
+    tmp_path: Path,
+    name: str,
+    *,
+    relay: bool = False,
+    hidden: bool = True,
+    limits: RelayLimits | None = None,
+    settings: RelaySettings | None = None,
 ) -> AsyncIterator[RelayService]:
     store = AsyncStore(Store(tmp_path / f"{name}.sqlite"))
     config = NodeConfig(
@@ -62,9 +69,8 @@ async def node(
     peering = PeerService(identity=SigningKey.generate(), config=config, store=store, settings=FAST)
     # a node "behind NAT" asks nobody to dial it back: on loopback it would learn it can be dialled
     hidden = hidden and not relay
-    service = RelayService(
-        peering, offer=relay, limits=limits, settings=RelaySettings(probes=0 if hidden else 3)
-    )
+    settings = replace(settings or RelaySettings(), probes=0) if hidden else settings
+    service = RelayService(peering, offer=relay, limits=limits, settings=settings)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(peering.run)
@@ -392,3 +398,80 @@ def test_e31_peers_shows_the_relay_of_a_relayed_peer_as_its_address() -> None:
     row = {"node_id": "e31nb", "state": "connected", "address": None, "via": "e31nrelay0123456789"}
     text = format_peers([{**row, "source": "inbound", "last_seen": None, "rtt_ms": 2.0}])
     assert "via relay e31nrelay012..." in text.splitlines()[1]
+
+
+def circuit_to(n: RelayService, key: SigningKey, i: int) -> bytes:
+    """A `circuit` to `n` from the hand-driven relay `key`, as if from some other node."""
+    source = node_id_of(SigningKey.generate())
+    return sign_message(Circuit("main", node_id_of(key), bytes([i]) * 16, source, n.me, soon()), key)
+
+
+async def test_a_reserved_nobody_asked_for_is_ignored_and_its_sender_cannot_open_circuits(
+    tmp_path: Path,
+) -> None:
+    async with node(tmp_path, "n") as n:
+        key = SigningKey.generate()
+        async with hand_link(n, key) as (conn, got):
+            me = node_id_of(key)
+            await conn.send(sign_message(Reserved("main", me, n.me, soon() + 3_600_000, ""), key))
+            await conn.send(circuit_to(n, key, 1))
+            await until(lambda: kinds(got, "relayclose"), "the circuit refused")
+            (close,) = kinds(got, "relayclose")
+            assert close.reason == "refused" and n.reservations == {}
+            # asked, the answer is taken, but for no longer than the node would hold it
+            await n.reserve(key.verify_key.encode())
+            await conn.send(sign_message(Reserved("main", me, n.me, soon() + 3_600_000, ""), key))
+            await until(lambda: n.reservations, "the reservation asked for")
+            (until_,) = n.reservations.values()
+            assert until_ - trio.current_time() <= n.settings.max_reservation
+            # a second, unasked answer is not taken (the ask is answered)
+            assert key.verify_key.encode() not in n._reserve_asked
+
+
+async def test_a_public_node_takes_no_reservation_even_when_it_asked(tmp_path: Path) -> None:
+    async with node(tmp_path, "n") as n:
+        n.reach.dialed(b"\x09" * 32, "127.0.0.1:1", True)
+        assert n.status == "public"
+        key = SigningKey.generate()
+        async with hand_link(n, key) as (conn, got):
+            await n.reserve(key.verify_key.encode())
+            await conn.send(sign_message(Reserved("main", node_id_of(key), n.me, soon(), ""), key))
+            await conn.send(circuit_to(n, key, 1))
+            await until(lambda: kinds(got, "relayclose"), "the circuit refused")
+            assert n.reservations == {}
+
+
+async def test_a_relay_can_push_only_so_many_relayed_links_and_each_counts_in_the_connection_caps(
+    tmp_path: Path,
+) -> None:
+    async with node(tmp_path, "n", settings=RelaySettings(relayed_in_per_relay=2)) as n:
+        key = SigningKey.generate()
+        async with hand_link(n, key) as (conn, got):
+            await n.reserve(key.verify_key.encode())
+            await conn.send(sign_message(Reserved("main", node_id_of(key), n.me, soon(), ""), key))
+            await until(lambda: n.reservations, "the reservation")
+            before = n.peering.caps.count("127.0.0.1")
+            for i in range(3):  # the relay never sends the handshakes: two wait, the third is refused
+                await conn.send(circuit_to(n, key, i))
+            await until(lambda: kinds(got, "relayclose"), "the third circuit refused")
+            (close,) = kinds(got, "relayclose")
+            assert close.reason == "limit" and close.circuit == bytes([2]) * 16, close
+            assert n.peering.caps.count("127.0.0.1") == before + 2
+
+
+async def test_the_dialback_rate_per_peer_holds_across_reconnects(tmp_path: Path) -> None:
+    async with node(tmp_path, "r", relay=True) as r:
+        r.settings = RelaySettings(dialbacks_per_peer=2, dialback_interval=3600.0)
+        key = SigningKey.generate()
+        me = node_id_of(key)
+        async with hand_link(r, key) as (conn, got):
+            for i in range(2):
+                await conn.send(sign_message(Dialback("main", me, 9, bytes([i]) * 16, soon()), key))
+            await until(lambda: len(kinds(got, "dialed")) == 2, "two answers")
+            assert not any(m.refused for m in kinds(got, "dialed"))
+        await until(lambda: key.verify_key.encode() not in r.peering.links, "the link closed")
+        async with hand_link(r, key) as (conn, got):
+            await conn.send(sign_message(Dialback("main", me, 9, bytes([3]) * 16, soon()), key))
+            await until(lambda: kinds(got, "dialed"), "the answer")
+            (answer,) = kinds(got, "dialed")
+            assert answer.refused

@@ -87,6 +87,26 @@ def test_reachability_is_private_after_failed_dialbacks_and_public_after_one_suc
     assert reach.status == "unknown"
 
 
+def test_one_lying_peer_cannot_make_a_node_with_other_peers_private() -> None:
+    reach = Reachability(needed=2)
+    assert reach.dialed(A, "127.0.0.7:7531", False, peers=3) == "unknown"  # one liar among three peers
+    assert reach.dialed(B, "127.0.0.7:7531", False, peers=3) == "private"  # a second, distinct peer agrees
+    alone = Reachability(needed=2)
+    assert alone.dialed(A, "127.0.0.7:7531", False, peers=1) == "private"  # its only peer is all it can ask
+
+
+def test_reachability_forgets_what_a_peer_observed_when_its_link_goes_and_keeps_a_bounded_number() -> None:
+    reach = Reachability()
+    reach.observe(A, "127.0.0.7:1")
+    reach.forget(A)
+    assert reach.observed == {}
+    for i in range(Reachability.MAX_OBSERVED + 10):
+        reach.observe(i.to_bytes(32, "big"), "127.0.0.7:1")
+    assert len(reach.observed) == Reachability.MAX_OBSERVED
+    assert (Reachability.MAX_OBSERVED + 9).to_bytes(32, "big") in reach.observed  # the newest kept
+    assert (0).to_bytes(32, "big") not in reach.observed
+
+
 @pytest.mark.parametrize(
     ("text", "ok"),
     [
