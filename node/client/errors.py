@@ -93,6 +93,12 @@ class MergeError(ClientError, UsageError):
     file, a bad completion line, a completions file that cannot be written."""
 
 
+class LocalFileError(ClientError, StoreError):
+    """A file the client itself had to write on this machine could not be (generate's span files in a
+    temporary directory): the disk is full, the directory is missing or not writable. The message
+    names the file and the system's reason."""
+
+
 class Incomplete(NotFinished):
     """Some jobs of the batch to merge have not finished well (yet); the message lists them."""
 

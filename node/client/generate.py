@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelFileError, OptionError
+from .errors import LocalFileError, ModelFileError, OptionError
 from .ops import Call, Deadline, Op, PathLike, _absolute, limits_body, parse_deadline
 from .records import Generation
 
@@ -100,7 +100,10 @@ def plan(
     timeout = 0.0
     for span in spans:
         name = span_name(span.first, span.last)
-        (work / name).write_text(span.text, encoding="utf-8")
+        try:
+            (work / name).write_text(span.text, encoding="utf-8")
+        except OSError as e:
+            raise LocalFileError(f"cannot write {work / name}: {e.strerror or e}") from None
         limits = limits_for(
             shape,
             shape.file_size,
@@ -158,7 +161,12 @@ def generate(
     prompts_path = Path(_absolute(prompts, "prompts"))
     given_limits = limits_body(fuel, memory, timeout, max_output)
     when = None if deadline is None else parse_deadline(deadline, time.time())
-    with tempfile.TemporaryDirectory(prefix="e31-generate-") as tmp, ExitStack() as files:
+    try:
+        scratch = tempfile.TemporaryDirectory(prefix="e31-generate-", ignore_cleanup_errors=True)
+    except OSError as e:
+        where = "" if e.filename is None else f" {e.filename}"
+        raise LocalFileError(f"cannot make a temporary directory{where}: {e.strerror or e}") from None
+    with scratch as tmp, ExitStack() as files:
         if module is None:
             wasm = files.enter_context(shipped(MODULE, "inference module"))
         else:

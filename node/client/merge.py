@@ -68,13 +68,20 @@ def completion_lines(text: str, part: JobSpan) -> tuple[list[str], int]:
     and how many of them are error lines."""
     out: list[str] = []
     errors = 0
-    for number, line in enumerate(text.splitlines(), 1):
+    rows = text.split("\n")  # not splitlines(): U+2028 or U+0085 may stand raw inside a JSON string
+    if rows[-1] == "":
+        rows.pop()
+    for number, row in enumerate(rows, 1):
+        line = row.removesuffix("\r")
         where = f"job {part.seq} ({part.job_id[:12]}), completion line {number}"
         try:
             doc = json.loads(line)
         except (json.JSONDecodeError, RecursionError):
             raise MergeError(f"{where}: not JSON") from None
-        if not isinstance(doc, dict) or doc.get("finish_reason") not in FINISH_REASONS:
+        except ValueError:  # an integer of more digits than int() reads (sys.set_int_max_str_digits)
+            raise MergeError(f"{where}: a number too long to read") from None
+        reason = doc.get("finish_reason") if isinstance(doc, dict) else None
+        if not isinstance(reason, str) or reason not in FINISH_REASONS:
             raise MergeError(f"{where}: not a completion (no finish_reason stop, length or error)")
         errors += doc["finish_reason"] == "error"
         if "line" in doc:

@@ -8,14 +8,23 @@ import io
 import json
 import re
 import struct
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from e31.node.cli.main import main
-from e31.node.client.errors import Incomplete, MergeError, ModelFileError, PromptsError
-from e31.node.client.generate import span_of
+from e31.node.client.errors import Incomplete, LocalFileError, MergeError, ModelFileError, PromptsError
+from e31.node.client.generate import (
+    MODULE,
+    SHIPPED_MODEL,
+    SHIPPED_TOKENIZER,
+    generate,
+    plan,
+    shipped,
+    span_of,
+)
 from e31.node.client.llama_files import (
     ModelShape,
     check_tokenizer,
@@ -271,6 +280,69 @@ def test_error_lines_get_the_prompts_files_line_numbers() -> None:
         completion_lines('{"id": 1}', part)
     with pytest.raises(MergeError, match="not JSON"):
         completion_lines("{", part)
+
+
+def test_any_completion_line_the_guest_writes_is_kept_or_refused_by_name() -> None:
+    (part,) = parts_of(batch_doc((1, 3)))
+    cases = [
+        ('{"id": 1, "finish_reason": []}', "completion line 1: not a completion"),
+        ('{"id": 1, "finish_reason": {"a": 1}}', "completion line 1: not a completion"),
+        ('{"id": 1, "finish_reason": null}', "completion line 1: not a completion"),
+        ('["stop"]', "completion line 1: not a completion"),
+        ('{"id": ' + "9" * 5000 + ', "finish_reason": "stop"}', "completion line 1: a number too long"),
+        ('{"id": 1, "finish_reason": "stop"}\n' + "[" * 100_000, "completion line 2: not JSON"),
+        (
+            '{"id": 1, "line": "1", "finish_reason": "error"}',
+            "completion line 1: line '1' is outside its 3 lines",
+        ),
+        (
+            '{"id": 1, "line": true, "finish_reason": "error"}',
+            "completion line 1: line True is outside its 3 lines",
+        ),
+    ]
+    for text, why in cases:
+        with pytest.raises(MergeError, match=re.escape(f"job 1 ({part.job_id[:12]}), ") + why):
+            completion_lines(text, part)
+    # a line separator other than \n stands raw inside a JSON string: it does not cut the line
+    odd = json.dumps(
+        {"id": 1, "completion": " a\u2028b\x85c\rd", "finish_reason": "stop"}, ensure_ascii=False
+    )
+    lines, errors = completion_lines(odd + "\r\n" + odd + "\n", part)
+    assert (lines, errors) == ([odd, odd], 0)
+
+
+def test_span_files_that_cannot_be_written_are_a_typed_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = write_lines(tmp_path / "p.jsonl", prompt(1), prompt(2))
+
+    def request(call: Call) -> Any:
+        raise AssertionError(f"nothing is sent when the span files cannot be written: {call}")
+
+    # no temporary directory can be made (the system's is gone, or the disk is full)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+    with pytest.raises(
+        LocalFileError, match=r"cannot make a temporary directory .*gone/e31-generate-.*: No such file"
+    ):
+        drive(generate(prompts), request, time.sleep)
+    # a span file cannot be written in it
+    with (
+        shipped(MODULE, "module") as module,
+        shipped(SHIPPED_MODEL, "model") as model,
+        shipped(SHIPPED_TOKENIZER, "tokenizer") as tokenizer,
+        pytest.raises(LocalFileError, match=r"cannot write .*gone/prompts-1-1\.jsonl: No such file"),
+    ):
+        plan(
+            prompts,
+            model,
+            tokenizer,
+            module,
+            tmp_path / "gone",
+            prompts_per_job=1,
+            max_tokens=8,
+            pass_bad_lines=False,
+        )
+    assert LocalFileError.exit_code == 74
 
 
 def test_the_merged_file_is_never_written_over_unless_asked(tmp_path: Path) -> None:
