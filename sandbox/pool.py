@@ -13,7 +13,10 @@ plus `grace_seconds` (the runner's own epoch watchdog should stop the guest well
 A worker that dies, breaks the protocol or outlives its watchdog is SIGKILLed and replaced, and its job
 ends with a RunResult of status `trap` and one of the WORKER_TRAPS names (no new Status: these are host
 events, not guest behaviour; `fuel_used` is 0 because the count is unknown, and they are never
-re-verifiable).
+re-verifiable). The one exception is a worker that died before it read the job's request (its death not
+yet seen when the job was sent: the send fails, or FIONREAD of the request pipe shows the request still
+there): the job goes once to a new worker. A worker that read it may have run the guest, so its death is
+the job's and is reported, never run again.
 
 Suspend and resume are SIGSTOP and SIGCONT of the worker. The stopped time is added to the worker's
 shared counter while it is still stopped (before SIGCONT), and the worker's job clock subtracts that
@@ -317,8 +320,9 @@ class _Slot:
             self.worker = None
 
     def _run(self, job: JobHandle) -> None:
-        # A worker can die while idle just before it is handed a job (its death not yet visible);
-        # a worker that dies before saying `started` is therefore replaced and the job sent once more.
+        # A worker can die while idle just before it is handed a job (its death not yet visible): a
+        # worker that died before it read the request is replaced and the job sent once more. One that
+        # read it may have run the guest (`started` comes up to a tick late), so its death is the job's.
         for attempt in range(2):
             try:
                 worker = self.ensure_worker()
@@ -346,6 +350,7 @@ class _Slot:
                     job._finish(None, e)
                     return
             # A worker that died meanwhile fails the send; the receive loop reports how it ended.
+            sent = False
             with contextlib.suppress(ValueError, OSError):
                 worker.send(
                     [
@@ -356,17 +361,19 @@ class _Slot:
                         None if job.streams_dir is None else os.fsencode(job.streams_dir),
                     ]
                 )
+                sent = True
             if attempt == 0:
                 job._call(job._on_sent)
-            if not self._supervise(job, worker, may_retry=attempt == 0):
+            if not self._supervise(job, worker, may_retry=attempt == 0, sent=sent):
                 return
             log.warning(
-                "worker %d died before starting job %d; sending it to a new worker", worker.pid, job.job_id
+                "worker %d died before reading job %d; sending it to a new worker", worker.pid, job.job_id
             )
 
-    def _supervise(self, job: JobHandle, worker: _Worker, *, may_retry: bool) -> bool:
-        """Sees the job to its end on `worker`; True if the worker died before starting it and the
-        job should be sent again (only when `may_retry`)."""
+    def _supervise(self, job: JobHandle, worker: _Worker, *, may_retry: bool, sent: bool) -> bool:
+        """Sees the job to its end on `worker`; True if the worker died before reading the request
+        (the send failed, or the request was still in its pipe) and the job should be sent again
+        (only when `may_retry`)."""
         assert job.spec is not None
         limits = job.spec.limits
         t0 = time.monotonic()
@@ -407,13 +414,14 @@ class _Slot:
                     deadline = time.monotonic() - job._paused() + budget
                     job._started.set()
             if eof:
+                unread = worker.unread_request_bytes() if sent else None
                 code = worker.reap()
                 self.worker = None
                 with job._lock:
                     cancelled = job._cancelled
                 if cancelled:
                     job._finish(_host_result(limits, CANCELLED, "cancelled", elapsed()))
-                elif may_retry and not started:
+                elif may_retry and not started and (not sent or (unread is not None and unread > 0)):
                     return True
                 else:
                     trap, why = _classify_exit(code)

@@ -5,6 +5,7 @@ pipes, its paused-time page and its module memo (worker.py speaks the other side
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import math
 import mmap
 import os
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 from typing import Any
@@ -96,6 +98,17 @@ class _Worker:
         payload = msgpack.packb(message, use_bin_type=True)
         self.requests.write(_LEN.pack(len(payload)) + payload)
         self.requests.flush()
+
+    def unread_request_bytes(self) -> int | None:
+        """Bytes of the requests sent that the worker has not read yet (FIONREAD of the request pipe,
+        which still holds them after the worker died); None when it cannot be known."""
+        if self.closed:
+            return None
+        try:
+            raw = fcntl.ioctl(self.requests.fileno(), termios.FIONREAD, bytes(4))
+        except (OSError, ValueError):
+            return None
+        return int.from_bytes(raw, sys.byteorder, signed=True)
 
     def receive(self, timeout: float | None, wake_fd: int | None = None) -> tuple[list[list[Any]], bool]:
         """Complete messages that arrive within `timeout` (or until `wake_fd` is readable), and

@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -387,12 +388,14 @@ class Scheduler:
 
     def _refund(self, entry: _Entry) -> None:
         """A job charged its budget that ended with no result (stopped at its deadline, cancelled, or
-        never started): its submitter keeps only what the time it held its worker could have burnt."""
+        never started): its submitter keeps only what the time it held its worker, less the time it was
+        paused there (the meter's `paused_ms`: the guest did not run), could have burnt."""
         job = entry.job
         if job is None or not entry.charged:
             return
         now = self.clock()
-        held_ms = max(0, now - entry.started_at) if entry.started_at else 0
+        entry.unpause(now)
+        held_ms = max(0, now - entry.started_at - entry.paused_ms) if entry.started_at else 0
         burnt = min(job.fuel, held_ms * self.calibration.rate(job.profile) // 1000)
         self.usage.charge(job.submitter, burnt - job.fuel, now)
         entry.charged = False
@@ -415,6 +418,8 @@ class _Run:
         """The spec was made and sent to a worker (False: the job ended before, e.g. its spec failed)."""
         self.abandoned = False
         """Nobody waits for the run any more (cancelled, or stopped at its deadline): no `then`."""
+        self._then_lock = threading.Lock()
+        """Makes `_on_done`'s choice to call `then` and the deadline's `abandoned` one or the other."""
         self._outcome: tuple[RunResult, int, object] | BaseException | None = None
 
     def submit(
@@ -440,7 +445,8 @@ class _Run:
         try:
             result = handle.wait(0)
             finished_at = max(self._scheduler.clock(), self._started_at)  # before `then` works on it
-            then = None if self.abandoned else self._then
+            with self._then_lock:
+                then = None if self.abandoned else self._then
             self._outcome = (result, finished_at, None if then is None else then(result))
         except BaseException as e:  # raised by `execute`: the spec's function's or `then`'s error
             self._outcome = e
@@ -460,9 +466,12 @@ class _Run:
         try:
             with trio.move_on_after(timeout):
                 await self._ended.wait()
-            if not self._ended.is_set() and not handle.done():
+            with self._then_lock:  # a run that ends now either is abandoned or has its `then`
+                late = not self._ended.is_set() and not handle.done()
+                if late:
+                    self.abandoned = True
+            if late:
                 # still running at its deadline: it cannot be on time any more
-                self.abandoned = True
                 handle.cancel()
                 scheduler.stopped_late += 1
                 scheduler.calibration = scheduler.calibration.missed()
