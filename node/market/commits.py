@@ -1,13 +1,13 @@
 """Shared commits: the writes that several tasks make at the same moment go into one transaction.
 
-The entries of a `results` carrier are each taken in a task of their own, started in one turn
-(outcomes.py); each ends its job with a few writes that must commit together. `SharedCommits.atomically`
-stands for `AsyncStore.atomically`: the first task to call it leads a batch, lets every other task
-that is ready run (a checkpoint, again while more join), then commits all the calls of the batch in
-one transaction and hands each task its own results. A batch that fails is committed again one task
-at a time, so one task's failing write never takes the others' with it (each gets its own error):
-`commit_each`, which the executor's deliveries use too (delivery.py).
-A lone caller costs one checkpoint more than `AsyncStore.atomically`.
+The entries of a `results` carrier whose receipts were verified are each taken in a task of their
+own, started in one turn (outcomes.py); each ends its job with a few writes that must commit
+together. `SharedCommits.atomically` stands for `AsyncStore.atomically`: the first task to call it
+leads a batch, lets every other task that is ready run (a checkpoint, again while more join), then
+commits all the calls of the batch in one transaction and hands each task its own results. A batch
+that fails is committed again one task at a time, so one task's failing write never takes the others'
+with it (each gets its own error): `commit_each`, which the executor's deliveries use too
+(delivery.py). A lone caller costs one checkpoint more than `AsyncStore.atomically`.
 """
 
 from __future__ import annotations
