@@ -68,7 +68,10 @@ Arrived = VerifiedEnvelope[Result] | Carried
 """A result as it arrived: alone (its own envelope) or in a carrier."""
 
 TAKES_PER_PEER = 2
-"""`results` carriers from one peer taken in at once (each in one task); more are dropped."""
+"""`results` carriers from one peer taken in at once (each in one task); more wait their turn."""
+
+CARRIERS_HELD_PER_PEER = 8
+"""`results` carriers from one peer waiting or being taken; more are dropped."""
 
 ACKS_RESENT_KEPT = 1024
 """Stored acks remembered as sent again (the oldest forgotten first: it may then go once more)."""
@@ -95,8 +98,10 @@ class Outcomes:
         """The entries of a carrier end their jobs in one commit."""
         self._acks_resent: dict[tuple[bytes, bytes], float] = {}
         """(executor, ack id) -> when that stored ack was last sent again (ACKS_RESENT_KEPT at most)."""
-        self._taking: dict[bytes, int] = {}
-        """Peer -> its `results` carriers being taken (TAKES_PER_PEER at most)."""
+        self._held: dict[bytes, int] = {}
+        """Peer -> its `results` carriers waiting or being taken (CARRIERS_HELD_PER_PEER at most)."""
+        self._turns: dict[bytes, trio.Semaphore] = {}
+        """Peer -> the turns to take its carriers (TAKES_PER_PEER), while it has some held."""
 
     def admit(self, env: Arrived) -> bool:
         """Whether a `result` is to be taken in (`take`). One carrying a receipt already taken in for a
@@ -112,24 +117,28 @@ class Outcomes:
         return True
 
     def take_carrier_soon(self, nursery: trio.Nursery, env: VerifiedEnvelope[Results]) -> None:
-        """Take a `results` carrier in a task of its own (`take_carrier`), unless TAKES_PER_PEER of its
-        signer's are being taken: it is then dropped (its executor delivers them again until
-        acknowledged)."""
+        """Take a `results` carrier in a task of its own (`take_carrier`), TAKES_PER_PEER of a peer's at
+        once, the others waiting their turn; beyond CARRIERS_HELD_PER_PEER of its signer's (waiting or
+        being taken) it is dropped (its executor delivers them again until acknowledged)."""
         peer = env.signer.raw
-        if self._taking.get(peer, 0) >= TAKES_PER_PEER:
-            log.debug("dropping a results carrier from %s: %d are being taken", env.signer, TAKES_PER_PEER)
+        held = self._held.get(peer, 0)
+        if held >= CARRIERS_HELD_PER_PEER:
+            log.debug("dropping a results carrier from %s: %d are held", env.signer, held)
             return
-        self._taking[peer] = self._taking.get(peer, 0) + 1
-        nursery.start_soon(self._take_carrier_counted, env)
+        if held == 0:
+            self._turns[peer] = trio.Semaphore(TAKES_PER_PEER)
+        self._held[peer] = held + 1
+        nursery.start_soon(self._take_carrier_in_turn, env)
 
-    async def _take_carrier_counted(self, env: VerifiedEnvelope[Results]) -> None:
+    async def _take_carrier_in_turn(self, env: VerifiedEnvelope[Results]) -> None:
         peer = env.signer.raw
         try:
-            await self.take_carrier(env)
+            async with self._turns[peer]:
+                await self.take_carrier(env)
         finally:
-            self._taking[peer] -= 1
-            if self._taking[peer] <= 0:
-                del self._taking[peer]
+            self._held[peer] -= 1
+            if self._held[peer] <= 0:
+                del self._held[peer], self._turns[peer]
 
     async def take_carrier(self, env: VerifiedEnvelope[Results]) -> None:
         """Take each entry of a carrier as the `result` it stands for, on its own (a bad one is refused

@@ -132,7 +132,7 @@ async def test_a_carrier_naming_jobs_never_submitted_costs_no_verification_and_o
     trio.lowlevel.add_instrument(tasks)
     try:
         await net.handlers[a.id](b.id, raw)
-        await until(lambda: tasks.names and not a.submitter.outcomes._taking)
+        await until(lambda: tasks.names and not a.submitter.outcomes._held)
     finally:
         trio.lowlevel.remove_instrument(tasks)
     assert verified == [], "no receipt of a job this node never submitted is verified"
@@ -141,24 +141,37 @@ async def test_a_carrier_naming_jobs_never_submitted_costs_no_verification_and_o
         assert await a.store.run(Store.job, sha256(b"job %d" % i).raw, "submitter") is None
 
 
-async def test_carriers_of_one_peer_are_taken_two_at_a_time(
+async def test_carriers_of_one_peer_are_taken_two_at_a_time_and_a_few_held(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
     (raw,) = await _foreign_carriers(a, b)
     env = verify(raw)
+    taker = a.submitter.outcomes
+    take, now, most = taker.take_carrier, [0], [0]
+
+    async def counted(env: Any) -> None:
+        now[0] += 1
+        most[0] = max(most[0], now[0])
+        try:
+            await take(env)
+        finally:
+            now[0] -= 1
+
+    taker.take_carrier = counted  # type: ignore[method-assign]
     tasks = OutcomeTasks()
     trio.lowlevel.add_instrument(tasks)
     try:
         async with trio.open_nursery() as takes:
-            for _ in range(outcomes.TAKES_PER_PEER + 3):  # in one turn: none has ended yet
-                a.submitter.outcomes.take_carrier_soon(takes, env)
-            assert a.submitter.outcomes._taking == {b.id: outcomes.TAKES_PER_PEER}
+            for _ in range(outcomes.CARRIERS_HELD_PER_PEER + 3):  # in one turn: none has ended yet
+                taker.take_carrier_soon(takes, env)
+            assert taker._held == {b.id: outcomes.CARRIERS_HELD_PER_PEER}
     finally:
         trio.lowlevel.remove_instrument(tasks)
-    assert len(tasks.names) == outcomes.TAKES_PER_PEER, "the carriers beyond the bound are dropped"
-    assert a.submitter.outcomes._taking == {}
+    assert len(tasks.names) == outcomes.CARRIERS_HELD_PER_PEER, "the carriers beyond the bound are dropped"
+    assert most[0] == outcomes.TAKES_PER_PEER, "the others wait their turn"
+    assert taker._held == {} and taker._turns == {}
 
 
 def _receipt(executor: RealNode, submitter: RealNode, i: int, template: UsageReceipt) -> Any:
