@@ -1,16 +1,18 @@
 """Shared commits: the writes that several tasks make at the same moment go into one transaction.
 
-The entries of a `results` carrier are each taken in a task of their own, started in one turn
-(outcomes.py); each ends its job with a few writes that must commit together. `SharedCommits.atomically`
-stands for `AsyncStore.atomically`: the first task to call it leads a batch, lets every other task
-that is ready run (a checkpoint, again while more join), then commits all the calls of the batch in
-one transaction and hands each task its own results. A batch that fails is committed again one task
-at a time, so one task's failing write never takes the others' with it (each gets its own error).
-A lone caller costs one checkpoint more than `AsyncStore.atomically`.
+The entries of a `results` carrier whose receipts were verified are each taken in a task of their
+own, started in one turn (outcomes.py); each ends its job with a few writes that must commit
+together. `SharedCommits.atomically` stands for `AsyncStore.atomically`: the first task to call it
+leads a batch, lets every other task that is ready run (a checkpoint, again while more join), then
+commits all the calls of the batch in one transaction and hands each task its own results. A batch
+that fails is committed again one task at a time, so one task's failing write never takes the others'
+with it (each gets its own error): `commit_each`, which the executor's deliveries use too
+(delivery.py). A lone caller costs one checkpoint more than `AsyncStore.atomically`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -60,18 +62,7 @@ class SharedCommits:
                 joined = len(batch.members)
                 await trio.lowlevel.checkpoint()
             self._open = None
-            if len(batch.members) == 1:
-                batch.results = [await self._alone(batch.members[0])]
-                return
-            try:
-                merged = await self.store.atomically(*(c for member in batch.members for c in member))
-            except StoreError:
-                batch.results = [await self._alone(member) for member in batch.members]
-                return
-            start = 0
-            for member in batch.members:
-                batch.results.append(merged[start : start + len(member)])
-                start += len(member)
+            batch.results = await commit_each(self.store, batch.members)
         finally:
             if self._open is batch:
                 self._open = None
@@ -79,8 +70,28 @@ class SharedCommits:
             batch.results += [missing] * (len(batch.members) - len(batch.results))
             batch.done.set()
 
-    async def _alone(self, calls: tuple[Call, ...]) -> list[Any] | StoreError:
+
+async def commit_each(store: AsyncStore, groups: Sequence[tuple[Call, ...]]) -> list[list[Any] | StoreError]:
+    """Commit `groups` (each all or nothing) durably in one transaction; if it fails, each group alone,
+    so one group's failing write never takes the others with it. Returns each group's results, or the
+    StoreError of its own commit."""
+    if len(groups) > 1:
         try:
-            return await self.store.atomically(*calls)
-        except StoreError as e:
-            return e
+            merged = await store.atomically(*(c for group in groups for c in group))
+        except StoreError:
+            pass
+        else:
+            results: list[list[Any] | StoreError] = []
+            start = 0
+            for group in groups:
+                results.append(merged[start : start + len(group)])
+                start += len(group)
+            return results
+    return [await _alone(store, group) for group in groups]
+
+
+async def _alone(store: AsyncStore, calls: tuple[Call, ...]) -> list[Any] | StoreError:
+    try:
+        return await store.atomically(*calls)
+    except StoreError as e:
+        return e

@@ -36,6 +36,7 @@ from e31.protocol.results import Delivered, make_results
 from ..errors import StoreError
 from ..nursery import TaskSlot
 from ..store.db import Call, Store
+from .commits import commit_each
 from .context import MarketContext, MarketSettings
 from .rules import backoff
 
@@ -193,18 +194,8 @@ class Delivery:
         """One durable commit for the batch's outcomes; if it fails, each is committed alone, so one
         that cannot be stored does not take the others with it."""
         try:
-            await self.ctx.store.atomically(*(c for calls in batch.calls for c in calls))
-            batch.errors = [None] * len(batch.calls)
-        except StoreError as e:
-            if len(batch.calls) == 1:
-                batch.errors = [e]
-            else:
-                for calls in batch.calls:
-                    try:
-                        await self.ctx.store.atomically(*calls)
-                        batch.errors.append(None)
-                    except StoreError as alone:
-                        batch.errors.append(alone)
+            results = await commit_each(self.ctx.store, batch.calls)
+            batch.errors = [r if isinstance(r, StoreError) else None for r in results]
         finally:
             batch.errors += [StoreError("the outcome was not stored")] * (
                 len(batch.calls) - len(batch.errors)

@@ -30,7 +30,7 @@ from e31.protocol.blobs import BlobRef
 from e31.protocol.envelope import VerifiedEnvelope, reopen_stored
 from e31.protocol.errors import Mismatch, ProtocolError
 from e31.protocol.ids import NodeId
-from e31.protocol.messages import Assign, Result
+from e31.protocol.messages import Assign, Result, Results
 from e31.protocol.receipts import UsageReceipt, check_receipt_assignment, check_receipt_manifest
 from e31.protocol.results import carried_outputs, check_result, outputs_of
 
@@ -67,6 +67,12 @@ class Carried(NamedTuple):
 Arrived = VerifiedEnvelope[Result] | Carried
 """A result as it arrived: alone (its own envelope) or in a carrier."""
 
+TAKES_PER_PEER = 2
+"""`results` carriers from one peer taken in at once (each in one task); more wait their turn."""
+
+CARRIERS_HELD_PER_PEER = 8
+"""`results` carriers from one peer waiting or being taken; more are dropped."""
+
 ACKS_RESENT_KEPT = 1024
 """Stored acks remembered as sent again (the oldest forgotten first: it may then go once more)."""
 
@@ -92,6 +98,10 @@ class Outcomes:
         """The entries of a carrier end their jobs in one commit."""
         self._acks_resent: dict[tuple[bytes, bytes], float] = {}
         """(executor, ack id) -> when that stored ack was last sent again (ACKS_RESENT_KEPT at most)."""
+        self._held: dict[bytes, int] = {}
+        """Peer -> its `results` carriers waiting or being taken (CARRIERS_HELD_PER_PEER at most)."""
+        self._turns: dict[bytes, trio.Semaphore] = {}
+        """Peer -> the turns to take its carriers (TAKES_PER_PEER), while it has some held."""
 
     def admit(self, env: Arrived) -> bool:
         """Whether a `result` is to be taken in (`take`). One carrying a receipt already taken in for a
@@ -106,7 +116,73 @@ class Outcomes:
             job.outcomes.add(key)
         return True
 
+    def take_carrier_soon(self, nursery: trio.Nursery, env: VerifiedEnvelope[Results]) -> None:
+        """Take a `results` carrier in a task of its own (`take_carrier`), TAKES_PER_PEER of a peer's at
+        once, the others waiting their turn; beyond CARRIERS_HELD_PER_PEER of its signer's (waiting or
+        being taken) it is dropped (its executor delivers them again until acknowledged)."""
+        peer = env.signer.raw
+        held = self._held.get(peer, 0)
+        if held >= CARRIERS_HELD_PER_PEER:
+            log.debug("dropping a results carrier from %s: %d are held", env.signer, held)
+            return
+        if held == 0:
+            self._turns[peer] = trio.Semaphore(TAKES_PER_PEER)
+        self._held[peer] = held + 1
+        nursery.start_soon(self._take_carrier_in_turn, env)
+
+    async def _take_carrier_in_turn(self, env: VerifiedEnvelope[Results]) -> None:
+        peer = env.signer.raw
+        try:
+            async with self._turns[peer]:
+                await self.take_carrier(env)
+        finally:
+            self._held[peer] -= 1
+            if self._held[peer] <= 0:
+                del self._held[peer], self._turns[peer]
+
+    async def take_carrier(self, env: VerifiedEnvelope[Results]) -> None:
+        """Take each entry of a carrier as the `result` it stands for, on its own (a bad one is refused
+        alone). Entries that name no assignment this node made, to the carrier's signer, are dropped
+        before any signature is checked; the others' receipts are verified one after another here, and
+        those that open are taken together, so their commits share one transaction (SharedCommits)."""
+        carrier = env.message
+        if carrier.executor != env.signer:  # its receipts could never be this signer's: none is looked at
+            log.info("ignoring a results carrier from %s naming executor %s", env.signer, carrier.executor)
+            return
+        arrived = [Carried(carrier.result(entry), env.signer) for entry in carrier.entries]
+        ours = [a for a in arrived if await self._names_ours(a.message) and self.admit(a)]
+        opened = [(a, o) for a in ours if (o := self._open(a)) is not None]
+        if len(opened) == 1:
+            await self._take_opened(*opened[0])
+            return
+        async with trio.open_nursery() as nursery:
+            for a, o in opened:
+                nursery.start_soon(self._take_opened, a, o)
+
     async def take(self, env: Arrived) -> None:
+        """Take in a `result` that came alone (admitted: `admit`)."""
+        if not await self._names_ours(env.message):
+            self._forget_outcome(env.message.job_id.raw, env)
+            return
+        opened = self._open(env)
+        if opened is not None:
+            await self._take_opened(env, opened)
+
+    async def _names_ours(self, msg: Result) -> bool:
+        """Whether a result names an assignment this node made, of that job, to that executor (looked
+        up here or in the store; no signature is checked)."""
+        if await names_our_assignment(self.ctx, self.jobs, msg):
+            return True
+        log.info(  # nothing a node that holds no assignment sends is kept
+            "ignoring a result for job %s from %s, which holds no assignment of it",
+            msg.job_id.raw.hex()[:12],
+            msg.executor,
+        )
+        return False
+
+    def _open(self, env: Arrived) -> tuple[VerifiedEnvelope[UsageReceipt], dict[bytes, bytes]] | None:
+        """The receipt a result carries, verified, and the outputs it carries; None (logged) if either
+        is refused."""
         msg = env.message
         job_id = msg.job_id.raw
         try:
@@ -116,25 +192,23 @@ class Outcomes:
         except ProtocolError as e:
             metrics.VERIFICATION_FAILURES.inc(1, "result")
             log.warning("job %s: dropping a result from %s: %s", job_id.hex()[:12], env.signer, e)
-            return
+            return None
         try:
             carried = carried_outputs(msg, receipt_env.message)
         except Mismatch as e:  # the receipt may come again without them: the outputs are fetched then
             metrics.VERIFICATION_FAILURES.inc(1, "result")
             log.warning("job %s: dropping a result from %s: %s", job_id.hex()[:12], env.signer, e)
             self._forget_outcome(job_id, env)
-            return
+            return None
+        return receipt_env, carried
+
+    async def _take_opened(
+        self, env: Arrived, opened: tuple[VerifiedEnvelope[UsageReceipt], dict[bytes, bytes]]
+    ) -> None:
+        receipt_env, carried = opened
+        job_id = env.message.job_id.raw
         row = await self.ctx.store.run(Store.job, job_id, ROLE)
         if row is None:
-            return
-        if not await names_our_assignment(
-            self.ctx, self.jobs, msg
-        ):  # nothing a node that holds no assignment sends is kept
-            log.info(
-                "ignoring a result for job %s from %s, which holds no assignment of it",
-                job_id.hex()[:12],
-                msg.executor,
-            )
             return
         if row.state in TERMINAL:  # done, or disputed with this receipt verified: its ack again
             await self._resend_ack(receipt_env)

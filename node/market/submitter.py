@@ -48,7 +48,7 @@ from .handoff import RETRYABLE_RELEASES, HandOff
 from .inclusion import InclusionProofs
 from .linkups import LinkUps
 from .offering import Choice, LocalOffer, OfferLine, Publish
-from .outcomes import Arrived, Carried, Outcomes
+from .outcomes import Arrived, Outcomes
 from .rules import BidView, Window, backoff, lease_expiry, offer_expiry, window_state
 from .submitted import (
     ROLE,
@@ -644,12 +644,9 @@ class Submitter:
             nursery.start_soon(self.outcomes.take, env)
 
     def on_results(self, env: VerifiedEnvelope[Results]) -> None:
-        """A carrier of results: each entry is taken as the `result` it stands for, on its own (a bad
-        one is refused alone), all started in the same turn, so their commits share one transaction
-        and one sync (store/async_store.py's group commit)."""
-        carrier = env.message
-        for entry in carrier.entries:
-            self.on_outcome(Carried(carrier.result(entry), env.signer))
+        """A carrier of results: taken in one task, each entry on its own (outcomes.py)."""
+        if (nursery := self._tasks.nursery) is not None:
+            self.outcomes.take_carrier_soon(nursery, env)
 
     def on_proof(self, env: VerifiedEnvelope[InclusionProof]) -> None:
         if (nursery := self._tasks.nursery) is not None:

@@ -665,16 +665,23 @@ async def test_accepted_waits_for_the_sync_and_never_follows_the_result(
         result_in.set()
         on_outcome(env)
 
+    def results(env: Any) -> None:  # (results come in carriers: outcomes.take_carrier)
+        heard.append("result")
+        result_in.set()
+        on_results(env)
+
     def accepted(env: Any) -> None:
         heard.append("accepted")
         on_accepted(env)
 
     on_outcome, on_accepted = a.submitter.on_outcome, a.submitter.on_accepted
+    on_results = a.submitter.on_results
     b.store.flush, a.submitter.on_outcome, a.submitter.on_accepted = (  # type: ignore[method-assign]
         slow_flush,
         outcome,
         accepted,
     )
+    a.submitter.on_results = results  # type: ignore[method-assign]
     job_id = await a.submitter.submit(
         a.manifest(("19", "600000000"))
     )  # runs for seconds: held past ACCEPT_DELAY

@@ -8,11 +8,14 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
+from e31.node.market import outcomes
 from e31.node.store.db import Store
 from e31.protocol.envelope import sign_message, sign_verified, verify
 from e31.protocol.ids import Digest, NodeId, sha256
-from e31.protocol.messages import BY_ENTRY, MAX_RESULTS, Results, UsageReceipt
+from e31.protocol.messages import BY_ENTRY, MAX_RESULTS, Result, Results, UsageReceipt
+from e31.protocol.results import make_results
 from market_nodes import Net, RealNode, start, until, wait_state
 
 
@@ -48,7 +51,7 @@ async def test_the_jobs_of_a_sweep_come_back_in_carriers_and_each_ends_done(
 
 
 async def test_a_bad_entry_of_a_carrier_does_not_keep_the_good_one_out(
-    net: Net, nursery: trio.Nursery, tmp_path: Path
+    net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     keys = {a.id: a.key, b.id: b.key}
@@ -69,14 +72,106 @@ async def test_a_bad_entry_of_a_carrier_does_not_keep_the_good_one_out(
         await deliver(peer, raw)
 
     net.handlers[a.id] = handler
+    verified = verifications(monkeypatch)
     await start(nursery, a, b)
     job_id = await a.submitter.submit(a.manifest(("5", "1000")))
     row = await wait_state(a, job_id, "done")
     assert tampered and len(tampered[0].entries) >= 3
+    assert verified and {r.job_id.raw for r in verified} == {job_id}, "only the good entry is verified"
+    assert all(r.assignment_id != Digest(b"\x00" * 32) for r in verified)
     assert row.reason == "exited 0"
     receipts = await a.store.run(Store.receipts_for_job, job_id)
     assert len(receipts) == 1 and receipts[0].delivered is not None
     assert not await a.store.run(Store.job, sha256(b"a job nobody assigned").raw, "submitter")
+
+
+def verifications(monkeypatch: pytest.MonkeyPatch) -> list[Result]:
+    """Record every result whose receipt the submitter verifies (outcomes.check_result)."""
+    seen: list[Result] = []
+    check = outcomes.check_result
+
+    def counted(result: Result, signer: NodeId) -> Any:
+        seen.append(result)
+        return check(result, signer)
+
+    monkeypatch.setattr(outcomes, "check_result", counted)
+    return seen
+
+
+class OutcomeTasks(trio.abc.Instrument):
+    """Count the tasks started to take results in (those of outcomes.py)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        if task.name.startswith(outcomes.__name__ + "."):
+            self.names.append(task.name)
+
+
+async def _foreign_carriers(a: RealNode, b: RealNode) -> list[bytes]:
+    """`results` carriers signed by `b`, full of well-signed receipts for jobs `a` never submitted."""
+    job_id = await a.submitter.submit(a.manifest(("5", "1000")))
+    await wait_state(a, job_id, "done")
+    (stored,) = await a.store.run(Store.envelopes_for_job, job_id, "receipt")
+    template = verify(stored.raw, UsageReceipt).message
+    delivered = [(_receipt(b, a, i, template), 0, ()) for i in range(MAX_RESULTS)]
+    carriers = make_results(a.config.network, NodeId(b.id), delivered)
+    assert [len(c.entries) for c in carriers] == [MAX_RESULTS]
+    return [sign_message(c, b.key) for c in carriers]
+
+
+async def test_a_carrier_naming_jobs_never_submitted_costs_no_verification_and_one_task(
+    net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    (raw,) = await _foreign_carriers(a, b)
+    verified = verifications(monkeypatch)
+    tasks = OutcomeTasks()
+    trio.lowlevel.add_instrument(tasks)
+    try:
+        await net.handlers[a.id](b.id, raw)
+        await until(lambda: tasks.names and not a.submitter.outcomes._held)
+    finally:
+        trio.lowlevel.remove_instrument(tasks)
+    assert verified == [], "no receipt of a job this node never submitted is verified"
+    assert len(tasks.names) == 1, f"one task for the carrier, none per entry: {tasks.names}"
+    for i in range(MAX_RESULTS):
+        assert await a.store.run(Store.job, sha256(b"job %d" % i).raw, "submitter") is None
+
+
+async def test_carriers_of_one_peer_are_taken_two_at_a_time_and_a_few_held(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    await start(nursery, a, b)
+    (raw,) = await _foreign_carriers(a, b)
+    env = verify(raw)
+    taker = a.submitter.outcomes
+    take, now, most = taker.take_carrier, [0], [0]
+
+    async def counted(env: Any) -> None:
+        now[0] += 1
+        most[0] = max(most[0], now[0])
+        try:
+            await take(env)
+        finally:
+            now[0] -= 1
+
+    taker.take_carrier = counted  # type: ignore[method-assign]
+    tasks = OutcomeTasks()
+    trio.lowlevel.add_instrument(tasks)
+    try:
+        async with trio.open_nursery() as takes:
+            for _ in range(outcomes.CARRIERS_HELD_PER_PEER + 3):  # in one turn: none has ended yet
+                taker.take_carrier_soon(takes, env)
+            assert taker._held == {b.id: outcomes.CARRIERS_HELD_PER_PEER}
+    finally:
+        trio.lowlevel.remove_instrument(tasks)
+    assert len(tasks.names) == outcomes.CARRIERS_HELD_PER_PEER, "the carriers beyond the bound are dropped"
+    assert most[0] == outcomes.TAKES_PER_PEER, "the others wait their turn"
+    assert taker._held == {} and taker._turns == {}
 
 
 def _receipt(executor: RealNode, submitter: RealNode, i: int, template: UsageReceipt) -> Any:
