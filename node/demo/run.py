@@ -403,6 +403,7 @@ def _audit(
             "--json",
             "--data-dir",
             str(data_dir),
+            *(("--overwrite",) if attempt else ()),  # the bundle the try before wrote
             timeout=300.0,
         )
         if called.code != 0:
