@@ -63,7 +63,8 @@ def test_nodes_behind_two_nats_dial_out_and_run_a_public_submitters_jobs(
     public = topo.segment("public", "10.61.0.0/24")
     homes = [topo.segment(f"home{i}", f"10.62.{i}.0/24") for i in (1, 2)]
     routers = [topo.nat_router(f"r{i}", public, home) for i, home in enumerate(homes, 1)]
-    submitter = nodes(topo.host("pub", public)).start()
+    # submit-only: a submitter that holds the module would win every bid for these small jobs itself
+    submitter = nodes(topo.host("pub", public), args=["--cores", "0"]).start()
     inside = [
         nodes(topo.host(f"h{i}", home, gateway=router.lan_ip), bootstrap=[submitter.address]).start()
         for i, (home, router) in enumerate(zip(homes, routers, strict=True), 1)
@@ -79,4 +80,4 @@ def test_nodes_behind_two_nats_dial_out_and_run_a_public_submitters_jobs(
     jobs = [submit(submitter, seed) for seed in range(8)]
     docs = [wait_until(f"job {j[:8]}", lambda j=j: ended(submitter, j), deadline=120) for j in jobs]
     assert all(d["state"] == "done" and d["succeeded"] for d in docs), brief(docs)
-    assert {d["executor"] for d in docs} & ids, "no job ran behind a NAT"
+    assert {d["executor"] for d in docs} <= ids, "every job ran behind a NAT"
