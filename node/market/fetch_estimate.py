@@ -26,6 +26,9 @@ ASSUMED_RATE = 1_250_000.0
 """Bytes per second planned for before any fetch is measured (10 Mbit/s: a modest uplink)."""
 MEASURED_MIN_BYTES = 512 * 1024
 """A fetch this large or larger is measured (a smaller one is mostly round trips, not bandwidth)."""
+COUNTED_MIN_BYTES = MEASURED_MIN_BYTES
+"""A blob smaller than this is not counted in a bid (a small module's fetch is a round trip or two;
+counting it made the node that submitted a sweep of tiny jobs, holding its module, win all of them)."""
 WEIGHT = 0.3
 """How much a new measurement moves the average."""
 MIN_RATE = 10_000.0
@@ -68,6 +71,8 @@ def fetch_shares(
     held: dict[bytes, bool] = {}
     for manifest in manifests:
         for root, size in blob_sizes(manifest).items():
+            if size < COUNTED_MIN_BYTES:  # a round trip or two: not worth moving work to its holder
+                continue
             if root not in held:
                 held[root] = has(root)
             if not held[root]:
