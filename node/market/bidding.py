@@ -9,7 +9,10 @@ assigned); a job that would finish late, or make a promised job late, is decline
 item's start and finish are the plan's.
 A bid's jobs that its submitter has not assigned CHOSEN_GRACE_MS after it assigned the first of them
 count no more as promised (they went to other bidders: the submitter spreads an offer's jobs at once,
-spread.py), though a late assignment of one is still taken while the bid lives.
+spread.py), nor do those of a bid none of whose jobs was assigned UNCHOSEN_MS after it was made (the
+submitter chose other bidders when its bid window closed), though a late assignment of one is still
+taken while the bid lives. An offer gets bids for at most as many jobs as the queue has room for
+(`max_queue_per_core`, counting the jobs still promised); the rest are declined `busy`.
 A bid names the blobs of its jobs this node holds already (`held`: the submitter prefers such a bid
 when all else is equal), and its finish counts the time to fetch the others (fetch_estimate.py), so a
 node holding a job's large blobs bids an earlier finish. The offer is remembered under the bid's id
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from e31.protocol.envelope import VerifiedEnvelope, check_fresh, sign_verified
@@ -45,10 +48,15 @@ PROMISED_BYTES_MAX = 16 << 20
 the assignment): past it, offers are declined `busy` until bids lapse or are assigned. A set of 64 tiny
 jobs is about 20 KiB, so this is hundreds of open bids; it bounds what a signer gossiping large offers
 that it never assigns can make every executor hold."""
-CHOSEN_GRACE_MS = 1000
+CHOSEN_GRACE_MS = 250
 """How long after a bid's first assignment its other jobs still count as promised here: a submitter
 assigns an offer's jobs all at once, when its bid window closes; those it gave to other nodes would
 otherwise hold this node's queue (`busy`, `deadline`) until the bid lapses."""
+UNCHOSEN_MS = 1500
+"""How long a bid none of whose jobs has been assigned still counts as promised here: a submitter
+chooses among an offer's bids when its bid window closes (every expected bidder answered, or at most
+WindowSettings.window, 1 s, after the offer); a bid not chosen by then held this node's queue until it
+lapsed (bid_ttl_ms, 30 s), declining later offers `busy` while idle."""
 SUBMIT_ONLY_TEXT = "this node runs no jobs (cores = 0: it only submits)"
 ANSWERED_PRUNE_MIN = 1024
 """Answered offers held before the expired ones are first forgotten (an expired offer is refused anyway)."""
@@ -71,6 +79,8 @@ class Promise:
     offer: VerifiedEnvelope[Offer]
     bid_expires: int
     jobs: dict[bytes, JobManifest]
+    made: int
+    """When the bid was made (ms): UNCHOSEN_MS later, unassigned, its jobs count no more."""
 
 
 class Bids:
@@ -183,6 +193,8 @@ class Bids:
             )
             # every live bid keeps its offer: their memory is bounded (PROMISED_BYTES_MAX)
             plan = plan_bid(view, me, now, bid_ttl_ms=self.ctx.settings.bid_ttl_ms) if room else full
+            if isinstance(plan, BidPlan):  # each job bid for takes a place in the queue
+                me = replace(me, queue_length=me.queue_length + 1)
             if isinstance(plan, DeclinePlan):
                 ids, text, expires = declined.get(plan.reason, ([], plan.text, plan.expires))
                 ids.append(job_id)
@@ -222,7 +234,7 @@ class Bids:
         for answer in answers:  # bid items and declined ids are in the offer's (job id) order already
             signed = sign_verified(answer, self.ctx.identity)
             if isinstance(answer, Bid):
-                self._promises[signed.message_id.raw] = Promise(env, answer.expires, manifests)
+                self._promises[signed.message_id.raw] = Promise(env, answer.expires, manifests, now)
             await self.ctx.send_to(offer.submitter.raw, signed.raw)
 
     def _held_blobs(self, manifests: Iterable[JobManifest]) -> tuple[Digest, ...]:
@@ -255,13 +267,15 @@ class Bids:
         return Task(manifest.job_id.raw, manifest.submitter.raw, manifest.deadline, estimate, now, lim.fuel)
 
     def _open(self, now: int) -> list[Promise]:
-        """The live bids whose unassigned jobs still count: none of them assigned yet, or the first
-        less than CHOSEN_GRACE_MS ago (the submitter's choice for that offer is made)."""
+        """The live bids whose unassigned jobs still count: made less than UNCHOSEN_MS ago with none of
+        them assigned yet, or the first assigned less than CHOSEN_GRACE_MS ago (the submitter's choice
+        for that offer is made)."""
         chosen = self._chosen_at
         return [
             p
             for bid_id, p in self._promises.items()
-            if p.bid_expires > now and now - chosen.get(bid_id, now) < CHOSEN_GRACE_MS
+            if p.bid_expires > now
+            and (now - chosen[bid_id] < CHOSEN_GRACE_MS if bid_id in chosen else now - p.made < UNCHOSEN_MS)
         ]
 
     def _bid_tasks(self, now: int) -> list[Task]:

@@ -47,9 +47,9 @@ from .context import MarketContext
 from .handoff import RETRYABLE_RELEASES, HandOff
 from .inclusion import InclusionProofs
 from .linkups import LinkUps
-from .offering import LocalOffer, OfferLine, Publish
+from .offering import Choice, LocalOffer, OfferLine, Publish
 from .outcomes import Arrived, Outcomes
-from .rules import BidView, Window, backoff, choose_bid, lease_expiry, offer_expiry, window_state
+from .rules import BidView, Window, backoff, lease_expiry, offer_expiry, window_state
 from .submitted import (
     ROLE,
     Jobs,
@@ -451,14 +451,8 @@ class Submitter:
                     settings=self.ctx.settings.window,
                 )
                 if state is Window.ASSIGN:
-                    bid = choose_bid(
-                        rnd.bids.values(),
-                        self.load,
-                        now=self.ctx.clock(),
-                        deadline=job.manifest.deadline,
-                        exclude=frozenset(job.rejected) | avoid(),
-                        known=self.track,
-                    )
+                    choice = Choice(frozenset(job.rejected) | avoid(), self.load, self.track)
+                    bid = self.offers.choose(job_id, job, choice)  # the offer's spread (spread.py)
                     if bid is not None:
                         self.load[bid.executor] += 1  # at once: rounds choosing at the same time see it
                         job.holder = bid.executor

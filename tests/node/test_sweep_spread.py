@@ -39,10 +39,6 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
             node.stop()
 
 
-@pytest.mark.skip(
-    reason="spread.py is not wired into the submitter yet: on a quiet host it concentrated sweeps on "
-    "the submitting node ([148, 23, 21] of 192); docs/scheduling.md, 'What is not done yet'"
-)
 def test_a_sweep_on_three_nodes_is_spread_across_all_three(network: list[Node], tmp_path: Path) -> None:
     a = network[0]
     sweep = tmp_path / "sweep.jsonl"
