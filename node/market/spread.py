@@ -47,8 +47,9 @@ def spread(
     known: Container[bytes] = frozenset(),
 ) -> dict[bytes, BidView]:
     """The bid each job of an offer takes (by job key; a job with no live bid that meets its deadline
-    is left out). `load`: this submitter's jobs under way at each executor before this offer (only
-    the strangers' share reads it: each bid's plan already counts what its executor had promised)."""
+    is left out). `load`: this submitter's jobs under way at each executor before this offer, counted
+    as rules.choose_bid counts them (a bid's plan may not show an assignment still on its way, and a
+    stream of one-job offers then spreads as choose_bid spreads it), and for the strangers' share."""
     live: dict[bytes, list[BidView]] = {}
     finishes: dict[bytes, list[int]] = {}
     for job in jobs:
@@ -77,20 +78,29 @@ def spread(
         duration = max(soonest.expected_finish - soonest.expected_start, MIN_ESTIMATE_MS)
         urgent = job.deadline - now <= AT_RISK * duration
 
-        bid = min(bids, key=lambda b: _rank(b, finishes[b.executor], given[b.executor], urgent, known))
+        bid = min(
+            bids,
+            key=lambda b: _rank(
+                b, finishes[b.executor], given[b.executor], load.get(b.executor, 0), urgent, known
+            ),
+        )
         chosen[job.key] = bid
         given[bid.executor] += 1
     return chosen
 
 
 def _rank(
-    bid: BidView, finishes: Sequence[int], given: int, urgent: bool, known: Container[bytes]
+    bid: BidView, finishes: Sequence[int], given: int, load: int, urgent: bool, known: Container[bytes]
 ) -> tuple[int, bool, int, bytes]:
     """A bid's place for the next job: when its executor would finish it, counting the `given` jobs
-    of this offer already assigned there (its promise for this job alone when the job is at risk),
-    then known before stranger, more of the job's bytes held, and by key."""
-    estimate = bid.expected_finish if urgent or given >= len(finishes) else finishes[given]
-    return (estimate, bid.executor not in known, -bid.held_bytes, bid.executor)
+    of this offer already assigned there and, as rules.choose_bid does, one run of this job for each
+    of the `load` jobs this submitter had under way there before the offer (its promise for this job
+    alone when the job is at risk); then known before stranger, more of the job's bytes held, by key."""
+    if urgent:
+        return (bid.expected_finish, bid.executor not in known, -bid.held_bytes, bid.executor)
+    estimate = bid.expected_finish if given >= len(finishes) else finishes[given]
+    duration = max(bid.expected_finish - bid.expected_start, MIN_ESTIMATE_MS)
+    return (estimate + load * duration, bid.executor not in known, -bid.held_bytes, bid.executor)
 
 
 def finish_times(jobs: Sequence[Wanted], chosen: Mapping[bytes, BidView]) -> dict[bytes, int]:

@@ -1,15 +1,18 @@
 """An executor's bid whose other jobs went elsewhere frees their room soon after its first assignment
-(bidding.CHOSEN_GRACE_MS), and a late assignment of one of them is still taken while the bid lives."""
+(bidding.CHOSEN_GRACE_MS), one that won nothing soon after it was made (UNCHOSEN_MS), and a late
+assignment of one of them is still taken while the bid lives; an offer gets bids for what the queue has
+room for."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import trio
-from e31.node.market.bidding import CHOSEN_GRACE_MS
+from e31.node.market.bidding import CHOSEN_GRACE_MS, UNCHOSEN_MS
 from e31.protocol.envelope import sign_message
 from e31.protocol.ids import NodeId
-from e31.protocol.messages import Assign, Bid, Release, Result
+from e31.protocol.messages import Assign, Bid, Decline, Release, Result
 from market_nodes import NETWORK, Net, until, wait_state, wall_ms
 from test_market import executor_and_peer, foreign_manifest
 
@@ -43,3 +46,44 @@ async def test_a_bids_unassigned_jobs_stop_counting_after_its_first_assignment(
     await wait_state(b, late.raw, "done", 30, role="executor")
     assert not c.kinds(Release)
     await until(lambda: {env.message.job_id for env in c.kinds(Result)} >= {first, late})
+
+
+async def test_a_bid_that_won_nothing_stops_counting_once_the_submitter_has_chosen(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A bid none of whose jobs is assigned counts as promised for UNCHOSEN_MS after it was made (the
+    submitter's bid window), then no more: it no longer fills the queue of a node whose bid lost."""
+    b, c = await executor_and_peer(net, nursery, tmp_path)
+    named = [foreign_manifest(b, c.id, (str(i), "100")) for i in range(3)]
+    before = wall_ms()
+    b.executor.on_offer(c.offer(*named))
+    bid_env = await c.only(Bid)
+    bids = b.executor.bids
+    made = bids._promises[bid_env.message_id.raw].made
+    assert before <= made <= wall_ms()
+    assert bids._promised_jobs(made) == 3
+    assert bids._promised_jobs(made + UNCHOSEN_MS - 1) == 3
+    assert bids._promised_jobs(made + UNCHOSEN_MS) == 0
+    assert bids.live(bid_env.message_id.raw) is not None  # a late assignment is still taken
+
+
+async def test_an_offer_gets_bids_for_only_as_many_jobs_as_the_queue_has_room_for(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Past the queue's room (max_queue_per_core per core, counting the jobs still promised) the rest
+    of an offer is declined `busy`, not the whole offer: the node bids for what fits."""
+    b, c = await executor_and_peer(net, nursery, tmp_path)
+    b.ctx.settings = replace(b.ctx.settings, max_queue_per_core=4)
+    room = 4 * b.executor.bids.scheduler.workers
+    first = [foreign_manifest(b, c.id, ("a", str(i))) for i in range(room - 2)]
+    b.executor.on_offer(c.offer(*first))
+    await until(lambda: len(c.kinds(Bid)) == 1)
+    assert len(c.kinds(Bid)[0].message.items) == room - 2
+
+    second = [foreign_manifest(b, c.id, ("b", str(i))) for i in range(5)]
+    b.executor.on_offer(c.offer(*second))
+    await until(lambda: len(c.kinds(Bid)) == 2 and len(c.kinds(Decline)) == 1)
+    bid, decline = c.kinds(Bid)[1].message, c.kinds(Decline)[0].message
+    assert len(bid.items) == 2
+    assert decline.reason == "busy" and len(decline.job_ids) == 3
+    assert {i.job_id for i in bid.items} | set(decline.job_ids) == {m.job_id for m in second}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from e31.node.market.rules import BidView
+from e31.node.market.rules import BidView, choose_bid
 from e31.node.market.spread import Wanted, finish_times, spread
 
 NOW = 1_800_000_000_000
@@ -130,3 +130,21 @@ def test_the_spread_is_the_same_whatever_the_order_of_jobs_and_bids() -> None:
     wanted = offer(bids, 30)
     shuffled = [Wanted(w.key, w.deadline, dict(reversed(list(w.bids.items())))) for w in reversed(wanted)]
     assert spread(wanted, {}, now=NOW) == spread(shuffled, {}, now=NOW)
+
+
+def test_a_stream_of_one_job_offers_spreads_by_the_jobs_under_way_as_choose_bid_does() -> None:
+    # one job per offer, every bidder idle: "a" (the submitter's own executor, say) promises the
+    # earliest finish each time, since its bid needs no network. Its plan may not show the assignments
+    # still on their way, so the jobs this submitter has under way at each executor count as in
+    # rules.choose_bid: with 2 already at "a", the next goes elsewhere, and the choice is choose_bid's
+    load: Counter[bytes] = Counter()
+    for _ in range(9):
+        bids = {
+            e: plan(e, 1, each_ms=100, backlog_ms=skew)[0] for e, skew in ((b"a", 0), (b"b", 5), (b"c", 9))
+        }
+        wanted = offer({e: [b] for e, b in bids.items()}, 1)
+        chosen = spread(wanted, load, now=NOW)
+        alone = choose_bid(bids.values(), load, now=NOW, deadline=DEADLINE)
+        assert alone is not None and chosen[wanted[0].key] == alone
+        load[alone.executor] += 1
+    assert load == {b"a": 3, b"b": 3, b"c": 3}
