@@ -251,6 +251,21 @@ class Assign(Message):
     lease_expires: int = field(metadata=w(TIME))
 
 
+@message("award", issuer="submitter")
+@dataclass(frozen=True, slots=True)
+class Award(Message):
+    """The submitter's choice among the bids for one offer, told to one bidder: of the jobs its bid
+    (`bid_id`) named, the submitter means to assign it `job_ids` (none: it won nothing) and none of
+    the others, so the executor stops holding room for those at once (a late assignment of one is
+    still a valid assignment while the bid lives)."""
+
+    network: str = field(metadata=w(NETWORK))
+    bid_id: Digest = field(metadata=w(Hash()))
+    submitter: NodeId = field(metadata=w(Key()))
+    executor: NodeId = field(metadata=w(Key()))
+    job_ids: tuple[Digest, ...] = field(metadata=w(Seq(Hash(), MAX_SET, order_key=BY_RAW)))
+
+
 @message("blobreq", issuer="requester", expiry="expires")
 @dataclass(frozen=True, slots=True)
 class BlobRequest(Message):
@@ -461,6 +476,7 @@ AnyMessage = (
     | Bid
     | Decline
     | Assign
+    | Award
     | BlobRequest
     | BlobChunk
     | Result
@@ -505,6 +521,7 @@ __all__ = [
     "Ack",
     "AnyMessage",
     "Assign",
+    "Award",
     "Bid",
     "BidItem",
     "BlobChunk",

@@ -31,7 +31,7 @@ from e31.protocol.envelope import VerifiedEnvelope, check_fresh, sign_verified
 from e31.protocol.errors import ProtocolError
 from e31.protocol.ids import Digest
 from e31.protocol.jobs import JobManifest
-from e31.protocol.messages import MAX_HELD, REASON_TEXT_MAX, Bid, BidItem, Decline, Offer
+from e31.protocol.messages import MAX_HELD, REASON_TEXT_MAX, Award, Bid, BidItem, Decline, Offer
 
 from ..store.db import Store
 from .context import MarketContext
@@ -71,7 +71,7 @@ class BidCapacity(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Promise:
     """A live bid of this node: the offer it answers and the jobs of it the bid names (each leaves
     when it is assigned: one assignment per job of a bid)."""
@@ -81,6 +81,10 @@ class Promise:
     jobs: dict[bytes, JobManifest]
     made: int
     """When the bid was made (ms): UNCHOSEN_MS later, unassigned, its jobs count no more."""
+    awarded: frozenset[bytes] | None = None
+    """The jobs its submitter's `award` said it will assign here (None: no award came)."""
+    awarded_at: int = 0
+    """When the award came (ms): UNCHOSEN_MS later, the awarded jobs not assigned count no more."""
 
 
 class Bids:
@@ -107,9 +111,9 @@ class Bids:
         """What this node offers now; None: the configured ceiling."""
         self._promises: dict[bytes, Promise] = {}
         self._promised_bytes = 0
+        """The offers' bytes the live bids keep (at most PROMISED_BYTES_MAX)."""
         self._chosen_at: dict[bytes, int] = {}
         """When each live bid's first assignment came (ms): CHOSEN_GRACE_MS later its rest lapses."""
-        """The offers' bytes the live bids keep (at most PROMISED_BYTES_MAX)."""
         self._answered: dict[bytes, int] = {}
         """Offers (message id) answered, with their expiry: an offer heard again is not answered twice."""
         self._answered_prune_at = ANSWERED_PRUNE_MIN
@@ -131,6 +135,23 @@ class Bids:
         if promise is not None and promise.bid_expires <= self.ctx.clock():
             return None
         return promise
+
+    def award(self, env: VerifiedEnvelope[Award]) -> bool:
+        """The submitter's choice for one of our live bids: only the jobs it names still count as
+        promised (until assigned, or UNCHOSEN_MS). Ignored (False) unless the bid is ours, live, and
+        answers an offer of the award's signer; a second award for a bid replaces the first."""
+        msg = env.message
+        promise = self.live(msg.bid_id.raw)
+        if (
+            promise is None
+            or msg.executor != self.ctx.node
+            or promise.offer.message.submitter != msg.submitter
+            or msg.network != self.ctx.network
+        ):
+            return False
+        promise.awarded = frozenset(j.raw for j in msg.job_ids)
+        promise.awarded_at = self.ctx.clock()
+        return True
 
     def assigned(self, bid_id: bytes, promise: Promise, job_id: bytes) -> None:
         """A job of the bid was assigned (and stored): the bid keeps its other jobs, or goes."""
@@ -266,24 +287,29 @@ class Bids:
         estimate = self.scheduler.estimate_ms(manifest.profile.raw, lim.fuel, lim.wall_ms)
         return Task(manifest.job_id.raw, manifest.submitter.raw, manifest.deadline, estimate, now, lim.fuel)
 
-    def _open(self, now: int) -> list[Promise]:
-        """The live bids whose unassigned jobs still count: made less than UNCHOSEN_MS ago with none of
-        them assigned yet, or the first assigned less than CHOSEN_GRACE_MS ago (the submitter's choice
-        for that offer is made)."""
+    def _counted(self, now: int) -> list[JobManifest]:
+        """The jobs of live bids not yet assigned that still count as promised: those an `award` named,
+        for UNCHOSEN_MS after it came; with no award, all of a bid's jobs for UNCHOSEN_MS after it was
+        made while none is assigned, and for CHOSEN_GRACE_MS after its first assignment (the
+        submitter's choice for that offer is made)."""
         chosen = self._chosen_at
-        return [
-            p
-            for bid_id, p in self._promises.items()
-            if p.bid_expires > now
-            and (now - chosen[bid_id] < CHOSEN_GRACE_MS if bid_id in chosen else now - p.made < UNCHOSEN_MS)
-        ]
+        counted: list[JobManifest] = []
+        for bid_id, p in self._promises.items():
+            if p.bid_expires <= now:
+                continue
+            if p.awarded is not None:
+                if now - p.awarded_at < UNCHOSEN_MS:
+                    counted += (m for key, m in p.jobs.items() if key in p.awarded)
+            elif now - chosen[bid_id] < CHOSEN_GRACE_MS if bid_id in chosen else now - p.made < UNCHOSEN_MS:
+                counted += p.jobs.values()
+        return counted
 
     def _bid_tasks(self, now: int) -> list[Task]:
-        return [self.task(m, now) for p in self._open(now) for m in p.jobs.values() if m.deadline > now]
+        return [self.task(m, now) for m in self._counted(now) if m.deadline > now]
 
     def _promised_jobs(self, now: int) -> int:
-        """Jobs named by live bids, not yet assigned, and still counted (`_open`)."""
-        return sum(len(p.jobs) for p in self._open(now))
+        """Jobs named by live bids, not yet assigned, and still counted (`_counted`)."""
+        return len(self._counted(now))
 
     def _forget_old_promises(self, now: int) -> None:
         """Drop lapsed bids from the front: bids are made with one TTL (or expire earlier, with their

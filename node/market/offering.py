@@ -18,17 +18,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from e31.protocol.envelope import VerifiedEnvelope, sign_verified
+from e31.protocol.envelope import VerifiedEnvelope, sign_message, sign_verified
 from e31.protocol.errors import ProtocolError
 from e31.protocol.gossip import message_cost
-from e31.protocol.messages import MAX_SET, Bid, Decline, Offer
+from e31.protocol.ids import Digest, NodeId
+from e31.protocol.messages import MAX_SET, Award, Bid, Decline, Offer
 
 from ..net.links import TokenBucket
 from ..store.db import Store, call
 from .context import MarketContext
 from .policy import UNMEASURED, Task, Usage, offer_key
 from .rules import BidView, choose_bid, held_bytes
-from .spread import Wanted, spread
+from .spread import Wanted, awards, spread
 from .submitted import Jobs, Joining, Round, SubmittedJob, in_round
 
 log = logging.getLogger("e31.submitter")
@@ -49,6 +50,8 @@ envelope. A manifest alone over it is still offered, alone (gossip refuses it; t
 EXPIRIES_PRUNE_MIN = 4096
 """Expiries of offers signed here held before the past ones are first forgotten (no two live offers of
 this node share an expiry, so none is the same message as another)."""
+AWARDS_QUEUED = 256
+"""Signed awards waiting to be sent, at most (four offers' worth of bidders on a network of 64 nodes)."""
 SPREADS_PRUNE_MIN = 1024
 """Offers with rounds open past which those whose rounds all ended are dropped (each is dropped with
 its last round anyway; this bounds what a driver cancelled before its round began leaves behind)."""
@@ -98,6 +101,7 @@ class OfferLine:
         self._expiries_prune_at = EXPIRIES_PRUNE_MIN
         self._spreads: dict[bytes, Spread] = {}
         """The offers with rounds open, by offer id (each leaves with its last round: `forget`)."""
+        self._awards_out, self._awards_in = trio.open_memory_channel[tuple[bytes, bytes]](AWARDS_QUEUED)
 
     @property
     def local(self) -> bool:
@@ -295,9 +299,9 @@ class OfferLine:
         group = self._spreads.get(rnd.offer_id)
         if group is not None and job.manifest.replicas == 1:
             if group.chosen is None:
-                group.chosen = spread(
-                    self._wanted(rnd.offer_id, group), choice.load, now=now, known=choice.known
-                )
+                wanted = self._wanted(rnd.offer_id, group)
+                group.chosen = spread(wanted, choice.load, now=now, known=choice.known)
+                self._award(awards(wanted, group.chosen))
             bid = group.chosen.get(job_id)
             if (
                 bid is not None
@@ -325,6 +329,26 @@ class OfferLine:
             and job.manifest.replicas == 1
             and not job.finished.is_set()
         ]
+
+    def _award(self, told: dict[bytes, tuple[bytes, list[bytes]]]) -> None:
+        """Sign an `award` for each bid that named jobs it was not given (spread.awards), for
+        `send_awards` to send. Advisory: one that finds the line full is dropped (its executor's
+        timers free that room a little later)."""
+        for bid_id, (executor, won) in told.items():
+            award = Award(
+                self.ctx.network, Digest(bid_id), self.ctx.node, NodeId(executor), tuple(map(Digest, won))
+            )
+            try:
+                self._awards_out.send_nowait((executor, sign_message(award, self.ctx.identity)))
+            except trio.WouldBlock:
+                log.debug(
+                    "award for bid %s dropped: %d awards wait to be sent", bid_id.hex()[:12], AWARDS_QUEUED
+                )
+
+    async def send_awards(self) -> None:
+        """Send the awards `_award` signed, in order, each to its bidder."""
+        async for executor, raw in self._awards_in:
+            await self.ctx.send_to(executor, raw)
 
     def forget(self, offer_id: bytes, job_id: bytes) -> None:
         """The job's round with that offer is over: the offer's spread leaves with its last round."""

@@ -25,6 +25,7 @@ from e31.protocol.messages import (
     Accepted,
     Ack,
     Assign,
+    Award,
     Bid,
     BlobChunk,
     BlobRequest,
@@ -51,6 +52,7 @@ DIRECT_KINDS = frozenset(
         "bid",
         "decline",
         "assign",
+        "award",
         "accepted",
         "release",
         "result",
@@ -137,6 +139,8 @@ class Market:
             self.submitter.on_outcome(env)
         elif isinstance(msg, Assign):
             self.executor.on_assign(env)
+        elif isinstance(msg, Award):
+            self.executor.bids.award(env)
         elif isinstance(msg, Accepted):
             self.submitter.on_accepted(env)
         elif isinstance(msg, Release):

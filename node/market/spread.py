@@ -113,3 +113,28 @@ def finish_times(jobs: Sequence[Wanted], chosen: Mapping[bytes, BidView]) -> dic
                 finishes.setdefault(e, []).append(b.expected_finish)
     count = Counter(b.executor for b in chosen.values())
     return {e: sorted(finishes[e])[n - 1] for e, n in count.items()}
+
+
+AWARD_MIN = 4
+"""Jobs a bid named but was not given, at least, for its bidder to be told so with an `award`: fewer
+hold little room at the executor, and lapse there by its own timers (bidding.UNCHOSEN_MS) soon enough."""
+
+
+def awards(jobs: Sequence[Wanted], chosen: Mapping[bytes, BidView]) -> dict[bytes, tuple[bytes, list[bytes]]]:
+    """For each bid of the offer that named at least AWARD_MIN jobs it was not given by `chosen` (the
+    spread): its executor and the jobs it was given, in key order (possibly none), by bid id."""
+    named: Counter[bytes] = Counter()
+    bidder: dict[bytes, bytes] = {}
+    for job in jobs:
+        for e, b in job.bids.items():
+            if b.executor == e:
+                named[b.bid_id] += 1
+                bidder[b.bid_id] = e
+    given: dict[bytes, list[bytes]] = {}
+    for key, b in chosen.items():
+        given.setdefault(b.bid_id, []).append(key)
+    return {
+        bid_id: (bidder[bid_id], sorted(given.get(bid_id, ())))
+        for bid_id, n in named.items()
+        if n - len(given.get(bid_id, ())) >= AWARD_MIN
+    }

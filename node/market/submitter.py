@@ -120,6 +120,7 @@ class Submitter:
         unacked = await self.ctx.store.run(Store.verified_unacked)
         async with self._tasks.open() as nursery:
             nursery.start_soon(self.offers.run)
+            nursery.start_soon(self.offers.send_awards)
             nursery.start_soon(self.acks.run)
             await nursery.start(self.link_ups.run)
             for receipt in unacked:  # verified before a stop, its ack not stored: acknowledge it now

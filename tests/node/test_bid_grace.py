@@ -12,9 +12,9 @@ import trio
 from e31.node.market.bidding import CHOSEN_GRACE_MS, UNCHOSEN_MS
 from e31.protocol.envelope import sign_message
 from e31.protocol.ids import NodeId
-from e31.protocol.messages import Assign, Bid, Decline, Release, Result
+from e31.protocol.messages import Assign, Award, Bid, Decline, Release, Result
 from market_nodes import NETWORK, Net, until, wait_state, wall_ms
-from test_market import executor_and_peer, foreign_manifest
+from test_market import Recorder, executor_and_peer, foreign_manifest
 
 
 async def test_a_bids_unassigned_jobs_stop_counting_after_its_first_assignment(
@@ -26,8 +26,8 @@ async def test_a_bids_unassigned_jobs_stop_counting_after_its_first_assignment(
     bid_env = await c.only(Bid)
     bids = b.executor.bids
     assert len(bid_env.message.items) == 4
-    before = wall_ms()
-    assert bids._promised_jobs(before) == 4  # a bid with no assignment yet holds all its jobs
+    made = bids._promises[bid_env.message_id.raw].made
+    assert bids._promised_jobs(made) == 4  # a bid with no assignment yet holds all its jobs
 
     first, late = (item.job_id for item in bid_env.message.items[:2])
     assign = Assign(NETWORK, first, bid_env.message_id, NodeId(c.id), NodeId(b.id), 1, wall_ms() + 30_000)
@@ -87,3 +87,40 @@ async def test_an_offer_gets_bids_for_only_as_many_jobs_as_the_queue_has_room_fo
     assert len(bid.items) == 2
     assert decline.reason == "busy" and len(decline.job_ids) == 3
     assert {i.job_id for i in bid.items} | set(decline.job_ids) == {m.job_id for m in second}
+
+
+async def test_an_award_frees_the_room_of_the_jobs_it_does_not_name_at_once(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """The submitter's `award` for a bid: its jobs not named stop counting at once, those named count
+    until assigned; an award signed by another node than the offer's submitter changes nothing."""
+    b, c = await executor_and_peer(net, nursery, tmp_path)
+    named = [foreign_manifest(b, c.id, (str(i), "100")) for i in range(5)]
+    b.executor.on_offer(c.offer(*named))
+    bid_env = await c.only(Bid)
+    bids = b.executor.bids
+    promise = bids._promises[bid_env.message_id.raw]
+    won = sorted((item.job_id for item in bid_env.message.items[:2]), key=lambda d: d.raw)
+
+    stranger = Recorder(net, 11)
+    forged = Award(NETWORK, bid_env.message_id, NodeId(stranger.id), NodeId(b.id), ())
+    await b.market.message(stranger.id, sign_message(forged, stranger.key))
+    assert promise.awarded is None and bids._promised_jobs(promise.made) == len(bid_env.message.items) >= 4
+
+    award = Award(NETWORK, bid_env.message_id, NodeId(c.id), NodeId(b.id), tuple(won))
+    await b.market.message(c.id, sign_message(award, c.key))
+    assert promise.awarded == {j.raw for j in won}
+    assert bids._promised_jobs(promise.awarded_at) == 2
+    assert {t.key for t in bids._bid_tasks(promise.awarded_at)} == {j.raw for j in won}
+    assert bids._promised_jobs(promise.awarded_at + UNCHOSEN_MS) == 0
+
+    # the awarded jobs leave the count as they are assigned; one not named is still taken
+    not_named = next(i.job_id for i in bid_env.message.items if i.job_id not in won)
+    for job_id in (won[0], not_named):
+        assign = Assign(
+            NETWORK, job_id, bid_env.message_id, NodeId(c.id), NodeId(b.id), 1, wall_ms() + 30_000
+        )
+        await b.market.message(c.id, sign_message(assign, c.key))
+    await until(lambda: bids._promised_jobs(promise.awarded_at) == 1)
+    await wait_state(b, not_named.raw, "done", 30, role="executor")
+    assert not c.kinds(Release)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from e31.node.market.rules import BidView, choose_bid
-from e31.node.market.spread import Wanted, finish_times, spread
+from e31.node.market.spread import AWARD_MIN, Wanted, awards, finish_times, spread
 
 NOW = 1_800_000_000_000
 DEADLINE = NOW + 3_600_000
@@ -148,3 +148,26 @@ def test_a_stream_of_one_job_offers_spreads_by_the_jobs_under_way_as_choose_bid_
         assert alone is not None and chosen[wanted[0].key] == alone
         load[alone.executor] += 1
     assert load == {b"a": 3, b"b": 3, b"c": 3}
+
+
+def test_bidders_left_with_named_jobs_they_were_not_given_are_told_what_they_won() -> None:
+    bids = {
+        b"a": plan(b"a", 12, each_ms=100),
+        b"b": plan(b"b", 12, each_ms=100, backlog_ms=5),
+        b"c": plan(b"c", 12, each_ms=100, backlog_ms=10_000),  # far behind: wins nothing
+    }
+    wanted = offer(bids, 12)
+    chosen = spread(wanted, {}, now=NOW)
+    told = awards(wanted, chosen)
+    assert set(told) == {b"bid-a", b"bid-b", b"bid-c"}
+    for bid_id, (executor, won) in told.items():
+        assert bid_id == b"bid-" + executor
+        assert won == sorted(k for k, b in chosen.items() if b.executor == executor)
+    assert told[b"bid-c"] == (b"c", [])
+    assert len(told[b"bid-a"][1]) + len(told[b"bid-b"][1]) == 12
+    # a bid that won all it named, or all but fewer than AWARD_MIN, is not told
+    two = {b"a": plan(b"a", AWARD_MIN + 1, each_ms=100), b"b": plan(b"b", AWARD_MIN + 1, each_ms=10_000)}
+    wanted = offer(two, AWARD_MIN + 1)
+    chosen = spread(wanted, {}, now=NOW)
+    assert counts(chosen) == {b"a": AWARD_MIN + 1}
+    assert awards(wanted, chosen) == {b"bid-b": (b"b", [])}

@@ -33,6 +33,7 @@ from e31.protocol.messages import (
     Accepted,
     Ack,
     Assign,
+    Award,
     Bid,
     BidItem,
     BlobChunk,
@@ -203,6 +204,9 @@ def samples() -> list[tuple[str, str, Message]]:
             ),
         ),
         ("assign", "submitter", assign),
+        # the submitter gave this bidder one of its bid's two jobs (the other went elsewhere), or none
+        ("award", "submitter", Award(NET, bid_id, nid("submitter"), nid("executor"), (man.job_id,))),
+        ("award-none", "submitter", Award(NET, bid_id, nid("submitter"), nid("executor"), ())),
         ("blobreq-list", "executor", BlobRequest(NET, nid("executor"), man.module.root, None, T0 + 30_000)),
         ("blobreq-chunk", "executor", BlobRequest(NET, nid("executor"), man.module.root, 0, T0 + 30_000)),
         (
