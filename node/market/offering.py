@@ -50,6 +50,11 @@ envelope. A manifest alone over it is still offered, alone (gossip refuses it; t
 EXPIRIES_PRUNE_MIN = 4096
 """Expiries of offers signed here held before the past ones are first forgotten (no two live offers of
 this node share an expiry, so none is the same message as another)."""
+DECIDE_WAIT = 0.25
+"""Seconds an offer waits at most for the spread of the one before it to be made and its awards sent
+(a decision takes a round trip to the bidders, a few milliseconds). Sent at once, it would reach
+executors whose queues still count every job they bid for in the offer before, and be declined
+`busy` by all of them; sent after the awards, it finds the room the other bidders' jobs left."""
 AWARDS_QUEUED = 256
 """Signed awards waiting to be sent, at most (four offers' worth of bidders on a network of 64 nodes)."""
 SPREADS_PRUNE_MIN = 1024
@@ -63,6 +68,9 @@ class Spread:
 
     members: dict[bytes, SubmittedJob]
     chosen: dict[bytes, BidView] | None = None
+    decided: trio.Event = field(default_factory=trio.Event)
+    """Set once its spread is made and its awards are sent (or it can no longer be made: every round
+    of it ended): the next offer waits for it (a while at most: DECIDE_WAIT)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +109,9 @@ class OfferLine:
         self._expiries_prune_at = EXPIRIES_PRUNE_MIN
         self._spreads: dict[bytes, Spread] = {}
         """The offers with rounds open, by offer id (each leaves with its last round: `forget`)."""
-        self._awards_out, self._awards_in = trio.open_memory_channel[tuple[bytes, bytes]](AWARDS_QUEUED)
+        self._awards_out, self._awards_in = trio.open_memory_channel[tuple[bytes, bytes] | Spread](
+            AWARDS_QUEUED
+        )
 
     @property
     def local(self) -> bool:
@@ -134,10 +144,15 @@ class OfferLine:
         gossip size cap). Each offer waits for its gossip tokens (OFFER_RATE, one per started 16 KiB),
         and the jobs that join meanwhile go together in the next, so a lone job goes at once and a
         sweep goes in sets. A store failure ends the market (as any store call's would)."""
+        last: Spread | None = None
         while True:
             while not self._joining:
                 await self._offer_wake.wait()
                 self._offer_wake = trio.Event()
+            if last is not None:
+                with trio.move_on_after(DECIDE_WAIT):
+                    await last.decided.wait()
+                last = None
             taken = self._take_set()
             if not taken:
                 continue
@@ -174,7 +189,9 @@ class OfferLine:
             opened = trio.current_time()
             for entry in taken:
                 entry.job.round = Round(env.message_id.raw, opened)
-            self._spreads[env.message_id.raw] = Spread({e.job_id: e.job for e in taken})
+            group = self._spreads[env.message_id.raw] = Spread({e.job_id: e.job for e in taken})
+            if gossip:  # (this node's own executor answers at once: nothing to wait for)
+                last = group
             if len(self._spreads) >= SPREADS_PRUNE_MIN:  # a driver cancelled before its round began
                 self._spreads = {o: g for o, g in self._spreads.items() if self._wanted(o, g)}
             if gossip and self.publish is not None:
@@ -301,7 +318,7 @@ class OfferLine:
             if group.chosen is None:
                 wanted = self._wanted(rnd.offer_id, group)
                 group.chosen = spread(wanted, choice.load, now=now, known=choice.known)
-                self._award(awards(wanted, group.chosen))
+                self._award(awards(wanted, group.chosen), group)
             bid = group.chosen.get(job_id)
             if (
                 bid is not None
@@ -330,10 +347,10 @@ class OfferLine:
             and not job.finished.is_set()
         ]
 
-    def _award(self, told: dict[bytes, tuple[bytes, list[bytes]]]) -> None:
+    def _award(self, told: dict[bytes, tuple[bytes, list[bytes]]], group: Spread) -> None:
         """Sign an `award` for each bid that named jobs it was not given (spread.awards), for
-        `send_awards` to send. Advisory: one that finds the line full is dropped (its executor's
-        timers free that room a little later)."""
+        `send_awards` to send, and the group's `decided` after them. Advisory: one that finds the
+        line full is dropped (its executor's timers free that room a little later)."""
         for bid_id, (executor, won) in told.items():
             award = Award(
                 self.ctx.network, Digest(bid_id), self.ctx.node, NodeId(executor), tuple(map(Digest, won))
@@ -357,6 +374,7 @@ class OfferLine:
             group.members.pop(job_id, None)
             if not group.members:
                 del self._spreads[offer_id]
+                group.decided.set()  # (no spread was made: no bid came, say)
 
     def on_answer(self, env: VerifiedEnvelope[Any]) -> None:
         """A bid or decline: each job it names whose current round is that offer's hears from it."""
