@@ -1,8 +1,8 @@
 """What a sweep costs each node, and how the sweep is spread: CPU per job of one batch, per node.
 
-    .venv/bin/python tests/bench/bench_sweep_cpu.py [--jobs N] [--cores C]
+    .venv/bin/python tests/bench/bench_sweep_cpu.py [--jobs N] [--cores C] [--nodes K]
 
-Starts three `e31 node run` processes on 127.0.0.1 (bench_jobs.py's `net()`: node0 submits, all three
+Starts three (K) `e31 node run` processes on 127.0.0.1 (bench_jobs.py's `net()`: node0 submits, all three
 run jobs), runs a warm-up job, then one batch of N tiny jobs (montecarlo, 1,000 samples; what
 `e31 submit --batch` sends), and prints for each node the jobs it ran and its CPU per job of the
 batch (the node process and its sandbox workers, from /proc). A node that runs few of the jobs
@@ -26,8 +26,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--cores", type=int, default=1, help="--cores of each node")
+    parser.add_argument("--nodes", type=int, default=3, help="nodes (node0 submits)")
     args = parser.parse_args()
-    with bench_jobs.net(cores=args.cores) as network:
+    if not 1 <= args.nodes <= 16:
+        parser.error("--nodes is 1 to 16")
+    with bench_jobs.net(nodes=args.nodes, cores=args.cores) as network:
         api = network.nodes[0].api(timeout=60)
         bench_jobs.wait(api, bench_jobs.submit(api, bench_jobs.tiny(0)))
         pids = [n.pid for n in network.nodes]
@@ -40,7 +43,9 @@ def main() -> int:
         for doc in api.get("/v1/jobs"):
             if doc.get("created", 0) >= t0 - 1 and doc.get("executor") in ids:
                 ran[ids[doc["executor"]]] += 1
-    print(f"sweep of {args.jobs} tiny jobs over 3 nodes (--cores {args.cores}): {swept['seconds']:.1f} s")
+    print(
+        f"sweep of {args.jobs} tiny jobs over {args.nodes} nodes (--cores {args.cores}): {swept['seconds']:.1f} s"
+    )
     for i, (c, n) in enumerate(zip(cpu, ran, strict=True)):
         print(f"  node{i}: ran {n:5d} jobs, CPU {c * 1000 / args.jobs:6.2f} ms per job of the sweep")
     print(f"  all: {sum(cpu) * 1000 / args.jobs:.2f} ms per job")
