@@ -48,6 +48,7 @@ _JOB_ID_FIELD: dict[str, tuple[int, str]] = {
     "release": (1, "one"),
     "cancel": (1, "one"),
     "decline": (1, "list"),
+    "award": (4, "list"),
     "bid": (4, "items"),
     "results": (2, "items"),
 }

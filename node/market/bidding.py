@@ -12,8 +12,9 @@ names still count as promised. Without one, a bid's jobs that its submitter has 
 CHOSEN_GRACE_MS after it assigned the first of them count no more as promised (they went to other
 bidders: the submitter spreads an offer's jobs at once, spread.py), nor do those of a bid none of
 whose jobs was assigned UNCHOSEN_MS after it was made (the submitter chose other bidders when its bid
-window closed). Either way a late assignment of one is still taken while the bid lives. An offer gets bids for at most as many jobs as the queue has room for
-(`max_queue_per_core`, counting the jobs still promised); the rest are declined `busy`.
+window closed). Either way a late assignment of one is still taken while the bid lives. An offer gets
+bids for at most as many jobs as the queue has room for (`max_queue_per_core`, counting the jobs
+still promised); the rest are declined `busy`.
 A bid names the blobs of its jobs this node holds already (`held`: the submitter prefers such a bid
 when all else is equal), and its finish counts the time to fetch the others (fetch_estimate.py), so a
 node holding a job's large blobs bids an earlier finish. The offer is remembered under the bid's id

@@ -349,8 +349,9 @@ class OfferLine:
 
     def _award(self, told: dict[bytes, tuple[bytes, list[bytes]]], group: Spread) -> None:
         """Sign an `award` for each bid that named jobs it was not given (spread.awards), for
-        `send_awards` to send, and the group's `decided` after them. Advisory: one that finds the
-        line full is dropped (its executor's timers free that room a little later)."""
+        `send_awards` to send, and the group after them (its `decided` is set once they are sent).
+        Advisory: an award that finds the line full is dropped (its executor's timers free that room
+        a little later)."""
         for bid_id, (executor, won) in told.items():
             award = Award(
                 self.ctx.network, Digest(bid_id), self.ctx.node, NodeId(executor), tuple(map(Digest, won))
@@ -358,14 +359,20 @@ class OfferLine:
             try:
                 self._awards_out.send_nowait((executor, sign_message(award, self.ctx.identity)))
             except trio.WouldBlock:
-                log.debug(
-                    "award for bid %s dropped: %d awards wait to be sent", bid_id.hex()[:12], AWARDS_QUEUED
-                )
+                log.debug("award for bid %s dropped: %d wait to be sent", bid_id.hex()[:12], AWARDS_QUEUED)
+        try:
+            self._awards_out.send_nowait(group)
+        except trio.WouldBlock:
+            group.decided.set()
 
     async def send_awards(self) -> None:
-        """Send the awards `_award` signed, in order, each to its bidder."""
-        async for executor, raw in self._awards_in:
-            await self.ctx.send_to(executor, raw)
+        """Send the awards `_award` signed, in order, each to its bidder; a group's `decided` is set
+        once the awards queued before it are sent."""
+        async for item in self._awards_in:
+            if isinstance(item, Spread):
+                item.decided.set()
+            else:
+                await self.ctx.send_to(*item)
 
     def forget(self, offer_id: bytes, job_id: bytes) -> None:
         """The job's round with that offer is over: the offer's spread leaves with its last round."""
