@@ -589,7 +589,11 @@ def withdraw_samples() -> list[tuple[str, str, Message]]:
             "submitter",
             Withdraw(NET, assign.job_id, assignment_id, nid("submitter"), assign.lease_expires, text),
         ),
-        ("withdraw-no-text", "submitter", Withdraw(NET, assign.job_id, assignment_id, nid("submitter"), T0, "")),
+        (
+            "withdraw-no-text",
+            "submitter",
+            Withdraw(NET, assign.job_id, assignment_id, nid("submitter"), T0, ""),
+        ),
         (
             "release-withdrawn",
             "executor",
