@@ -603,7 +603,7 @@ class Submitter:
                     if collect and not given_back:
                         nursery.start_soon(self._collect, job, key, lease_s, nursery.cancel_scope)
                     elif key is not None and not lane and not given_back:  # behind its promise: replan.py
-                        nursery.start_soon(watch, self.ctx, job, key)
+                        nursery.start_soon(watch, self.ctx, job, key, self._candidates)
         finally:
             job.assigned_to = None
             job.waiting = None

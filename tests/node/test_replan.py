@@ -1,7 +1,8 @@
 """The submitter re-plans a job whose executor fell behind its promise (in-memory nodes, real stores and
-sandbox): once the promised finish and its grace have passed with no result, it sends one signed
-`withdraw`; an executor still holding the job queued gives it back (`release`, reason `withdrawn`)
-and the job runs elsewhere; one already running it ignores the withdraw and its result is taken."""
+sandbox): once the promised finish and its grace have passed with no result, the executor having
+accepted the job and another node being linked, it sends one signed `withdraw`; an executor still
+holding the job queued gives it back (`release`, reason `withdrawn`) and the job runs elsewhere; one
+already running it ignores the withdraw and its result is taken."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ async def test_a_queued_job_of_an_executor_behind_its_promise_is_moved_and_runs_
     assert [(r.reason, r.text) for r in watch.releases] == [("withdrawn", WITHDRAWN_TEXT)]
     moved = await wait_state(b, job_id, "cancelled", role="executor")
     assert moved.reason == WITHDRAWN_TEXT and moved.started is None
-    assert b.path.scheduler.completed == 0
+    assert b.path.scheduler.completed == 0 and c.path.scheduler.completed == 1
 
 
 async def test_a_withdraw_a_running_executor_ignores_leaves_the_job_to_finish_there(
@@ -87,7 +88,8 @@ async def test_a_withdraw_a_running_executor_ignores_leaves_the_job_to_finish_th
     b.path.scheduler.calibration = Calibration(rates={PROFILE.digest: 10**12})
     a.ctx.settings = LONG_LEASE
     watch = Watch(net, b, a, suspend_on_assign=False)
-    await start(nursery, a, b)
+    c = RealNode(net, tmp_path, "c", 3)  # a node to move the job to (it bids later than b promises)
+    await start(nursery, a, b, c)
     # a run of 6e10 fuel (3 s or more), promised in about 80 ms: behind it a second later
     job = replace(
         a.manifest(("32", "100000000000"), deadline_s=120),
@@ -99,3 +101,4 @@ async def test_a_withdraw_a_running_executor_ignores_leaves_the_job_to_finish_th
     assert row.executor == str(NodeId(b.id)) and row.attempt == 1
     assert len(watch.withdraws) == 1 and watch.releases == []
     assert (await wait_state(b, job_id, "done", role="executor")).started is not None
+    assert c.path.scheduler.completed == 0
