@@ -12,7 +12,8 @@ A bid promises, per job, when the executor expects to start it and to finish it 
   it (at about the same speed) after a new round of offers (`ROOM_MS`: the bid window, the release's
   round trip and a fetch of small blobs).
 
-The submitter then sends its executor one `withdraw`; the executor gives the job back if it has not
+The submitter then sends its executor one `withdraw` (replan.py, which also waits for the executor's
+`accepted` and for another node to move the job to); the executor gives the job back if it has not
 started it (docs/protocol.md, `withdraw`). Nothing here reads a clock: the caller passes `now`.
 """
 
