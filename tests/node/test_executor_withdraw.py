@@ -27,7 +27,7 @@ def job(b: RealNode, c: Recorder, seed: int, samples: int, *, fuel: int = 10**9)
 
 async def bid_for(b: RealNode, c: Recorder, manifest: JobManifest) -> Digest:
     b.executor.on_offer(c.offer(manifest))
-    await until(lambda: [e for e in c.kinds(Bid) if e.message.item(manifest.job_id)], 10)
+    await until(lambda: [e for e in c.kinds(Bid) if e.message.item(manifest.job_id)], 30)
     return next(e for e in c.kinds(Bid) if e.message.item(manifest.job_id)).message_id  # type: ignore[no-any-return]
 
 
@@ -66,9 +66,9 @@ async def test_a_queued_job_withdrawn_never_starts_and_is_released_durably(
         assignment = verify(raw).message_id
         await b.market.message(c.id, raw)
         await wait_state(b, job_id, "queued", role="executor")
-        await until(lambda: c.kinds(Accepted))  # queued and handed off: `accepted` means only that
+        await until(lambda: c.kinds(Accepted), 30)  # queued and handed off: `accepted` means only that
         await b.market.message(c.id, withdraw(c.key, manifest.job_id, assignment))
-        await until(lambda: releases(c, job_id))
+        await until(lambda: releases(c, job_id), 30)
         (release,) = releases(c, job_id)
         assert (release.reason, release.text, release.assignment_id) == (
             "withdrawn",
@@ -90,7 +90,7 @@ async def test_a_queued_job_withdrawn_never_starts_and_is_released_durably(
     net.handlers[b.id] = restarted.market.message
     await nursery.start(restarted.market.run)
     await restarted.market.message(c.id, raw)
-    await until(lambda: len(releases(c, job_id)) == 2)
+    await until(lambda: len(releases(c, job_id)) == 2, 30)
     assert [r.reason for r in releases(c, job_id)] == ["withdrawn", "withdrawn"]
     assert (await b.store.run(Store.job, job_id, "executor")).state == "cancelled"  # type: ignore[union-attr]
     assert restarted.scheduler.completed == 0 and results_for(c, job_id) == []
@@ -105,7 +105,7 @@ async def test_a_withdraw_that_comes_before_its_assignment_is_stored_still_stops
     raw = signed_assign(c, b, manifest, await bid_for(b, c, manifest))
     await b.market.message(c.id, withdraw(c.key, manifest.job_id, verify(raw).message_id))
     await b.market.message(c.id, raw)
-    await until(lambda: releases(c, manifest.job_id.raw))
+    await until(lambda: releases(c, manifest.job_id.raw), 30)
     assert [r.reason for r in releases(c, manifest.job_id.raw)] == ["withdrawn"]
     await wait_state(b, manifest.job_id.raw, "cancelled", role="executor")
     assert b.path.scheduler.completed == 0 and c.kinds(Accepted) == []
@@ -124,7 +124,7 @@ async def test_a_started_job_ignores_a_withdraw_and_delivers_its_result(
     await wait_state(b, job_id, "running", role="executor")
     await b.market.message(c.id, withdraw(c.key, manifest.job_id, verify(raw).message_id))
     await wait_state(b, job_id, "done", 60, role="executor")
-    await until(lambda: results_for(c, job_id), 10)
+    await until(lambda: results_for(c, job_id), 30)
     assert releases(c, job_id) == []
     assert len(await b.store.run(Store.receipts_for_job, job_id)) == 1
 
@@ -147,8 +147,8 @@ async def test_a_withdraw_of_another_assignment_by_another_node_or_expired_is_ig
     await b.market.message(c.id, withdraw(c.key, manifest.job_id, older))
     await b.market.message(stranger.id, withdraw(stranger.key, manifest.job_id, assignment))
     await b.market.message(c.id, withdraw(c.key, manifest.job_id, assignment, expires=wall_ms() - 1))
-    await until(lambda: c.kinds(Accepted))  # (the withdraws were taken before the hand-off was sent)
+    await until(lambda: c.kinds(Accepted), 30)  # (the withdraws were taken before the hand-off was sent)
     b.path.scheduler.resume()
     await wait_state(b, job_id, "done", role="executor")
-    await until(lambda: results_for(c, job_id), 10)
+    await until(lambda: results_for(c, job_id), 30)
     assert releases(c, job_id) == [] and stranger.got == []
