@@ -8,8 +8,9 @@ while the deadline leaves room to run the job elsewhere (behind.is_behind):
 - the assignment is still the job's current one, no outcome of it is being verified, its lease holds;
 - its executor has `accepted` it: the job waits in that executor's queue (one still fetching its blobs
   is left to its lease: moving it would only fetch them again elsewhere);
-- another node this submitter could offer the job to is linked (besides that executor and those that
-  failed the job): with nobody else to run it, it is better left where it is.
+- another node this submitter could offer the job to is linked (besides that executor, those that
+  failed the job and those that said they run no jobs, a `policy` decline: offering.py): with nobody
+  else to run it, it is better left where it is.
 
 An executor that has not started the job gives it back (`release`, reason `withdrawn`): the wait ends
 and the job is offered again at once, the executor not held to blame (handoff.py). One that has

@@ -398,6 +398,10 @@ class Submitter:
             finally:
                 self._unload(bid.executor)
 
+    def _movable(self) -> set[bytes]:
+        """The nodes a job could be moved to now (replan.py): those a round would ask that run jobs."""
+        return self._candidates() - self.offers.runs_nothing.keys()
+
     def _candidates(self) -> set[bytes]:
         """The nodes a round would ask now: the connected peers, and this node if it runs its own jobs."""
         nodes = set(self.ctx.connected())
@@ -603,7 +607,7 @@ class Submitter:
                     if collect and not given_back:
                         nursery.start_soon(self._collect, job, key, lease_s, nursery.cancel_scope)
                     elif key is not None and not lane and not given_back:  # behind its promise: replan.py
-                        nursery.start_soon(watch, self.ctx, job, key, self._candidates)
+                        nursery.start_soon(watch, self.ctx, job, key, self._movable)
         finally:
             job.assigned_to = None
             job.waiting = None

@@ -102,3 +102,21 @@ async def test_a_withdraw_a_running_executor_ignores_leaves_the_job_to_finish_th
     assert len(watch.withdraws) == 1 and watch.releases == []
     assert (await wait_state(b, job_id, "done", role="executor")).started is not None
     assert c.path.scheduler.completed == 0
+
+
+async def test_a_node_that_runs_no_jobs_is_no_place_to_move_a_job_to(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A submit-only node declines every offer (`policy`): the submitter does not count it among the
+    nodes a job behind its promise could be moved to, so it never withdraws a job to send it nowhere."""
+    a, b, d = (RealNode(net, tmp_path, name, seed) for name, seed in (("a", 1), ("b", 2), ("d", 4)))
+    d.config = replace(d.config, cores=0)
+    d.path = d.build(d.ctx.settings)
+    net.handlers[d.id], net.offer_sinks[d.id] = d.path.market.message, d.path.executor.on_offer
+    await start(nursery, a, b)
+    await nursery.start(d.path.market.run)
+    job_id = await a.submitter.submit(a.manifest(("33", "1000"), deadline_s=120))
+    await wait_state(a, job_id, "done", 60)
+    await until(lambda: d.id in a.submitter.offers.runs_nothing, 30)  # its decline may come after b's bid
+    assert a.submitter.offers.runs_nothing.keys() == {d.id}
+    assert a.submitter._movable() == {b.id}
