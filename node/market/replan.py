@@ -8,9 +8,10 @@ while the deadline leaves room to run the job elsewhere (behind.is_behind):
 - the assignment is still the job's current one, no outcome of it is being verified, its lease holds;
 - its executor has `accepted` it: the job waits in that executor's queue (one still fetching its blobs
   is left to its lease: moving it would only fetch them again elsewhere);
-- another node this submitter could offer the job to is linked (besides that executor, those that
-  failed the job and those that said they run no jobs, a `policy` decline: offering.py): with nobody
-  else to run it, it is better left where it is.
+- another node this submitter could offer the job to is linked: not that executor, nor one that held
+  the job before (it keeps its record of the job and does not bid for it again), nor one that said it
+  runs no jobs (a `policy` decline: offering.py). With nobody else to run it, it is better left where
+  it is.
 
 An executor that has not started the job gives it back (`release`, reason `withdrawn`): the wait ends
 and the job is offered again at once, the executor not held to blame (handoff.py). One that has
@@ -55,7 +56,7 @@ async def watch(
     while (now := ctx.clock()) <= min(last_useful(promise, deadline), lease - 1):
         if job.assign_env is not env or job.completing or job.finished.is_set():
             return
-        others = set(candidates()) - job.rejected - {executor}
+        others = set(candidates()) - job.rejected - job.forgiven - {executor}
         if job.accepted == env.message_id.raw and others and is_behind(now, promise, deadline):
             late = now - promise.expected_finish
             text = f"no result {late} ms after the finish its executor promised: offered to the network again"
