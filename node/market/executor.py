@@ -25,7 +25,8 @@ could no longer meet their deadline are stopped and given back (held.py; a `rele
 Withdrawal: a `cancel` from a job's submitter (`e31 cancel`, or the job is done with another attempt's
 result) stops the job here unless its run is over, and ends it `cancelled` with no result or release;
 an assignment of it being stored or fetched meanwhile is never started (held.py remembers it). A job
-whose run was over keeps its receipt and stops delivering it.
+whose run was over keeps its receipt and stops delivering it. A `withdraw` takes one assignment back:
+a job held under it with no worker yet is given back (`release`, reason `withdrawn`: taken_back.py).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_message
 from e31.protocol.errors import InvalidMessage
 from e31.protocol.ids import NodeId
 from e31.protocol.jobs import JobManifest
-from e31.protocol.messages import Accepted, Assign, Cancel, Offer, ProofRequest, Release
+from e31.protocol.messages import Accepted, Assign, Cancel, Offer, ProofRequest, Release, Withdraw
 from e31.protocol.receipts import Ack, UsageReceipt
 from e31.protocol.results import outputs_of
 from e31.sandbox.errors import SandboxError
@@ -67,6 +68,7 @@ from .held import Held, HeldJobs
 from .outputs import JobFailed, StoredOutputs, store_outputs
 from .policy import Task
 from .scheduler import JobExpired, JobInfo, JobLate, Scheduler
+from .taken_back import WITHDRAWN_TEXT, give_back_withdrawn, take_back
 from .transfer import BlobTransfer, FetchError
 
 log = logging.getLogger("e31.executor")
@@ -217,7 +219,7 @@ class Executor:
             log.info("releasing an assignment of job %s this node does not hold", assign.job_id.hex()[:12])
             await self._release(env, "unknown", "this node holds no bid or job for that assignment")
             return
-        if job.state == "failed":
+        if job.state == "failed" or job.reason == WITHDRAWN_TEXT:  # (the first release may have been lost)
             await self._release(env, _release_reason(job.reason), job.reason or "it failed here")
             return
         held = self._held.get(assign.job_id.raw)
@@ -280,14 +282,18 @@ class Executor:
         work = self.runs_dir / job_id.hex()
         lim = manifest.limits
         estimate = self.scheduler.estimate_ms(manifest.profile.raw, lim.fuel, lim.wall_ms)
-        held = self._held[job_id] = Held(
-            trio.CancelScope(), manifest.deadline, estimate, submitter=submitter, fuel=lim.fuel
+        held = self._held.hold(
+            job_id,
+            Held(trio.CancelScope(), manifest.deadline, estimate, submitter=submitter, fuel=lim.fuel),
+            assign.message_id.raw,
         )
         try:
             with held.scope:
                 await self._run(job_id, manifest, assign, work, held, fetched)
             if held.withdrawn:
                 await self._end_withdrawn(job_id, submitter)
+            elif held.moved:
+                await give_back_withdrawn(self.ctx, job_id, assign)
             elif held.handed_back:
                 row = await self.ctx.store.run(Store.job, job_id, ROLE)
                 await self._fail(job_id, row.state if row else "queued", GIVE_BACK_TEXT, reason="deadline")
@@ -647,6 +653,10 @@ class Executor:
                 log.info("job %s cancelled by its submitter", job_id.hex()[:12])
                 return
 
+    def on_withdraw(self, env: VerifiedEnvelope[Withdraw]) -> None:
+        """One assignment taken back: a job held under it with no worker yet is stopped (taken_back.py)."""
+        take_back(self._held, env, self.ctx.clock(), self.scheduler.has_worker)
+
     def on_proof_request(self, peer: bytes, env: VerifiedEnvelope[ProofRequest]) -> None:
         msg = env.message
         if (
@@ -677,4 +687,4 @@ def _blob_refs(manifest: JobManifest) -> list[BlobRef]:
 def _release_reason(why: str | None) -> str:
     """The release reason of a job that failed here, from the reason recorded when it did."""
     late = dict.fromkeys((GIVE_BACK_TEXT, EXPIRED_TEXT, LATE_TEXT), "deadline")
-    return {**late, LEASE_LOST_TEXT: "lease"}.get(why or "", "failed")
+    return {**late, LEASE_LOST_TEXT: "lease", WITHDRAWN_TEXT: "withdrawn"}.get(why or "", "failed")

@@ -34,6 +34,9 @@ from .submitted import Jobs, Joining, Round, SubmittedJob, in_round
 
 log = logging.getLogger("e31.submitter")
 
+RUNS_NOTHING_KEPT = 4096
+"""Nodes remembered as running no jobs (OfferLine.runs_nothing)."""
+
 Publish = Callable[[bytes | VerifiedEnvelope[Any]], int]
 """Gossip a signed message; returns how many peers it went to."""
 LocalOffer = Callable[[VerifiedEnvelope[Offer]], None]
@@ -107,6 +110,9 @@ class OfferLine:
         self._offer_wake = trio.Event()
         self._expiries: set[int] = set()
         self._expiries_prune_at = EXPIRIES_PRUNE_MIN
+        self.runs_nothing: dict[bytes, None] = {}
+        """Nodes whose last answer was a `policy` decline: they run no jobs (submit-only), so no job is
+        moved to them (replan.py). A bid takes a node off; RUNS_NOTHING_KEPT at most, oldest forgotten."""
         self._spreads: dict[bytes, Spread] = {}
         """The offers with rounds open, by offer id (each leaves with its last round: `forget`)."""
         self._awards_out, self._awards_in = trio.open_memory_channel[tuple[bytes, bytes] | Spread](
@@ -389,6 +395,7 @@ class OfferLine:
         executor = msg.executor.raw
         offer_id = msg.offer_id.raw
         if isinstance(msg, Bid):
+            self.runs_nothing.pop(executor, None)
             live = msg.expires > self.ctx.clock()
             for item in msg.items:
                 holder = in_round(self.jobs, item.job_id.raw, offer_id)
@@ -408,6 +415,10 @@ class OfferLine:
                 rnd.wake.set()
             return
         why = f"{msg.reason}: {msg.text}" if msg.text else msg.reason
+        if msg.reason == "policy":
+            self.runs_nothing[executor] = None
+            while len(self.runs_nothing) > RUNS_NOTHING_KEPT:
+                del self.runs_nothing[next(iter(self.runs_nothing))]
         for job_id in msg.job_ids:
             holder = in_round(self.jobs, job_id.raw, offer_id)
             if holder is None or (rnd := holder.round) is None:

@@ -251,6 +251,11 @@ class Scheduler:
         """The jobs waiting here, as the policy sees them (the jobs bids must plan with)."""
         return [e.task for e in self._waiting]
 
+    def has_worker(self, key: bytes) -> bool:
+        """Whether the job with this key has been given a worker (it may have begun to run): from then a
+        withdrawal leaves it alone. One waiting for its turn, or not queued here, has none."""
+        return any(e.job is not None and e.job.key == key for e in self._running)
+
     def slots(self, now: int) -> list[Slot]:
         """The workers: each free now, or at its running job's estimated end (at least 1 ms from now)."""
         busy = [Slot(max(now + 1, e.started_at + e.task.estimate_ms)) for e in self._running if e.started_at]

@@ -16,7 +16,8 @@ and acknowledged, and replicas judged (outcomes.py), and inclusion proofs of ack
 Cancel (`e31 cancel`): a signed `cancel` goes to the assigned executor and out on gossip, the job ends
 `cancelled` and its driver stops; an outcome arriving later is not taken, and its executor is sent
 the cancel again (outcomes.py). A job done with an earlier attempt's late result has its other
-assignments withdrawn the same way (reason `done`).
+assignments withdrawn the same way (reason `done`). An assignment whose executor falls behind its
+promise is taken back with a `withdraw` and the job offered again (replan.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from ..store.rows import JobRow
 from .acks import Acknowledger
 from .admission import Admission
 from .adverts import TrackRecord
+from .behind import Promise
 from .commits import SharedCommits
 from .context import MarketContext
 from .handoff import RETRYABLE_RELEASES, HandOff
@@ -49,6 +51,7 @@ from .inclusion import InclusionProofs
 from .linkups import LinkUps
 from .offering import Choice, LocalOffer, OfferLine, Publish
 from .outcomes import Arrived, Outcomes
+from .replan import watch
 from .rules import BidView, Window, backoff, lease_expiry, offer_expiry, window_state
 from .submitted import (
     ROLE,
@@ -396,6 +399,10 @@ class Submitter:
             finally:
                 self._unload(bid.executor)
 
+    def _movable(self) -> set[bytes]:
+        """The nodes a job could be moved to now (replan.py): those a round would ask that run jobs."""
+        return self._candidates() - self.offers.runs_nothing.keys()
+
     def _candidates(self) -> set[bytes]:
         """The nodes a round would ask now: the connected peers, and this node if it runs its own jobs."""
         nodes = set(self.ctx.connected())
@@ -502,7 +509,7 @@ class Submitter:
             self._transition(job_id, "offered", "assigned", **changes),
         )
         self._notify(job_id)
-        job.assign_env = env
+        job.assign_env, job.promise = env, Promise(bid.expected_start, bid.expected_finish)
         if lane and not moved:  # the first replica made the job `assigned`; the others record theirs
             await self.ctx.store.run(
                 Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state="assigned", **changes
@@ -600,6 +607,8 @@ class Submitter:
                         nursery.start_soon(self.handoff.resend_until_accepted, job, key)
                     if collect and not given_back:
                         nursery.start_soon(self._collect, job, key, lease_s, nursery.cancel_scope)
+                    elif key is not None and not lane and not given_back:  # behind its promise: replan.py
+                        nursery.start_soon(watch, self.ctx, job, key, self._movable)
         finally:
             job.assigned_to = None
             job.waiting = None
