@@ -334,14 +334,15 @@ class Submitter:
                 return
             moving = None if row.state == "offered" else row.state
             attempt, row = row.attempt, None  # read again next round
-            bid = await self._offer_round(job_id, job, from_state=moving)
-            if bid is None:
+            won = await self._offer_round(job_id, job, from_state=moving)
+            if won is None:
                 idle += 1
                 await trio.sleep(backoff(self.ctx.settings.reoffer_delay, idle - 1, REOFFER_MAX, doublings=8))
                 continue
             idle = 0
+            bid = won[0]
             try:
-                if await self._assign(job_id, job, bid, attempt + 1):
+                if await self._assign(job_id, job, won, attempt + 1):
                     lease_s = self._lease_of(job)
                     await self._await_outcome(job_id, job, NodeId(bid.executor), lease_s)
                 else:
@@ -377,16 +378,17 @@ class Submitter:
 
         idle = 0
         while lane.receipt is None:
-            bid = await self._offer_round(job_id, lane, avoid)
-            if bid is None:
+            won = await self._offer_round(job_id, lane, avoid)
+            if won is None:
                 lane.holder = None
                 idle += 1
                 await trio.sleep(backoff(self.ctx.settings.reoffer_delay, idle - 1, REOFFER_MAX, doublings=8))
                 continue
             idle = 0
+            bid = won[0]
             attempts[0] += 1
             try:
-                if await self._assign(job_id, lane, bid, attempts[0], lane=True):
+                if await self._assign(job_id, lane, won, attempts[0], lane=True):
                     lease_s = self._lease_of(lane)
                     await self._await_outcome(job_id, lane, NodeId(bid.executor), lease_s, lane=True)
                 else:
@@ -409,9 +411,10 @@ class Submitter:
         avoid: Callable[[], frozenset[bytes]] = frozenset,
         *,
         from_state: str | None = None,
-    ) -> BidView | None:
-        """Offer the job (in the next set) and wait for the round's bid to take; None when none came.
-        A job in `from_state` is moved to `offered` in the commit that stores its offer."""
+    ) -> tuple[BidView, bytes] | None:
+        """Offer the job (in the next set) and wait for the round's bid to take, with its signed bytes
+        (stored with the assignment, in its commit: `_assign`); None when none came. A job in
+        `from_state` is moved to `offered` in the commit that stores its offer."""
         now = self.ctx.clock()
         expires = offer_expiry(now, job.manifest.deadline, self.ctx.settings.offer_ttl_ms, job.rounds)
         job.rounds += job.round_step
@@ -453,22 +456,11 @@ class Submitter:
                 if state is Window.ASSIGN:
                     choice = Choice(frozenset(job.rejected) | avoid(), self.load, self.track)
                     bid = self.offers.choose(job_id, job, choice)  # the offer's spread (spread.py)
-                    if bid is not None:
-                        self.load[bid.executor] += 1  # at once: rounds choosing at the same time see it
-                        job.holder = bid.executor
-                        try:
-                            await self.ctx.store.run(
-                                Store.put_shared_envelope,
-                                bid.bid_id,
-                                "bid",
-                                rnd.raw[bid.bid_id],
-                                self.ctx.now_s(),
-                                [job_id],
-                            )
-                        except BaseException:
-                            self._unload(bid.executor)
-                            raise
-                    return bid
+                    if bid is None:
+                        return None
+                    self.load[bid.executor] += 1  # at once: rounds choosing at the same time see it
+                    job.holder = bid.executor
+                    return bid, rnd.raw[bid.bid_id]
                 if state is Window.REOFFER:
                     return None
                 with trio.move_on_after(POLL * 4):
@@ -480,8 +472,15 @@ class Submitter:
             self.offers.forget(rnd.offer_id, job_id)
 
     async def _assign(
-        self, job_id: bytes, job: SubmittedJob, bid: BidView, attempt: int, *, lane: bool = False
+        self,
+        job_id: bytes,
+        job: SubmittedJob,
+        won: tuple[BidView, bytes],
+        attempt: int,
+        *,
+        lane: bool = False,
     ) -> bool:
+        bid, bid_raw = won
         now = self.ctx.clock()
         lease = lease_expiry(now, bid, job.manifest.deadline, slack_ms=self.ctx.settings.lease_slack_ms)
         assign = Assign(
@@ -496,7 +495,9 @@ class Submitter:
         env = sign_verified(assign, self.ctx.identity)
         raw = env.raw
         changes = {"executor": str(NodeId(bid.executor)), "attempt": attempt}
-        _, moved = await self._assigning.atomically(  # one commit: the assignment with the state naming it
+        # one commit: the bid taken, the assignment made and the state naming it
+        _, _, moved = await self._assigning.atomically(
+            call(Store.put_shared_envelope, bid.bid_id, "bid", bid_raw, self.ctx.now_s(), [job_id]),
             call(Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id),
             self._transition(job_id, "offered", "assigned", **changes),
         )
