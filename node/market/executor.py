@@ -409,9 +409,8 @@ class Executor:
                     await self._fetch_inputs(manifest)
                     fetch_ms += self.ctx.clock() - began
             held.ran = True
-            if not [p for p in marking if not p.withdraw()]:  # not marked running: queued to done
-                marked.set()
-            await marked.wait()  # a `running` being written is in the store before `done` can be
+            if [p for p in marking if not p.withdraw()]:  # else not marked running: queued to done
+                await marked.wait()  # a `running` being written is in the store before `done` can be
             stored = cast("StoredOutputs | None", record.after)
             if stored is None:
                 stored = await trio.to_thread.run_sync(store_outputs, blobs, work, record.result)

@@ -338,13 +338,15 @@ class Scheduler:
         self._waiting.append(entry)
         self._dispatch()
         try:
-            await entry.go.wait()
+            if not entry.go.is_set():  # (an event already set would still cost a turn of the loop)
+                await entry.go.wait()
             if entry.expired:
                 self.expired += 1
                 raise JobExpired(
                     f"its deadline passed after {queued_at and self.clock() - queued_at} ms queued"
                 )
-            await self._resumed.wait()
+            if not self._resumed.is_set():
+                await self._resumed.wait()
             pool = self._pool
             if pool is None:
                 raise trio.ClosedResourceError("the scheduler has stopped")
@@ -476,7 +478,8 @@ class _Run:
                 scheduler.stopped_late += 1
                 scheduler.calibration = scheduler.calibration.missed()
                 raise JobLate("it was still running at its deadline")
-            await self._ended.wait()  # the run ended in time; `then` may still be at work on it
+            if not self._ended.is_set():  # the run ended in time; `then` may still be at work on it
+                await self._ended.wait()
         except trio.Cancelled:
             self.abandoned = True
             handle.cancel()
