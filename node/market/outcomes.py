@@ -387,9 +387,10 @@ class Outcomes:
         keep: list[Call] = []
         for ref in outputs:
             root = ref.root.raw
+            if self.ctx.blobs.has(root):  # (an empty stream's blob): no fetch, not even its lock
+                continue
             if root in carried:
-                if not self.ctx.blobs.has(root):
-                    keep.append(call(Store.put_small_blob, ref.root.hex(), carried[root]))
+                keep.append(call(Store.put_small_blob, ref.root.hex(), carried[root]))
             else:
                 await self.transfer.fetch(executor, ref)
         return keep
