@@ -142,9 +142,10 @@ class Submitter:
     async def submit(self, manifest: JobManifest) -> bytes:
         """Record a new job (its blobs already stored) and start offering it; returns the job id."""
         job_id = manifest.job_id.raw
-        added = await self.ctx.store.run(Store.add_job, **new_job(manifest, self.ctx.now_s()))
+        fields = new_job(manifest, self.ctx.now_s())
+        added = await self.ctx.store.run(Store.add_job, **fields)
         if added and job_id not in self.jobs:
-            self._drive_job(job_id, manifest)
+            self._drive_job(job_id, manifest, _stored_row(fields))
         return job_id
 
     async def submit_batch(self, manifests: list[JobManifest]) -> str:
@@ -158,24 +159,26 @@ class Submitter:
         wanted = {m.job_id.raw for m in manifests}
         for row in await self.ctx.store.run(Store.jobs, role=ROLE, states=("queued",)):
             if row.job_id in wanted and row.job_id not in self.jobs:
-                self._start(row)
+                self._start(row, fresh=True)
         return bid
 
-    def _start(self, row: JobRow) -> None:
+    def _start(self, row: JobRow, *, fresh: bool = False) -> None:
         try:
             manifest = JobManifest.from_wire(_unpack(row.manifest))
         except ProtocolError as e:
             log.error("stored job %s has an unreadable manifest: %s", row.job_id.hex(), e)
             return
-        self._drive_job(row.job_id, manifest)
+        self._drive_job(row.job_id, manifest, row if fresh else None)
 
-    def _drive_job(self, job_id: bytes, manifest: JobManifest) -> None:
+    def _drive_job(self, job_id: bytes, manifest: JobManifest, fresh: JobRow | None = None) -> None:
+        """Start the job's driver; `fresh` is the job's row as this node has just stored it, new: only
+        its driver (or a withdrawal, which ends the driver) changes it, so the driver need not read it."""
         nursery = self._tasks.nursery
         if nursery is None:  # stopping (or not started): the stored job is driven at the next start
             return
         job = SubmittedJob(manifest)
         self.jobs[job_id] = job
-        nursery.start_soon(self._drive, job_id, job)
+        nursery.start_soon(self._drive, job_id, job, fresh)
 
     def _transition(self, job_id: bytes, old: str, new: str, **changes: Any) -> Call:
         return submitted_transition(self.ctx, job_id, old, new, **changes)
@@ -203,10 +206,10 @@ class Submitter:
 
     # --- the driver ---
 
-    async def _drive(self, job_id: bytes, job: SubmittedJob) -> None:
+    async def _drive(self, job_id: bytes, job: SubmittedJob, fresh: JobRow | None = None) -> None:
         try:
             with job.scope:
-                await self._rounds(job_id, job)
+                await self._rounds(job_id, job, fresh)
         except StoreError as e:  # (a full disk): this job waits, the node and its other jobs go on
             log.warning(
                 "job %s: its state cannot be stored: %s; it is taken up again at the next start",
@@ -277,11 +280,11 @@ class Submitter:
         await self.handoff.pull(peer)
         await self.proofs.ask(peer)
 
-    async def _rounds(self, job_id: bytes, job: SubmittedJob) -> None:
+    async def _rounds(self, job_id: bytes, job: SubmittedJob, fresh: JobRow | None = None) -> None:
         deadline_ms = job.manifest.deadline
         with trio.move_on_after(max(0.0, (deadline_ms - self.ctx.clock()) / 1000)):
             async with self._in_flight:
-                await self._attempts(job_id, job)
+                await self._attempts(job_id, job, fresh)
             return
         row = await self.ctx.store.run(Store.job, job_id, ROLE)
         if row is not None and row.state not in TERMINAL and not job.completing:
@@ -295,12 +298,12 @@ class Submitter:
             await self._set_state(job_id, row.state, "expired", reason=why[:500])
             log.info("job %s expired", job_id.hex()[:12])
 
-    async def _attempts(self, job_id: bytes, job: SubmittedJob) -> None:
+    async def _attempts(self, job_id: bytes, job: SubmittedJob, fresh: JobRow | None = None) -> None:
         """Offer and assign the job round after round until it ends (the deadline is the caller's)."""
         if job.manifest.replicas > 1:
             await self._replicas(job_id, job)
             return
-        row: JobRow | None = await self.ctx.store.run(Store.job, job_id, ROLE)
+        row = fresh if fresh is not None else await self.ctx.store.run(Store.job, job_id, ROLE)
         if row is not None and row.state == "assigned":
             key = executor_key(row.executor)
             if key is not None:
@@ -656,6 +659,16 @@ class Submitter:
     async def handed_off(self, rows: list[JobRow]) -> set[bytes]:
         """The ids of the jobs among `rows` that no longer need this node online (handoff.py)."""
         return await self.handoff.handed_off(rows)
+
+
+def _stored_row(fields: dict[str, Any]) -> JobRow:
+    """The row Store.add_job stores for a new job from `fields` (submitted.new_job's)."""
+    f = fields
+    return JobRow(
+        job_id=f["job_id"], role=ROLE, manifest=f["manifest"], state=f["state"], submitter=f["submitter"],
+        executor=None, attempt=0, created=f["created"], deadline=f["deadline"], updated=f["created"],
+        started=None, finished=None, fuel_limit=f["fuel_limit"], fuel_used=None, reason=None,
+    )  # fmt: skip
 
 
 def _unpack(data: bytes) -> Any:
