@@ -411,6 +411,8 @@ class Executor:
             held.ran = True
             if [p for p in marking if not p.withdraw()]:  # else not marked running: queued to done
                 await marked.wait()  # a `running` being written is in the store before `done` can be
+            else:
+                await trio.lowlevel.checkpoint_if_cancelled()
             stored = cast("StoredOutputs | None", record.after)
             if stored is None:
                 stored = await trio.to_thread.run_sync(store_outputs, blobs, work, record.result)
