@@ -65,6 +65,7 @@ from .bidding import BidCapacity, Bids, clip
 from .context import MarketContext, transition
 from .delivery import Delivery, OnAcked, Prover, retention_ms
 from .held import Held, HeldJobs
+from .later import Later, Pending
 from .outputs import JobFailed, StoredOutputs, store_outputs
 from .policy import Task
 from .scheduler import JobExpired, JobInfo, JobLate, Scheduler
@@ -126,12 +127,17 @@ class Executor:
         self._active: set[bytes] = set()
         self._held = held
         self._tasks = TaskSlot()
+        self._accepts, self._marks = Later(ACCEPT_DELAY), Later(RUNNING_MARK_DELAY)
+        """A job's `accepted` and its `running` mark, each made a moment after it began if it is still
+        going then (later.py): a tiny job, over by then, costs neither a task nor a timer."""
         self._trash: deque[Path] = deque()
         """Run directories moved aside, to delete (_discard)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with self._tasks.open() as nursery:
             await nursery.start(self.scheduler.run)
+            nursery.start_soon(self._accepts.run, nursery)
+            nursery.start_soon(self._marks.run, nursery)
             for row in await self.ctx.store.run(
                 Store.jobs, role=ROLE, states=("fetching", "queued", "running")
             ):
@@ -366,18 +372,17 @@ class Executor:
                 await self._fetch_inputs(manifest)
                 fetch_ms = self.ctx.clock() - began
                 await self._set_state(job_id, "fetching", "queued")
-            nursery = self._tasks.nursery
-            if nursery is not None:
-                nursery.start_soon(self._accept_unless_done, assign, held)
+            self._accepts.add(
+                partial(self._accepted, assign, held), still=partial(self._still_held, job_id, held)
+            )
             estimate = held.estimate_ms
 
             marked = trio.Event()
-            marking = trio.CancelScope()
+            marking: list[Pending] = []
 
             def started(at: int) -> None:
-                assert nursery is not None
                 held.started = True
-                nursery.start_soon(self._mark_running, job_id, at, held, marking, marked)
+                marking.append(self._marks.add(partial(self._mark_running, job_id, at, held, marked)))
 
             blobs = self.ctx.blobs
 
@@ -410,8 +415,10 @@ class Executor:
                     await self._fetch_inputs(manifest)
                     fetch_ms += self.ctx.clock() - began
             held.ran = True
-            marking.cancel()  # a run that ended before it was marked running goes from queued to done
-            await marked.wait()  # a `running` being written is in the store before `done` can be
+            if [p for p in marking if not p.withdraw()]:  # else not marked running: queued to done
+                await marked.wait()  # a `running` being written is in the store before `done` can be
+            else:
+                await trio.lowlevel.checkpoint_if_cancelled()
             stored = cast("StoredOutputs | None", record.after)
             if stored is None:
                 stored = await trio.to_thread.run_sync(store_outputs, blobs, work, record.result)
@@ -444,12 +451,11 @@ class Executor:
             job_id, manifest, assign, receipt, stored.small, state="running" if held.running else "queued"
         )
 
-    async def _accept_unless_done(self, assign: VerifiedEnvelope[Assign], held: Held) -> None:
-        """The hand-off, ACCEPT_DELAY after the job was queued, unless the job is ending by then (its
-        result or release is being sent): that tells the submitter more, so a short job costs no
-        `accepted` at all, and none comes after the job's end."""
-        await trio.sleep(ACCEPT_DELAY)
-        await self._accepted(assign, held)
+    def _still_held(self, job_id: bytes, held: Held) -> bool:
+        """Whether the job is held here and not ending (once not, never again): an `accepted` for it,
+        asked for ACCEPT_DELAY after it was queued, is still to be sent. So a short job costs no
+        `accepted` at all (its result tells the submitter more), and none comes after the job's end."""
+        return self._held.get(job_id) is held and not (held.handed_back or held.ending)
 
     async def _accepted(self, assign: VerifiedEnvelope[Assign], held: Held) -> None:
         """Tell the submitter this node holds the job's data and has queued it: the hand-off, a promise
@@ -457,13 +463,11 @@ class Executor:
         job is still held and not ending, checked again after that sync: an `accepted` never follows
         the job's result or release (their sends begin after `ending` is set)."""
 
-        def still() -> bool:
-            return self._held.get(assign.message.job_id.raw) is held and not (held.handed_back or held.ending)
-
-        if not still():
+        job_id = assign.message.job_id.raw
+        if not self._still_held(job_id, held):
             return
         await self.ctx.store.flush()
-        if still():  # no await between this check and the send's turn on the link
+        if self._still_held(job_id, held):  # no await between this check and the send's turn on the link
             msg = Accepted(self.ctx.network, assign.message.job_id, assign.message_id, self.ctx.node)
             await self.ctx.send_to(assign.message.submitter.raw, sign_message(msg, self.ctx.identity))
 
@@ -501,17 +505,12 @@ class Executor:
         except SandboxError as e:
             raise JobFailed(f"the sandbox refuses the job: {e}") from None
 
-    async def _mark_running(
-        self, job_id: bytes, at: int, held: Held, marking: trio.CancelScope, marked: trio.Event
-    ) -> None:
-        """Record that the job runs, RUNNING_MARK_DELAY after it started, unless its run has ended by
-        then (`marking` is cancelled): a tiny job goes from queued to done in one write."""
+    async def _mark_running(self, job_id: bytes, at: int, held: Held, marked: trio.Event) -> None:
+        """Record that the job runs, RUNNING_MARK_DELAY after it started (`_marks`), unless its run has
+        ended by then (withdrawn): a tiny job goes from queued to done in one write."""
         try:
-            with marking:
-                await trio.sleep(RUNNING_MARK_DELAY)
-            if not marking.cancelled_caught:
-                await self._set_state(job_id, "queued", "running", started=at / 1000)
-                held.running = True
+            await self._set_state(job_id, "queued", "running", started=at / 1000)
+            held.running = True
         finally:
             marked.set()
 

@@ -132,6 +132,15 @@ NO_DEADLINE = 1 << 62
 _ids = itertools.count()
 
 
+async def _wait(event: trio.Event) -> None:
+    """`event.wait()`, without the turn of the event loop it costs when the event is already set (a
+    pending cancel is still raised)."""
+    if event.is_set():
+        await trio.lowlevel.checkpoint_if_cancelled()
+    else:
+        await event.wait()
+
+
 @dataclass(eq=False)
 class _Entry:
     estimate_ms: int
@@ -343,13 +352,13 @@ class Scheduler:
         self._waiting.append(entry)
         self._dispatch()
         try:
-            await entry.go.wait()
+            await _wait(entry.go)
             if entry.expired:
                 self.expired += 1
                 raise JobExpired(
                     f"its deadline passed after {queued_at and self.clock() - queued_at} ms queued"
                 )
-            await self._resumed.wait()
+            await _wait(self._resumed)
             pool = self._pool
             if pool is None:
                 raise trio.ClosedResourceError("the scheduler has stopped")
@@ -481,7 +490,7 @@ class _Run:
                 scheduler.stopped_late += 1
                 scheduler.calibration = scheduler.calibration.missed()
                 raise JobLate("it was still running at its deadline")
-            await self._ended.wait()  # the run ended in time; `then` may still be at work on it
+            await _wait(self._ended)  # the run ended in time; `then` may still be at work on it
         except trio.Cancelled:
             self.abandoned = True
             handle.cancel()
