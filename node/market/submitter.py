@@ -52,6 +52,7 @@ from .linkups import LinkUps
 from .offering import Choice, LocalOffer, OfferLine, Publish
 from .outcomes import Arrived, Outcomes
 from .replan import watch
+from .room import RoomWaits, for_room
 from .rules import BidView, Window, backoff, lease_expiry, offer_expiry, window_state
 from .submitted import (
     ROLE,
@@ -101,6 +102,7 @@ class Submitter:
         self.publish = publish
         self.jobs: Jobs = {}
         self.load: Counter[bytes] = Counter()
+        self.room = RoomWaits()
         self._tasks = TaskSlot()
         self.acks = Acknowledger(ctx)
         self._in_flight = Admission(IN_FLIGHT, ADMIT_STEP)
@@ -344,7 +346,11 @@ class Submitter:
             won = await self._offer_round(job_id, job, from_state=moving)
             if won is None:
                 idle += 1
-                await trio.sleep(backoff(self.ctx.settings.reoffer_delay, idle - 1, REOFFER_MAX, doublings=8))
+                delay = backoff(self.ctx.settings.reoffer_delay, idle - 1, REOFFER_MAX, doublings=8)
+                if for_room(job.declined):  # woken sooner if room frees (room.py)
+                    await self.room.wait(delay)
+                else:
+                    await trio.sleep(delay)
                 continue
             idle = 0
             bid = won[0]
@@ -578,6 +584,7 @@ class Submitter:
         self.load[executor] -= 1
         if self.load[executor] <= 0:
             del self.load[executor]
+        self.room.freed()  # (a job declined for want of room is offered again: room.py)
 
     async def _await_outcome(
         self,
