@@ -63,9 +63,9 @@ class HeldJobs(dict[bytes, Held]):
         self.clock = clock
         self._withdrawn: dict[bytes, bytes] = {}
         """Job id -> the submitter that withdrew it (WITHDRAWN_KEPT at most, the oldest forgotten)."""
-        self._taken_back: dict[bytes, bytes] = {}
-        """Assignment id -> the submitter whose `withdraw` named it before the job was held here
-        (WITHDRAWN_KEPT at most, the oldest forgotten)."""
+        self._taken_back: dict[bytes, tuple[bytes, int]] = {}
+        """Assignment id -> the submitter whose `withdraw` named it before the job was held here, and
+        the withdraw's expiry (WITHDRAWN_KEPT at most, the oldest forgotten)."""
 
     def withdraw(self, job_id: bytes, submitter: bytes) -> Held | None:
         """The job's submitter withdrew it (a signed `cancel`): remember that, so an assignment of it
@@ -85,17 +85,23 @@ class HeldJobs(dict[bytes, Held]):
         return held
 
     def take_back(
-        self, job_id: bytes, assignment: bytes, submitter: bytes, *, has_worker: Callable[[bytes], bool]
+        self,
+        job_id: bytes,
+        assignment: bytes,
+        submitter: bytes,
+        *,
+        has_worker: Callable[[bytes], bool],
+        expires: int,
     ) -> bool:
         """The job's submitter took one assignment back (a signed `withdraw`). A job held here under it
         that has not been given a worker (`has_worker`: the scheduler's word) is stopped and marked
         `moved`, and True returned: no await lies between this check and the stop, so it never starts.
         A started job, one ending, or one held under another assignment is left alone. A job not held
-        (yet) has the withdrawal remembered, for `hold` once its assignment is stored."""
+        (yet) has the withdrawal remembered until it `expires`, for `hold` once its assignment is stored."""
         held = self.get(job_id)
         if held is None:
             self._taken_back.pop(assignment, None)
-            self._taken_back[assignment] = submitter
+            self._taken_back[assignment] = (submitter, expires)
             while len(self._taken_back) > WITHDRAWN_KEPT:
                 del self._taken_back[next(iter(self._taken_back))]
             return False
@@ -115,7 +121,8 @@ class HeldJobs(dict[bytes, Held]):
         stored is stopped at once (`moved`: it never starts)."""
         held.assignment = assignment
         self[job_id] = held
-        if self._taken_back.get(assignment) == held.submitter:
+        submitter, expires = self._taken_back.pop(assignment, (b"", 0))
+        if submitter == held.submitter and expires > self.clock():
             held.moved = held.ending = True
             held.scope.cancel()
         return held

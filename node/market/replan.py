@@ -60,13 +60,14 @@ async def watch(
         if job.accepted == env.message_id.raw and others and is_behind(now, promise, deadline):
             late = now - promise.expected_finish
             text = f"no result {late} ms after the finish its executor promised: offered to the network again"
-            log.info(
-                "job %s: %s is behind its promise by %d ms; withdrawing it",
-                env.message.job_id.hex()[:12],
-                env.message.executor,
-                late,
-            )
             msg = Withdraw(ctx.network, env.message.job_id, env.message_id, ctx.node, lease, text)
-            await ctx.send_to(executor, sign_message(msg, ctx.identity))
-            return
+            if await ctx.send_to(executor, sign_message(msg, ctx.identity)):
+                log.info(
+                    "job %s: %s is behind its promise by %d ms; withdrawn",
+                    env.message.job_id.hex()[:12],
+                    env.message.executor,
+                    late,
+                )
+                return
+            # no link to it now: looked at again, and sent once there is one
         await trio.sleep(CHECK_S)

@@ -34,7 +34,9 @@ def take_back(
     if msg.expires <= now:
         return False
     job_id = msg.job_id.raw
-    if not held.take_back(job_id, msg.assignment_id.raw, msg.submitter.raw, has_worker=has_worker):
+    if not held.take_back(
+        job_id, msg.assignment_id.raw, msg.submitter.raw, has_worker=has_worker, expires=msg.expires
+    ):
         return False
     log.info("job %s: its submitter took the assignment back before it started", job_id.hex()[:12])
     return True

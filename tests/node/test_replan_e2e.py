@@ -39,8 +39,9 @@ BUSY = "64"
 """Owner load, in cores, that keeps any machine busy (capped at its core count)."""
 START = 120.0
 """Seconds a node may take to start on a loaded host (a bound, not a figure)."""
-DEADLINE_S = 90.0
-"""The moved job's deadline, from its submission."""
+DEADLINE_S = 300.0
+"""The moved job's deadline, from its submission: far past the bounds a slow start of y may take
+(START), so x never gives the job back for its deadline before it is withdrawn."""
 
 
 def post(node: Node, args: list[str], limits: dict[str, int], deadline_s: float) -> str:

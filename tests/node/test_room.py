@@ -40,6 +40,8 @@ async def test_each_freed_room_wakes_the_job_that_waited_longest_and_only_it() -
         await trio.testing.wait_all_tasks_blocked()
         assert woke == [0] and room.waiting == 2
         room.freed()
+        await trio.testing.wait_all_tasks_blocked()
+        assert woke == [0, 1] and room.waiting == 1
         room.freed()
         room.freed()  # nobody left to wake: nothing happens
         await trio.testing.wait_all_tasks_blocked()
