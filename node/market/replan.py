@@ -10,8 +10,9 @@ while the deadline leaves room to run the job elsewhere (behind.is_behind):
   is left to its lease: moving it would only fetch them again elsewhere);
 - another node this submitter could offer the job to is linked: not that executor, nor one that held
   the job before (it keeps its record of the job and does not bid for it again), nor one that said it
-  runs no jobs (a `policy` decline: offering.py). With nobody else to run it, it is better left where
-  it is.
+  runs no jobs (a `policy` decline: offering.py), nor one whose live capacity advert says it has no
+  core free or too little memory for the job (`could_take`). With nobody else to run it, it is better
+  left where it is: the executor it leaves does not bid for it again.
 
 An executor that has not started the job gives it back (`release`, reason `withdrawn`): the wait ends
 and the job is offered again at once, the executor not held to blame (handoff.py). One that has
@@ -28,8 +29,10 @@ from collections.abc import Callable, Iterable
 
 import trio
 from e31.protocol.envelope import sign_message
+from e31.protocol.jobs import JobManifest
 from e31.protocol.messages import Withdraw
 
+from .adverts import PeerCapacity
 from .behind import check_at, is_behind, last_useful
 from .context import MarketContext
 from .submitted import SubmittedJob
@@ -38,6 +41,14 @@ log = logging.getLogger("e31.submitter")
 
 CHECK_S = 0.5
 """Seconds between looks, once the job is behind, for the hand-off or another node to move it to."""
+
+
+def could_take(advert: PeerCapacity | None, manifest: JobManifest, now: int) -> bool:
+    """Whether a node could take the job, as far as its capacity advert says: no live advert says
+    nothing against it; one that offers no core, or less memory than the job may use, rules it out."""
+    if advert is None or advert.expires <= now:
+        return True
+    return advert.cores >= 1 and advert.memory_bytes >= manifest.limits.memory_bytes
 
 
 async def watch(

@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import trio
@@ -42,7 +43,7 @@ from ..store.db import Call, Store, call
 from ..store.rows import JobRow
 from .acks import Acknowledger
 from .admission import Admission
-from .adverts import TrackRecord
+from .adverts import PeerCapacity, TrackRecord
 from .behind import Promise
 from .commits import SharedCommits
 from .context import MarketContext
@@ -51,7 +52,7 @@ from .inclusion import InclusionProofs
 from .linkups import LinkUps
 from .offering import Choice, LocalOffer, OfferLine, Publish
 from .outcomes import Arrived, Outcomes
-from .replan import watch
+from .replan import could_take, watch
 from .room import RoomWaits, for_room
 from .rules import BidView, Window, backoff, lease_expiry, offer_expiry, window_state
 from .submitted import (
@@ -94,8 +95,10 @@ class Submitter:
         publish: Publish | None = None,
         local_offer: LocalOffer | None = None,
         track: TrackRecord | None = None,
+        adverts: Mapping[bytes, PeerCapacity] | None = None,
     ) -> None:
         self.ctx = ctx
+        self.adverts = {} if adverts is None else adverts  # peers' capacity adverts (adverts.py), live
         self.track = track or TrackRecord(ctx.clock)
         """Evidence about executors (adverts.py): receipts verified from them rank their bids first."""
         self.transfer = transfer
@@ -410,9 +413,10 @@ class Submitter:
             finally:
                 self._unload(bid.executor)
 
-    def _movable(self) -> set[bytes]:
+    def _movable(self, manifest: JobManifest) -> set[bytes]:
         """The nodes a job could be moved to now (replan.py): those a round would ask that run jobs."""
-        return self._candidates() - self.offers.runs_nothing.keys()
+        nodes, now = self._candidates() - self.offers.runs_nothing.keys(), self.ctx.clock()
+        return {n for n in nodes if could_take(self.adverts.get(n), manifest, now)}
 
     def _candidates(self) -> set[bytes]:
         """The nodes a round would ask now: the connected peers, and this node if it runs its own jobs."""
@@ -619,7 +623,7 @@ class Submitter:
                     if collect and not given_back:
                         nursery.start_soon(self._collect, job, key, lease_s, nursery.cancel_scope)
                     elif key is not None and not lane and not given_back:  # behind its promise: replan.py
-                        nursery.start_soon(watch, self.ctx, job, key, self._movable)
+                        nursery.start_soon(watch, self.ctx, job, key, partial(self._movable, job.manifest))
         finally:
             job.assigned_to = None
             job.waiting = None

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from e31.node.market.adverts import PeerCapacity
 from e31.node.market.behind import GRACE_MIN_MS, ROOM_MS, Promise, check_at, is_behind, last_useful
+from e31.node.market.replan import could_take
+from e31.protocol.blobs import blob_ref
+from e31.protocol.ids import Digest, NodeId
+from e31.protocol.jobs import JobManifest, Limits
+from e31.sandbox.profile import PROFILE
 from hypothesis import given
 from hypothesis import strategies as st
+
+NOW = 1_800_000_000_000
 
 T = 1_767_225_600_000
 
@@ -60,3 +70,27 @@ def test_behind_only_past_the_grace_and_only_with_room_left(
         assert not behind and promise.behind_at > last_useful(promise, deadline)
     else:  # the first time it can be behind
         assert is_behind(at, promise, deadline) and not is_behind(at - 1, promise, deadline)
+
+
+def test_a_node_whose_advert_says_it_cannot_take_the_job_is_no_place_to_move_it() -> None:
+    manifest = JobManifest(
+        module=blob_ref(b"\0asm\1\0\0\0"),
+        inputs=(),
+        args=(),
+        env=(),
+        stdin=None,
+        limits=Limits(10**9, 64 << 20, 10_000, 1 << 20),
+        deadline=NOW + 60_000,
+        retention_ms=60_000,
+        replicas=1,
+        profile=Digest(PROFILE.digest),
+        submitter=NodeId(b"s" * 32),
+        nonce=bytes(16),
+        created_at=NOW,
+    )
+    room = PeerCapacity(cores=1, memory_bytes=64 << 20, queue_length=0, fuel_rate=1, expires=NOW + 1)
+    assert could_take(None, manifest, NOW)  # no advert: nothing against it
+    assert could_take(room, manifest, NOW)
+    assert not could_take(replace(room, cores=0), manifest, NOW)  # suspended, or its owner took the cores
+    assert not could_take(replace(room, memory_bytes=(64 << 20) - 1), manifest, NOW)
+    assert could_take(replace(room, cores=0, expires=NOW), manifest, NOW)  # a lapsed advert says nothing

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import trio
+from e31.node.market.adverts import PeerCapacity
 from e31.node.market.policy import Calibration
 from e31.node.market.taken_back import WITHDRAWN_TEXT
 from e31.protocol.envelope import VerifiedEnvelope, verify
@@ -108,7 +109,8 @@ async def test_a_node_that_runs_no_jobs_is_no_place_to_move_a_job_to(
     net: Net, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     """A submit-only node declines every offer (`policy`): the submitter does not count it among the
-    nodes a job behind its promise could be moved to, so it never withdraws a job to send it nowhere."""
+    nodes a job behind its promise could be moved to, so it never withdraws a job to send it nowhere;
+    nor a node whose capacity advert says it has no core free."""
     a, b, d = (RealNode(net, tmp_path, name, seed) for name, seed in (("a", 1), ("b", 2), ("d", 4)))
     d.config = replace(d.config, cores=0)
     d.path = d.build(d.ctx.settings)
@@ -119,4 +121,11 @@ async def test_a_node_that_runs_no_jobs_is_no_place_to_move_a_job_to(
     await wait_state(a, job_id, "done", 60)
     await until(lambda: d.id in a.submitter.offers.runs_nothing, 30)  # its decline may come after b's bid
     assert a.submitter.offers.runs_nothing.keys() == {d.id}
-    assert a.submitter._movable() == {b.id}
+    manifest = a.manifest(("34", "1000"), deadline_s=120)
+    assert a.submitter._movable(manifest) == {b.id}
+    # nor one whose live capacity advert offers no free core (its owner is back, say)
+    now = a.ctx.clock()
+    a.path.capacity.peers[b.id] = PeerCapacity(0, 1 << 30, 0, 1, now + 60_000)
+    assert a.submitter._movable(manifest) == set()
+    a.path.capacity.peers[b.id] = PeerCapacity(1, 1 << 30, 0, 1, now + 60_000)
+    assert a.submitter._movable(manifest) == {b.id}
