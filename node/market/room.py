@@ -1,9 +1,9 @@
 """Jobs waiting to be offered again because every node's queue was full: woken as room frees.
 
-A round whose every answer was a decline for want of room (`busy`: the queue is full; `deadline`: the
-jobs promised there leave no time) waits before the job is offered again, the wait doubling per such
-round (Submitter._attempts). Waiting out the whole delay left a sweep's last jobs idle for seconds
-while the queues that had declined them emptied. Here, each job of this submitter that ends at an
+A round whose last decline was for want of room (`busy`: the queue is full; `deadline`: the jobs
+promised there leave no time) waits before the job is offered again, the wait doubling per such round
+(Submitter._attempts). Waiting out the whole delay would leave a sweep's last jobs idle for seconds
+while the queues that declined them empty. Here, each job of this submitter that ends at an
 executor (its room there is free again) wakes the job that has waited longest, which is offered again
 at once; the others wait on. One woken job per ended job: a sweep is offered again at the rate its jobs
 end, not all at once.
