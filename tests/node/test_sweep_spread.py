@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_jobs_e2e import ROOT, Node, e31, wait_for
+from test_jobs_e2e import ROOT, Node, e31, linked_nodes
 
 ECHO = ROOT / "sandbox" / "workloads" / "echo.wasm"
 SWEEP = 192
@@ -24,19 +24,8 @@ SWEEP = 192
 
 @pytest.fixture(scope="module")
 def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
-    tmp = tmp_path_factory.mktemp("spread")
-    nodes: list[Node] = []
-    try:
-        nodes.append(Node(tmp / "a"))
-        for name in "bc":
-            nodes.append(Node(tmp / name, "--bootstrap", nodes[0].address))
-        for node in nodes:
-            others = {n.node_id for n in nodes if n is not node}
-            wait_for(f"{node.data_dir.name} to link", lambda n=node, o=others: n.connected() == o)
+    with linked_nodes(tmp_path_factory.mktemp("spread")) as nodes:
         yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 def test_a_sweep_on_three_nodes_is_spread_across_all_three(network: list[Node], tmp_path: Path) -> None:
