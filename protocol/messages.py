@@ -251,6 +251,45 @@ class Assign(Message):
     lease_expires: int = field(metadata=w(TIME))
 
 
+MAX_ASSIGNED = MAX_SET
+"""Jobs in one `assigns` set."""
+
+
+@record
+@dataclass(frozen=True, slots=True)
+class AssignItem(Record):
+    """One job of an `assigns` set: attempt `attempt` (from 1) of the job, leased until `lease_expires`."""
+
+    job_id: Digest = field(metadata=w(Hash()))
+    attempt: int = field(metadata=w(UInt(U32, minimum=1)))
+    lease_expires: int = field(metadata=w(TIME))
+
+
+@message("assigns", issuer="submitter", expiry="expires")
+@dataclass(frozen=True, slots=True)
+class AssignSet(Message):
+    """The submitter gives several jobs of one bid (`bid_id`) to its executor in one signed message: one
+    item each (job, attempt, lease). `expires` is the latest of the items' leases. The set's message id
+    is the assignment id of each of its jobs (protocol/assignments.py reads one job's out of it)."""
+
+    network: str = field(metadata=w(NETWORK))
+    bid_id: Digest = field(metadata=w(Hash()))
+    submitter: NodeId = field(metadata=w(Key()))
+    executor: NodeId = field(metadata=w(Key()))
+    expires: int = field(metadata=w(TIME))
+    items: tuple[AssignItem, ...] = field(
+        metadata=w(Seq(Sub(AssignItem), MAX_ASSIGNED, min_items=1, order_key=BY_JOB))
+    )
+
+    def _validate(self) -> None:
+        if self.expires != max(i.lease_expires for i in self.items):
+            raise InvalidMessage("AssignSet: expires is not the latest of its items' leases")
+
+    def item(self, job_id: Digest) -> AssignItem | None:
+        """The item assigning this job, if the set has one."""
+        return find_sorted(self.items, job_id.raw, BY_JOB)
+
+
 @message("award", issuer="submitter")
 @dataclass(frozen=True, slots=True)
 class Award(Message):
@@ -493,6 +532,7 @@ AnyMessage = (
     | Bid
     | Decline
     | Assign
+    | AssignSet
     | Award
     | BlobRequest
     | BlobChunk
@@ -528,6 +568,7 @@ __all__ = [
     "CANCEL_REASONS",
     "DECLINE_REASONS",
     "MAX_ACKED",
+    "MAX_ASSIGNED",
     "MAX_PROOF_ENTRIES",
     "MAX_PUSHED",
     "MAX_RESULTS",
@@ -539,6 +580,8 @@ __all__ = [
     "Ack",
     "AnyMessage",
     "Assign",
+    "AssignItem",
+    "AssignSet",
     "Award",
     "Bid",
     "BidItem",

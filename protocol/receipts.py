@@ -46,7 +46,7 @@ from .schema import (
 )
 
 if TYPE_CHECKING:
-    from .messages import Assign
+    from .assignments import Assignment
 
 STATUSES = ("exited", "out_of_fuel", "timeout", "memory_limit", "output_limit", "trap", "invalid_module")
 MAX_OUTPUTS = MAX_INPUTS
@@ -256,9 +256,10 @@ def check_receipt_manifest(receipt: UsageReceipt, manifest: JobManifest) -> None
     )
 
 
-def check_receipt_assignment(receipt: UsageReceipt, assignment: Assign, assignment_id: Digest) -> None:
-    """Raise Mismatch unless the receipt fulfils this assignment (given with its message id)."""
-    expect(receipt.assignment_id == assignment_id, "receipt names another assignment")
+def check_receipt_assignment(receipt: UsageReceipt, assignment: Assignment) -> None:
+    """Raise Mismatch unless the receipt fulfils this job's assignment (assignments.py: from an `assign`,
+    or an item of an `assigns` set, whose message id is the assignment id of each of its jobs)."""
+    expect(receipt.assignment_id == assignment.assignment_id, "receipt names another assignment")
     expect(receipt.network == assignment.network, "receipt and assignment are on different networks")
     expect(receipt.job_id == assignment.job_id, "receipt and assignment name different jobs")
     expect(receipt.executor == assignment.executor, "receipt is signed by someone not assigned the job")

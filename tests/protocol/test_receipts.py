@@ -8,6 +8,7 @@ import vector_files as vectors
 from e31.protocol.blobs import blob_ref
 from e31.protocol.envelope import sign_message, verify
 from e31.protocol.errors import InvalidMessage, Mismatch
+from e31.protocol.assignments import assignments
 from e31.protocol.messages import Ack, Assign, Offer, UsageReceipt
 from e31.protocol.receipts import check_ack, check_receipt_assignment, check_receipt_manifest
 
@@ -25,13 +26,14 @@ ASSIGN = _env("assign")
 RECEIPT = _env("receipt")
 ACK = _env("ack")
 MANIFEST = OFFER.message.manifest(RECEIPT.message.job_id)
+ONE = assignments(ASSIGN)[0]
 
 
 def test_the_sample_flow_checks_out() -> None:
     assert isinstance(OFFER.message, Offer) and isinstance(ASSIGN.message, Assign)
     assert MANIFEST is not None and ASSIGN.message.job_id == MANIFEST.job_id
     check_receipt_manifest(RECEIPT.message, MANIFEST)
-    check_receipt_assignment(RECEIPT.message, ASSIGN.message, ASSIGN.message_id)
+    check_receipt_assignment(RECEIPT.message, assignments(ASSIGN)[0])
     check_ack(ACK.message, RECEIPT.message, RECEIPT.message_id)
     assert RECEIPT.message.waited_ms == 60_000
 
@@ -63,10 +65,10 @@ def test_outputs_over_the_limit_are_a_mismatch() -> None:
 
 def test_receipt_for_another_assignment_is_a_mismatch() -> None:
     with pytest.raises(Mismatch, match="assignment"):
-        check_receipt_assignment(RECEIPT.message, ASSIGN.message, OFFER.message_id)
-    other_executor = dataclasses.replace(ASSIGN.message, executor=GEN.nid("submitter"))
+        check_receipt_assignment(RECEIPT.message, dataclasses.replace(ONE, assignment_id=OFFER.message_id))
+    other_executor = dataclasses.replace(ONE, executor=GEN.nid("submitter"))
     with pytest.raises(Mismatch, match="not assigned"):
-        check_receipt_assignment(RECEIPT.message, other_executor, ASSIGN.message_id)
+        check_receipt_assignment(RECEIPT.message, other_executor)
 
 
 def test_ack_must_name_the_receipt() -> None:

@@ -649,9 +649,73 @@ def withdraw_invalid() -> list[dict[str, Any]]:
     return out
 
 
+def assigns_samples() -> list[tuple[str, str, Message]]:
+    """`assigns` sets (issue 24): the sample bid's two jobs given to its executor in one signed message
+    (each with its own attempt and lease; `expires` the later lease), a set of one, and the receipt of
+    one of the set's jobs, whose assignment id is the set's message id."""
+    from e31.protocol.messages import AssignItem, AssignSet
+
+    bid = sample("bid")
+    assert isinstance(bid, Bid)
+    bid_id = verify(sign_message(bid, key("executor"))).message_id
+    first, second = bid.items
+    items = (AssignItem(first.job_id, 1, T0 + 640_000), AssignItem(second.job_id, 3, T0 + 700_000))
+    both = AssignSet(NET, bid_id, nid("submitter"), nid("executor"), T0 + 700_000, items)
+    one = AssignSet(NET, bid_id, nid("submitter"), nid("executor"), T0 + 640_000, items[:1])
+    set_id = verify(sign_message(both, key("submitter"))).message_id
+    receipt = sample("receipt")
+    assert isinstance(receipt, UsageReceipt)
+    of_set = dataclasses.replace(receipt, assignment_id=set_id)  # (its job is one of the set's)
+    return [
+        ("assigns", "submitter", both),
+        ("assigns-one-job", "submitter", one),
+        ("receipt-of-an-assigns-set", "executor", of_set),
+    ]
+
+
+def assigns_invalid() -> list[dict[str, Any]]:
+    """`assigns` bodies a decoder must refuse (InvalidMessage), signed by the submitter, and a set
+    signed by its executor (BadSignature)."""
+    aw = next(m for n, _, m in assigns_samples() if n == "assigns").to_wire()
+    one, two = aw[5]
+    many = tuple(sorted((digest(f"assigns: job {i}").raw, 1, aw[4]) for i in range(MAX_SET + 1)))
+    cases = [
+        ("assigns-no-items", (*aw[:5], ())),
+        ("assigns-items-unsorted", (*aw[:5], (two, one))),
+        ("assigns-item-twice", (*aw[:4], one[2], (one, one))),
+        (f"assigns-{MAX_SET + 1}-items", (*aw[:5], many)),
+        ("assigns-attempt-zero", (*aw[:4], two[2], ((one[0], 0, one[2]), two))),
+        ("assigns-expires-not-the-latest-lease", (*aw[:4], aw[4] + 1, aw[5])),
+        ("assigns-expires-before-a-lease", (*aw[:4], one[2], aw[5])),
+        ("assigns-no-expires", (*aw[:4], aw[5])),
+    ]
+    out = [
+        {
+            "name": name,
+            "valid": False,
+            "kind": "assigns",
+            "seed": seed("submitter").hex(),
+            "error": "InvalidMessage",
+            "envelope": _resign("assigns", pack(wire), key("submitter")).hex(),
+        }
+        for name, wire in cases
+    ]
+    out.append(
+        {
+            "name": "assigns-signed-by-the-executor",
+            "valid": False,
+            "kind": "assigns",
+            "seed": seed("executor").hex(),
+            "error": "BadSignature",
+            "envelope": _resign("assigns", pack(aw), key("executor")).hex(),
+        }
+    )
+    return out
+
+
 def build() -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for name, key_name, msg in samples() + relay_samples() + results_samples() + withdraw_samples():
+    for name, key_name, msg in samples() + relay_samples() + results_samples() + withdraw_samples() + assigns_samples():
         data = sign_message(msg, key(key_name))
         env = verify(data)
         assert env.message_id == message_id(env.kind, env.body, env.signer)
@@ -667,7 +731,7 @@ def build() -> list[dict[str, Any]]:
                 "fields": msg.to_json(),
             }
         )
-    return out + invalid() + results_invalid() + withdraw_invalid()
+    return out + invalid() + results_invalid() + withdraw_invalid() + assigns_invalid()
 
 
 def render() -> str:
