@@ -45,7 +45,7 @@ VERSION = 1
 MAX_BUNDLE_BYTES = 2 << 30
 MAX_ITEMS = 1_000_000
 MAX_PROOF = 64
-EXPORT_KINDS = ("offer", "assign", "receipt", "ack", "proof", "treehead")
+EXPORT_KINDS = ("offer", "assign", "assigns", "receipt", "ack", "proof", "treehead")
 
 
 class BundleError(UsageError):

@@ -22,13 +22,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
-from e31.protocol.codec import unpack
+from e31.protocol.assignments import assignment_of, assignments
 from e31.protocol.envelope import VerifiedEnvelope, verify
 from e31.protocol.errors import BadProof, Mismatch, ProtocolError
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest
 from e31.protocol.merkle import verify_consistency, verify_entry_inclusion
-from e31.protocol.messages import Ack, Assign, InclusionProof, Offer, TreeHead, UsageReceipt
+from e31.protocol.messages import Ack, Assign, AssignSet, InclusionProof, Offer, TreeHead, UsageReceipt
 from e31.protocol.receipts import (
     METER_SLACK_MS,
     check_ack,
@@ -38,25 +38,8 @@ from e31.protocol.receipts import (
 )
 
 from .bundle import Bundle
+from .peek import peek
 from .rerun import blobs_of, rerun_job
-
-_JOB_ID_FIELD: dict[str, tuple[int, str]] = {
-    "receipt": (1, "one"),
-    "assign": (1, "one"),
-    "result": (1, "one"),
-    "accepted": (1, "one"),
-    "release": (1, "one"),
-    "cancel": (1, "one"),
-    "withdraw": (1, "one"),
-    "decline": (1, "list"),
-    "award": (4, "list"),
-    "bid": (4, "items"),
-    "results": (2, "items"),
-}
-"""Where the body of an envelope of each kind names its jobs, for labelling one that does not verify:
-(field index, "one" job id, a "list" of job ids, or "items" records whose first field is a job id).
-An offer names its jobs only through its manifests' hashes, which a broken envelope cannot be
-trusted to encode canonically: it gets no label."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +119,8 @@ class _Audit:
         self.bundle = bundle
         self.report = AuditReport(envelopes=len(bundle.envelopes), blobs=len(bundle.blobs))
         self.offers: dict[Digest, JobManifest] = {}
-        self.assigns: dict[Digest, Assign] = {}
+        self.assigns: dict[Digest, VerifiedEnvelope[Assign] | VerifiedEnvelope[AssignSet]] = {}
+        """Assignments by id: `assign`s and `assigns` sets (a set's id assigns each of its jobs)."""
         self.receipts: list[VerifiedEnvelope[UsageReceipt]] = []
         self.receipt_by_id: dict[Digest, VerifiedEnvelope[UsageReceipt]] = {}
         self.acks: list[VerifiedEnvelope[Ack]] = []
@@ -164,7 +148,7 @@ class _Audit:
             try:
                 env = verify(raw)
             except ProtocolError as e:
-                kind, node, job = _peek(raw)
+                kind, node, job = peek(raw)
                 self.add(
                     "problem",
                     "envelope",
@@ -177,8 +161,10 @@ class _Audit:
             if isinstance(msg, Offer):
                 for manifest in msg.manifests:
                     self.offers.setdefault(manifest.job_id, manifest)
-            elif isinstance(msg, Assign):
-                self.assigns[env.message_id] = msg
+            elif isinstance(msg, Assign | AssignSet):
+                self.assigns[env.message_id] = cast(
+                    "VerifiedEnvelope[Assign] | VerifiedEnvelope[AssignSet]", env
+                )
             elif isinstance(msg, UsageReceipt):
                 receipt = cast("VerifiedEnvelope[UsageReceipt]", env)
                 self.receipts.append(receipt)
@@ -193,7 +179,8 @@ class _Audit:
         self.report.acks = len(self.acks)
         self.report.proofs = len(self.proofs)
         self.report.jobs = len(
-            {r.message.job_id for r in self.receipts} | {a.job_id for a in self.assigns.values()}
+            {r.message.job_id for r in self.receipts}
+            | {a.job_id for env in self.assigns.values() for a in assignments(env)}
         )
 
     # 2. receipts against manifests and assignments
@@ -214,17 +201,25 @@ class _Audit:
                     self._bad(
                         env, "manifest", f"receipt {_short(env.message_id)} does not match the offer: {e}"
                     )
-            assign = self.assigns.get(r.assignment_id)
-            if assign is None:
+            carrier = self.assigns.get(r.assignment_id)
+            assign = None if carrier is None else assignment_of(carrier, r.job_id)
+            if carrier is None:
                 self._bad(
                     env,
                     "assignment",
                     f"receipt {_short(env.message_id)} names assignment "
                     f"{_short(r.assignment_id)}, which is not in the bundle",
                 )
+            elif assign is None:
+                self._bad(
+                    env,
+                    "assignment",
+                    f"receipt {_short(env.message_id)} names assignment {_short(r.assignment_id)}, "
+                    "which does not assign its job",
+                )
             else:
                 try:
-                    check_receipt_assignment(r, assign, r.assignment_id)
+                    check_receipt_assignment(r, assign)
                 except Mismatch as e:
                     self._bad(
                         env,
@@ -583,46 +578,6 @@ def _differences(a: UsageReceipt, b: UsageReceipt) -> list[str]:
         if getattr(a, name) != getattr(b, name):
             out.append(name)
     return out
-
-
-def _peek(raw: bytes) -> tuple[str, str | None, str | None]:
-    """Kind, signer and job id an unverifiable envelope claims, for the report (never trusted); the job
-    only when the envelope names exactly one (a finding is about one job)."""
-    try:
-        env = unpack(raw)
-        kind, body, signer = env[1], env[2], env[3]
-        kind = kind if isinstance(kind, str) and kind.isascii() and len(kind) <= 16 else "unknown"
-        node = str(NodeId(signer)) if isinstance(signer, bytes) and len(signer) == 32 else None
-    except Exception:  # anything at all: this is only a label for a broken envelope
-        return "unreadable", None, None
-    jobs = _claimed_jobs(kind, body)
-    return kind, node, jobs[0].hex() if len(jobs) == 1 else None
-
-
-def _claimed_jobs(kind: str, body: object) -> list[bytes]:
-    """The job ids the body of a `kind` envelope names where _JOB_ID_FIELD says (none if it is not so)."""
-    where = _JOB_ID_FIELD.get(kind)
-    if where is None or not isinstance(body, bytes):
-        return []
-    index, shape = where
-    try:
-        fields = unpack(body)
-    except ProtocolError:
-        return []
-    if not isinstance(fields, tuple) or len(fields) <= index:
-        return []
-    value = fields[index]
-    if shape == "one":
-        candidates = [value]
-    elif not isinstance(value, tuple):
-        return []
-    elif shape == "list":
-        candidates = list(value)
-    else:
-        candidates = [item[0] if isinstance(item, tuple) and item else None for item in value]
-    if not all(isinstance(c, bytes) and len(c) == 32 for c in candidates):
-        return []
-    return candidates
 
 
 def _short(d: Digest) -> str:

@@ -42,13 +42,14 @@ from pathlib import Path
 from typing import Any, cast
 
 import trio
+from e31.protocol.assignments import Assignment, assignments, reopen_assignment
 from e31.protocol.blobs import BlobRef
 from e31.protocol.codec import pack, unpack_canonical
 from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_message
 from e31.protocol.errors import InvalidMessage
 from e31.protocol.ids import NodeId
 from e31.protocol.jobs import JobManifest
-from e31.protocol.messages import Accepted, Assign, Cancel, Offer, ProofRequest, Release, Withdraw
+from e31.protocol.messages import Accepted, Assign, AssignSet, Cancel, Offer, ProofRequest, Release, Withdraw
 from e31.protocol.receipts import Ack, UsageReceipt
 from e31.protocol.results import outputs_of
 from e31.sandbox.errors import SandboxError
@@ -58,13 +59,14 @@ from e31.sandbox.limits import RunResult
 
 from ..errors import StoreError
 from ..nursery import TaskSlot
-from ..store.blobs import BlobCorrupt, BlobError, BlobStore
+from ..store.blobs import BlobCorrupt, BlobError
 from ..store.db import Store, call
 from . import meter
 from .bidding import BidCapacity, Bids, clip
 from .context import MarketContext, transition
 from .delivery import Delivery, OnAcked, Prover, retention_ms
 from .held import Held, HeldJobs
+from .inputs import blob_refs, inputs_unchanged
 from .later import Later, Pending
 from .outputs import JobFailed, StoredOutputs, store_outputs
 from .policy import Task
@@ -157,61 +159,82 @@ class Executor:
 
     # --- assignments ---
 
-    def on_assign(self, env: VerifiedEnvelope[Assign]) -> None:
+    def on_assign(self, env: VerifiedEnvelope[Assign] | VerifiedEnvelope[AssignSet]) -> None:
+        """An `assign`, or an `assigns` set of several jobs of one bid: taken in one task."""
         if (nursery := self._tasks.nursery) is not None:
             nursery.start_soon(self._on_assign, env)
 
-    async def _on_assign(self, env: VerifiedEnvelope[Assign]) -> None:
-        assign = env.message
-        if assign.executor != self.ctx.node:
+    async def _on_assign(self, env: VerifiedEnvelope[Assign] | VerifiedEnvelope[AssignSet]) -> None:
+        """Take the jobs an assignment (or a set) gives this node under a live bid of its own: stored
+        in one commit (the envelope once, each job's row), then each run in a task of its own. A job
+        whose bid lapsed, whose lease ran out, or that this node does not hold is answered on its own
+        (`_redeliver`)."""
+        given = assignments(env)
+        if given[0].executor != self.ctx.node:
             return
-        if self._held.was_withdrawn(assign.job_id.raw, assign.submitter.raw):
+        promise = self.bids.live(given[0].bid_id.raw)
+        taking: list[tuple[Assignment, JobManifest]] = []
+        for a in given:
+            job_id = a.job_id.raw
+            if self._held.was_withdrawn(job_id, a.submitter.raw):
+                continue
+            manifest = None if promise is None else promise.jobs.get(job_id)
+            if manifest is None or a.lease_expires <= self.ctx.clock():  # never started now; asked
+                await self._redeliver(a)  # again, it is answered
+            elif a.submitter != manifest.submitter:
+                log.info("ignoring an assignment that does not match our bid")
+            else:
+                taking.append((a, manifest))
+        if not taking or promise is None:
             return
-        promise = self.bids.live(assign.bid_id.raw)
-        manifest = None if promise is None else promise.jobs.get(assign.job_id.raw)
-        if promise is None or manifest is None:
-            await self._redeliver(env)
-            return
-        if assign.submitter != manifest.submitter:
-            log.info("ignoring an assignment that does not match our bid")
-            return
-        if assign.lease_expires <= self.ctx.clock():  # never started now; asked again, it is answered
-            await self._redeliver(env)
-            return
-        job_id = manifest.job_id.raw
         now = self.ctx.now_s()
         offer = promise.offer
+        job_ids = [a.job_id.raw for a, _ in taking]
+        kept = (
+            call(Store.put_envelope, env.message_id.raw, env.kind, env.raw, now, job_ids[0])
+            if isinstance(env.message, Assign)
+            else call(Store.put_shared_envelope, env.message_id.raw, env.kind, env.raw, now, job_ids)
+        )
         # a job whose blobs are all here already (a sweep's module) is queued at once: no fetch to wait for
-        fetched = all(self.ctx.blobs.has(ref.root.raw) for ref in _blob_refs(manifest))
-        *_, added = await self.ctx.store.atomically(
-            call(Store.put_envelope, env.message_id.raw, "assign", env.raw, now, job_id),
-            call(Store.put_shared_envelope, offer.message_id.raw, "offer", offer.raw, now, [job_id]),
-            call(
-                Store.add_job,
-                job_id=job_id,
-                role=ROLE,
-                manifest=pack(manifest.to_wire()),
-                state="queued" if fetched else "fetching",
-                submitter=str(manifest.submitter),
-                created=now,
-                deadline=manifest.deadline / 1000,
-                fuel_limit=manifest.limits.fuel,
-                executor=str(self.ctx.node),
-                attempt=assign.attempt,
-                durable=False,
+        fetched = [all(self.ctx.blobs.has(ref.root.raw) for ref in blob_refs(m)) for _, m in taking]
+        _, _, *added = await self.ctx.store.atomically(
+            kept,
+            call(Store.put_shared_envelope, offer.message_id.raw, "offer", offer.raw, now, job_ids),
+            *(
+                call(
+                    Store.add_job,
+                    job_id=a.job_id.raw,
+                    role=ROLE,
+                    manifest=pack(manifest.to_wire()),
+                    state="queued" if here else "fetching",
+                    submitter=str(manifest.submitter),
+                    created=now,
+                    deadline=manifest.deadline / 1000,
+                    fuel_limit=manifest.limits.fuel,
+                    executor=str(self.ctx.node),
+                    attempt=a.attempt,
+                    durable=False,
+                )
+                for (a, manifest), here in zip(taking, fetched, strict=True)
             ),
-            # Not synced: nothing is promised yet. A power cut may take the job back; its submitter
+            # Not synced: nothing is promised yet. A power cut may take the jobs back; their submitter
             # sends the assignment again and hears `release` (unknown). The promise is `accepted`, made
             # after a sync (_accepted), or the result, whose commit is synced.
             durable=False,
         )
-        if not added:
-            self.delivery.now()  # a repeated assignment: make sure the outcome goes out again
-            return
-        self.bids.assigned(assign.bid_id.raw, promise, job_id)
-        await self._execute(job_id, manifest, env, fetched=fetched)
+        runs = []
+        for (a, manifest), here, new in zip(taking, fetched, added, strict=True):
+            if not new:
+                self.delivery.now()  # a repeated assignment: make sure the outcome goes out again
+                continue
+            self.bids.assigned(a.bid_id.raw, promise, a.job_id.raw)
+            runs.append(partial(self._execute, a.job_id.raw, manifest, a, fetched=here))
+        if runs and (nursery := self._tasks.nursery) is not None:
+            for run in runs[1:]:
+                nursery.start_soon(run)
+            await runs[0]()  # (the first in this task)
 
-    async def _redeliver(self, env: VerifiedEnvelope[Assign]) -> None:
+    async def _redeliver(self, assign: Assignment) -> None:
         """An assignment sent again, with no live bid of ours behind it. Held here: its submitter is
         back and asks for the outcome, so `accepted` goes again for a job queued or running, unacknowledged
         receipts are delivered now (not at the next retry), and a job that failed here is released
@@ -219,18 +242,17 @@ class Executor:
         and storing the assignment, or the bid had lapsed): released at once, so the submitter need not
         wait out the lease. A lease that ran out changes none of this: a submitter back from a stop
         asks what became of its assignments before it reassigns them (submitter._collect)."""
-        assign = env.message
         job = await self.ctx.store.run(Store.job, assign.job_id.raw, ROLE)
         if job is None or job.attempt != assign.attempt:
             log.info("releasing an assignment of job %s this node does not hold", assign.job_id.hex()[:12])
-            await self._release(env, "unknown", "this node holds no bid or job for that assignment")
+            await self._release(assign, "unknown", "this node holds no bid or job for that assignment")
             return
         if job.state == "failed" or job.reason == WITHDRAWN_TEXT:  # (the first release may have been lost)
-            await self._release(env, _release_reason(job.reason), job.reason or "it failed here")
+            await self._release(assign, _release_reason(job.reason), job.reason or "it failed here")
             return
         held = self._held.get(assign.job_id.raw)
         if job.state in ("queued", "running") and held is not None:
-            await self._accepted(env, held)  # its submitter may have missed the first
+            await self._accepted(assign, held)  # its submitter may have missed the first
         now = self.ctx.now_s()
         for row in await self.ctx.store.run(Store.receipts_for_job, assign.job_id.raw):
             if row.delivered is None:
@@ -243,10 +265,10 @@ class Executor:
         env = await self._own_assign(job_id)
         if row is None or env is None:
             return
-        if await self._signed_before_stop(job_id, env.message.attempt):
+        if await self._signed_before_stop(job_id, env.attempt):
             return
         manifest = JobManifest.from_wire(unpack_canonical(row.manifest))
-        if env.message.lease_expires <= self.ctx.clock():
+        if env.lease_expires <= self.ctx.clock():
             await self._fail(job_id, row.state, LEASE_LOST_TEXT, reason="lease")
             return
         if row.state != "fetching":
@@ -276,7 +298,7 @@ class Executor:
         return True
 
     async def _execute(
-        self, job_id: bytes, manifest: JobManifest, assign: VerifiedEnvelope[Assign], *, fetched: bool = False
+        self, job_id: bytes, manifest: JobManifest, assign: Assignment, *, fetched: bool = False
     ) -> None:
         if job_id in self._active:
             return
@@ -291,7 +313,7 @@ class Executor:
         held = self._held.hold(
             job_id,
             Held(trio.CancelScope(), manifest.deadline, estimate, submitter=submitter, fuel=lim.fuel),
-            assign.message_id.raw,
+            assign.assignment_id.raw,
         )
         try:
             with held.scope:
@@ -311,7 +333,7 @@ class Executor:
             self._discard(work)
 
     async def _give_back_unstored(
-        self, job_id: bytes, assign: VerifiedEnvelope[Assign], held: Held, error: StoreError
+        self, job_id: bytes, assign: Assignment, held: Held, error: StoreError
     ) -> None:
         """A job whose state could not be stored (a full disk): one whose run had not ended is given back
         at once (`release`, reason `other`: a fault of this node, not of the job; recorded `failed` if
@@ -360,7 +382,7 @@ class Executor:
         self,
         job_id: bytes,
         manifest: JobManifest,
-        assign: VerifiedEnvelope[Assign],
+        assign: Assignment,
         work: Path,
         held: Held,
         fetched: bool,
@@ -388,7 +410,7 @@ class Executor:
 
             def then(result: RunResult) -> StoredOutputs | None:
                 held.ran = True  # the run is over: giving the job back now would waste it
-                _inputs_unchanged(blobs, manifest)
+                inputs_unchanged(blobs, manifest)
                 if result.stdout_bytes + result.stderr_bytes + result.output_bytes > STORE_IN_SLOT_MAX:
                     return None  # stored below, once the worker is free for the next job
                 return store_outputs(blobs, work, result)
@@ -457,23 +479,23 @@ class Executor:
         `accepted` at all (its result tells the submitter more), and none comes after the job's end."""
         return self._held.get(job_id) is held and not (held.handed_back or held.ending)
 
-    async def _accepted(self, assign: VerifiedEnvelope[Assign], held: Held) -> None:
+    async def _accepted(self, assign: Assignment, held: Held) -> None:
         """Tell the submitter this node holds the job's data and has queued it: the hand-off, a promise
         made only once the job's rows are on disk (they are stored without a sync), and only while the
         job is still held and not ending, checked again after that sync: an `accepted` never follows
         the job's result or release (their sends begin after `ending` is set)."""
 
-        job_id = assign.message.job_id.raw
+        job_id = assign.job_id.raw
         if not self._still_held(job_id, held):
             return
         await self.ctx.store.flush()
         if self._still_held(job_id, held):  # no await between this check and the send's turn on the link
-            msg = Accepted(self.ctx.network, assign.message.job_id, assign.message_id, self.ctx.node)
-            await self.ctx.send_to(assign.message.submitter.raw, sign_message(msg, self.ctx.identity))
+            msg = Accepted(self.ctx.network, assign.job_id, assign.assignment_id, self.ctx.node)
+            await self.ctx.send_to(assign.submitter.raw, sign_message(msg, self.ctx.identity))
 
     async def _fetch_inputs(self, manifest: JobManifest) -> None:
         peer = manifest.submitter.raw
-        for ref in _blob_refs(manifest):
+        for ref in blob_refs(manifest):
             await self.transfer.fetch(peer, ref)
 
     def _prepare(self, manifest: JobManifest, work: Path) -> JobSpec:
@@ -518,7 +540,7 @@ class Executor:
         self,
         job_id: bytes,
         manifest: JobManifest,
-        assign: VerifiedEnvelope[Assign],
+        assign: Assignment,
         receipt: VerifiedEnvelope[UsageReceipt],
         small: tuple[tuple[BlobRef, bytes], ...],
         *,
@@ -540,7 +562,7 @@ class Executor:
             call(
                 Store.put_result,
                 job_id=job_id,
-                attempt=assign.message.attempt,
+                attempt=assign.attempt,
                 executor=str(self.ctx.node),
                 message_id=receipt_id,
                 status=msg.outcome.status,
@@ -552,7 +574,7 @@ class Executor:
                 Store.put_receipt,
                 digest=receipt_id,
                 job_id=job_id,
-                attempt=assign.message.attempt,
+                attempt=assign.attempt,
                 executor=str(self.ctx.node),
                 message_id=receipt_id,
                 now=now,
@@ -592,19 +614,17 @@ class Executor:
         if mine is not None:
             await self._release(mine, reason, why)
 
-    async def _own_assign(self, job_id: bytes) -> VerifiedEnvelope[Assign] | None:
+    async def _own_assign(self, job_id: bytes) -> Assignment | None:
         """This node's latest assignment of the job (a node that is also the submitter stores every
         assignment of its own jobs, those of other executors included)."""
-        rows = await self.ctx.store.run(Store.envelopes_for_job, job_id, "assign")
-        stored = (reopen_stored(r.raw, Assign) for r in rows)
-        mine = [e for e in stored if e.message.executor == self.ctx.node]
-        return max(mine, key=lambda e: e.message.attempt) if mine else None
+        rows = await self.ctx.store.run(Store.assignments_for_job, job_id)
+        stored = (reopen_assignment(r.raw, job_id) for r in rows)
+        mine = [a for a in stored if a is not None and a.executor == self.ctx.node]
+        return max(mine, key=lambda a: a.attempt) if mine else None
 
-    async def _release(self, assign: VerifiedEnvelope[Assign], reason: str, why: str) -> None:
-        msg = Release(
-            self.ctx.network, assign.message.job_id, assign.message_id, self.ctx.node, reason, clip(why)
-        )
-        await self.ctx.send_to(assign.message.submitter.raw, sign_message(msg, self.ctx.identity))
+    async def _release(self, assign: Assignment, reason: str, why: str) -> None:
+        msg = Release(self.ctx.network, assign.job_id, assign.assignment_id, self.ctx.node, reason, clip(why))
+        await self.ctx.send_to(assign.submitter.raw, sign_message(msg, self.ctx.identity))
 
     async def _set_state(self, job_id: bytes, old: str, new: str, **changes: Any) -> None:
         method, args, kwargs = transition(ROLE, job_id, old, new, self.ctx.now_s(), **changes)
@@ -664,23 +684,6 @@ class Executor:
             and self._tasks.nursery is not None
         ):
             self.delivery.prove(peer, msg.receipt_id.raw, None)
-
-
-def _inputs_unchanged(blobs: BlobStore, manifest: JobManifest) -> None:
-    """Raise JobFailed if an input or stdin file the sandbox read was written to, replaced or removed
-    since it was checked before the run: the receipt would name bytes the run may not have seen."""
-    refs = [*(f.blob for f in manifest.inputs), *([] if manifest.stdin is None else [manifest.stdin])]
-    for ref in refs:
-        if not blobs.unchanged(ref.root.raw):
-            raise JobFailed(f"input blob {ref.root.hex()} changed on disk during the run: no receipt for it")
-
-
-def _blob_refs(manifest: JobManifest) -> list[BlobRef]:
-    """The blobs a job needs to run: its module, inputs and stdin."""
-    refs = [manifest.module, *(f.blob for f in manifest.inputs)]
-    if manifest.stdin is not None:
-        refs.append(manifest.stdin)
-    return refs
 
 
 def _release_reason(why: str | None) -> str:

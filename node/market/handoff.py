@@ -23,7 +23,7 @@ from e31.protocol.messages import Accepted, Release
 from ..store.db import Store
 from ..store.rows import JobRow
 from .context import MarketContext
-from .submitted import ROLE, Jobs, SubmittedJob, holders, names_our_assignment, stored_assigns
+from .submitted import ROLE, Jobs, SubmittedJob, holders, names_our_assignment, stored_assignments
 
 log = logging.getLogger("e31.submitter")
 
@@ -67,14 +67,15 @@ class HandOff:
         those whose lease ran out meanwhile (submitter._collect)."""
         executor = str(NodeId(peer))
         rows = await self.ctx.store.run(Store.jobs, role=ROLE, states=("assigned",))
+        sent: set[bytes] = set()
         for row in rows:
             if row.executor != executor:
                 continue
-            current = [
-                a for a in await stored_assigns(self.ctx, row.job_id) if a.message.attempt == row.attempt
-            ]
+            current = [a for a in await stored_assignments(self.ctx, row.job_id) if a.attempt == row.attempt]
             for a in current:  # (its lease may have run out while this node was away: asked all the same)
-                await self.ctx.send_to(peer, a.raw)
+                if a.assignment_id.raw not in sent:  # a set of several of these jobs goes once
+                    sent.add(a.assignment_id.raw)
+                    await self.ctx.send_to(peer, a.raw)
 
     async def take_release(self, env: VerifiedEnvelope[Release]) -> None:
         """An executor gives an assignment back: if it is one of ours, to that executor, and still the
@@ -113,8 +114,8 @@ class HandOff:
         assignment, delay = job.assignment, settings.delivery_interval
         while True:
             await trio.sleep(delay)
-            current = job.assign_env
-            if current is None or current.message_id.raw != assignment or job.accepted == assignment:
+            current = job.assign
+            if current is None or current.assignment_id.raw != assignment or job.accepted == assignment:
                 return
             await self.ctx.send_to(executor, current.raw)
             delay = min(settings.delivery_backoff_max, delay * 2)

@@ -63,9 +63,9 @@ class HeldJobs(dict[bytes, Held]):
         self.clock = clock
         self._withdrawn: dict[bytes, bytes] = {}
         """Job id -> the submitter that withdrew it (WITHDRAWN_KEPT at most, the oldest forgotten)."""
-        self._taken_back: dict[bytes, tuple[bytes, int]] = {}
-        """Assignment id -> the submitter whose `withdraw` named it before the job was held here, and
-        the withdraw's expiry (WITHDRAWN_KEPT at most, the oldest forgotten)."""
+        self._taken_back: dict[tuple[bytes, bytes], tuple[bytes, int]] = {}
+        """(Assignment id, job id) -> the submitter whose `withdraw` named it before the job was held
+        here, and the withdraw's expiry (WITHDRAWN_KEPT at most, the oldest forgotten)."""
 
     def withdraw(self, job_id: bytes, submitter: bytes) -> Held | None:
         """The job's submitter withdrew it (a signed `cancel`): remember that, so an assignment of it
@@ -100,8 +100,8 @@ class HeldJobs(dict[bytes, Held]):
         (yet) has the withdrawal remembered until it `expires`, for `hold` once its assignment is stored."""
         held = self.get(job_id)
         if held is None:
-            self._taken_back.pop(assignment, None)
-            self._taken_back[assignment] = (submitter, expires)
+            self._taken_back.pop((assignment, job_id), None)  # (a set's jobs share its assignment id)
+            self._taken_back[assignment, job_id] = (submitter, expires)
             while len(self._taken_back) > WITHDRAWN_KEPT:
                 del self._taken_back[next(iter(self._taken_back))]
             return False
@@ -121,7 +121,7 @@ class HeldJobs(dict[bytes, Held]):
         stored is stopped at once (`moved`: it never starts)."""
         held.assignment = assignment
         self[job_id] = held
-        submitter, expires = self._taken_back.pop(assignment, (b"", 0))
+        submitter, expires = self._taken_back.pop((assignment, job_id), (b"", 0))
         if submitter == held.submitter and expires > self.clock():
             held.moved = held.ending = True
             held.scope.cancel()

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 
+from e31.protocol.assignments import Assignment
 from e31.protocol.blobs import BlobRef
 from e31.protocol.envelope import VerifiedEnvelope, sign_verified
 from e31.protocol.ids import NodeId
 from e31.protocol.jobs import FileRef, JobManifest
-from e31.protocol.messages import Assign
 from e31.protocol.receipts import TRAP_MAX, Meter, Outcome, UsageReceipt
 from e31.sandbox.limits import RunResult, Status
 from nacl.signing import SigningKey
@@ -35,7 +35,7 @@ def receipt(
     executor: NodeId,
     identity: SigningKey,
     manifest: JobManifest,
-    assign: VerifiedEnvelope[Assign],
+    assign: Assignment,
     record: RunRecord,
     fetch_ms: int,
     stdout: BlobRef,
@@ -47,7 +47,7 @@ def receipt(
     msg = UsageReceipt(
         network=network,
         job_id=manifest.job_id,
-        assignment_id=assign.message_id,
+        assignment_id=assign.assignment_id,
         submitter=manifest.submitter,
         executor=executor,
         module=manifest.module,

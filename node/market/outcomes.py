@@ -26,11 +26,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import trio
+from e31.protocol.assignments import ASSIGN_KINDS, reopen_assignment
 from e31.protocol.blobs import BlobRef
-from e31.protocol.envelope import VerifiedEnvelope, reopen_stored
+from e31.protocol.envelope import VerifiedEnvelope
 from e31.protocol.errors import Mismatch, ProtocolError
 from e31.protocol.ids import NodeId
-from e31.protocol.messages import Assign, Result, Results
+from e31.protocol.messages import Result, Results
 from e31.protocol.receipts import UsageReceipt, check_receipt_assignment, check_receipt_manifest
 from e31.protocol.results import carried_outputs, check_result, outputs_of
 
@@ -49,7 +50,7 @@ from .submitted import (
     names_our_assignment,
     set_submitted_state,
     signed_cancel,
-    stored_assigns,
+    stored_assignments,
     submitted_transition,
 )
 from .transfer import BlobTransfer, FetchError, PeerUnreachable
@@ -250,11 +251,11 @@ class Outcomes:
             # Only the current assignment's executor, with an outcome for that assignment, ends the
             # attempt: a stranger (or an earlier attempt's executor) sending a bad one must not take
             # the job away. (Checked on the assignment, which outlives the wait for its lease.)
-            current = job.assign_env
+            current = job.assign
             if (
                 current is not None
-                and receipt_env.message.assignment_id == current.message_id
-                and signer == current.message.executor.raw
+                and receipt_env.message.assignment_id == current.assignment_id
+                and signer == current.executor.raw
             ):
                 job.refusal = f"its outcome was refused: {e}"
                 job.fail_outcome()
@@ -277,14 +278,16 @@ class Outcomes:
         carried: dict[bytes, bytes],
     ) -> None:
         receipt = receipt_env.message
-        assign_env = job.assign_env
-        if assign_env is None or assign_env.message_id != receipt.assignment_id:  # an earlier attempt's
+        assign = job.assign
+        if assign is None or assign.assignment_id != receipt.assignment_id:  # an earlier attempt's
             assign_row = await self.ctx.store.run(Store.envelope, receipt.assignment_id.raw)
-            if assign_row is None or assign_row.kind != "assign":
+            if assign_row is None or assign_row.kind not in ASSIGN_KINDS:
                 raise Mismatch("the receipt names an assignment this node never made")
-            assign_env = reopen_stored(assign_row.raw, Assign)
+            assign = reopen_assignment(assign_row.raw, receipt.job_id)
+            if assign is None:
+                raise Mismatch("the receipt names an assignment of other jobs")
         check_receipt_manifest(receipt, job.manifest)
-        check_receipt_assignment(receipt, assign_env.message, assign_env.message_id)
+        check_receipt_assignment(receipt, assign)
         if receipt.network != self.ctx.network:
             raise Mismatch("the receipt is for another network")
         executor = receipt.executor.raw
@@ -296,7 +299,7 @@ class Outcomes:
             Store.record_verified_receipt,
             receipt_digest=receipt_env.message_id.raw,
             job_id=job_id,
-            attempt=assign_env.message.attempt,
+            attempt=assign.attempt,
             executor=str(receipt.executor),
             now=self.ctx.now_s(),
             blobs=[ref.root.hex() for ref in outputs],
@@ -354,21 +357,17 @@ class Outcomes:
         an earlier one's result came late; or an earlier one still running) is sent a signed `cancel`
         (reason `done`) at once, so it drops or stops the job and sends no result for it."""
         receipt = receipt_env.message
-        current = job.assign_env
-        if (
-            current is not None
-            and current.message.attempt == 1
-            and current.message_id == receipt.assignment_id
-        ):
+        current = job.assign
+        if current is not None and current.attempt == 1 and current.assignment_id == receipt.assignment_id:
             # The job's first assignment is still its latest (`_assign` keeps each as soon as it is
             # stored, before it is sent): a later one is not sent, as it finds the job finished. The
             # common case, with no store read.
             return
         signer = receipt.executor.raw
         others = {
-            a.message.executor.raw
-            for a in await stored_assigns(self.ctx, job_id)
-            if a.message_id != receipt.assignment_id and a.message.executor.raw != signer
+            a.executor.raw
+            for a in await stored_assignments(self.ctx, job_id)
+            if a.assignment_id != receipt.assignment_id and a.executor.raw != signer
         }
         if not others:
             return

@@ -56,27 +56,27 @@ async def watch(
 ) -> None:
     """Withdraw the job's current assignment from `executor` once it is behind its promise (once).
     `candidates`: the nodes a new round of offers would ask now."""
-    env, promise = job.assign_env, job.promise
-    if env is None or promise is None:
+    assign, promise = job.assign, job.promise
+    if assign is None or promise is None:
         return
-    deadline, lease = job.manifest.deadline, env.message.lease_expires
+    deadline, lease = job.manifest.deadline, assign.lease_expires
     at = check_at(promise, deadline)
     if at is None or at >= lease:  # no room to move it by then, or its lease ends first anyway
         return
     await trio.sleep(max(0.0, (at - ctx.clock()) / 1000))
     while (now := ctx.clock()) <= min(last_useful(promise, deadline), lease - 1):
-        if job.assign_env is not env or job.completing or job.finished.is_set():
+        if job.assign is not assign or job.completing or job.finished.is_set():
             return
         others = set(candidates()) - job.rejected - job.forgiven - {executor}
-        if job.accepted == env.message_id.raw and others and is_behind(now, promise, deadline):
+        if job.accepted == assign.assignment_id.raw and others and is_behind(now, promise, deadline):
             late = now - promise.expected_finish
             text = f"no result {late} ms after the finish its executor promised: offered to the network again"
-            msg = Withdraw(ctx.network, env.message.job_id, env.message_id, ctx.node, lease, text)
+            msg = Withdraw(ctx.network, assign.job_id, assign.assignment_id, ctx.node, lease, text)
             if await ctx.send_to(executor, sign_message(msg, ctx.identity)):
                 log.info(
                     "job %s: %s is behind its promise by %d ms; withdrawn",
-                    env.message.job_id.hex()[:12],
-                    env.message.executor,
+                    assign.job_id.hex()[:12],
+                    assign.executor,
                     late,
                 )
                 return

@@ -1,8 +1,8 @@
 """The market service: the job messages between nodes, routed to the submitter and executor roles.
 
 One `Market` per node. It is a LinkListener of the peering service: every direct job message
-(`bid`, `decline`, `assign`, `accepted`, `release`, `result`, `ack`, `cancel`, `withdraw`, `blobreq`,
-`blobchunk`, `proofreq`, `proof`) is verified here,
+(`bid`, `decline`, `assign`, `assigns`, `accepted`, `release`, `result`, `ack`, `cancel`, `withdraw`,
+`blobreq`, `blobchunk`, `proofreq`, `proof`) is verified here,
 must be signed by the peer it came from, and goes to the role that handles it; offers arrive from
 gossip. Handlers never block the link's reader: slow work (disk, fetches, runs) runs in the market's
 own tasks.
@@ -25,6 +25,7 @@ from e31.protocol.messages import (
     Accepted,
     Ack,
     Assign,
+    AssignSet,
     Award,
     Bid,
     BlobChunk,
@@ -53,6 +54,7 @@ DIRECT_KINDS = frozenset(
         "bid",
         "decline",
         "assign",
+        "assigns",
         "award",
         "accepted",
         "release",
@@ -139,7 +141,7 @@ class Market:
             self.submitter.on_results(env)
         elif isinstance(msg, Result):
             self.submitter.on_outcome(env)
-        elif isinstance(msg, Assign):
+        elif isinstance(msg, Assign | AssignSet):
             self.executor.on_assign(env)
         elif isinstance(msg, Award):
             self.executor.bids.award(env)

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from e31.protocol.assignments import ASSIGN_KINDS, Assignment, reopen_assignment
 from e31.protocol.codec import pack
-from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_verified
+from e31.protocol.envelope import VerifiedEnvelope, sign_verified
 from e31.protocol.errors import ProtocolError
 from e31.protocol.ids import Digest, NodeId
 from e31.protocol.jobs import JobManifest
-from e31.protocol.messages import Accepted, Assign, Cancel, Release, Result
+from e31.protocol.messages import Accepted, Cancel, Release, Result
 from e31.protocol.receipts import UsageReceipt
 
 from ..store.db import Call, Store
@@ -79,9 +80,9 @@ class SubmittedJob:
     round_step: int = 1
     """Rounds of one job's replica lanes interleave (lane i uses i, i + K, ...): no two offers are equal."""
     assigned_to: bytes | None = None
-    assign_env: VerifiedEnvelope[Assign] | None = None
-    """The current assignment as this node signed it: re-sent until its executor accepts it, and an
-    outcome for it needs no store read and no re-verify."""
+    assign: Assignment | None = None
+    """The current assignment as this node signed it (alone or in a set): re-sent until its executor
+    accepts it, and an outcome for it needs no store read and no re-verify."""
     accepted: bytes | None = None
     """The assignment (message id) its executor has accepted."""
     promise: Promise | None = None
@@ -124,8 +125,8 @@ class SubmittedJob:
 
     @property
     def assignment(self) -> bytes | None:
-        """The current assignment's `assign` message id."""
-        return None if self.assign_env is None else self.assign_env.message_id.raw
+        """The current assignment's id (the message id of the `assign` or `assigns` that carried it)."""
+        return None if self.assign is None else self.assign.assignment_id.raw
 
 
 Jobs = dict[bytes, SubmittedJob]
@@ -161,30 +162,30 @@ def in_round(jobs: Jobs, job_id: bytes, offer_id: bytes) -> SubmittedJob | None:
 
 async def names_our_assignment(ctx: MarketContext, jobs: Jobs, msg: Accepted | Release | Result) -> bool:
     """Whether an executor's message names an assignment this node made, of that job, to it."""
-    current = next(
+    assign = next(
         (
-            h.assign_env
+            h.assign  # one in flight, as signed here
             for h in holders(jobs, msg.job_id.raw)
-            if h.assign_env is not None and h.assign_env.message_id == msg.assignment_id
+            if h.assign is not None and h.assign.assignment_id == msg.assignment_id
         ),
         None,
     )
-    if current is not None:
-        assign = current.message  # one in flight, as signed here
-    else:
+    if assign is None:
         stored = await ctx.store.run(Store.envelope, msg.assignment_id.raw)
-        if stored is None or stored.kind != "assign":
+        if stored is None or stored.kind not in ASSIGN_KINDS:
             return False
-        assign = reopen_stored(stored.raw, Assign).message
-    if assign.job_id != msg.job_id or assign.executor != msg.executor:
+        assign = reopen_assignment(stored.raw, msg.job_id)
+    if assign is None or assign.executor != msg.executor:
         log.info("ignoring a %s from %s that does not match its assignment", msg.KIND, msg.executor)
         return False
     return True
 
 
-async def stored_assigns(ctx: MarketContext, job_id: bytes) -> list[VerifiedEnvelope[Assign]]:
-    rows = await ctx.store.run(Store.envelopes_for_job, job_id, "assign")
-    return [reopen_stored(r.raw, Assign) for r in rows]
+async def stored_assignments(ctx: MarketContext, job_id: bytes) -> list[Assignment]:
+    """The job's assignments this node stored (made here, alone or in sets), oldest first."""
+    rows = await ctx.store.run(Store.assignments_for_job, job_id)
+    found = (reopen_assignment(r.raw, job_id) for r in rows)
+    return sorted((a for a in found if a is not None), key=lambda a: a.attempt)
 
 
 async def signed_cancel(

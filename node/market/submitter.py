@@ -30,22 +30,22 @@ from functools import partial
 from typing import Any
 
 import trio
-from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_verified
+from e31.protocol.envelope import VerifiedEnvelope
 from e31.protocol.errors import ProtocolError
-from e31.protocol.ids import Digest, NodeId
+from e31.protocol.ids import NodeId
 from e31.protocol.jobs import JobManifest
-from e31.protocol.messages import Accepted, Assign, InclusionProof, Release, Results
+from e31.protocol.messages import Accepted, InclusionProof, Release, Results
 
 from ..errors import StoreError, UsageError
 from ..lifecycle import TERMINAL
 from ..nursery import TaskSlot
-from ..store.db import Call, Store, call
+from ..store.db import Call, Store
 from ..store.rows import JobRow
 from .acks import Acknowledger
 from .admission import Admission
 from .adverts import PeerCapacity, TrackRecord
+from .assigning import AssignSets
 from .behind import Promise
-from .commits import SharedCommits
 from .context import MarketContext
 from .handoff import RETRYABLE_RELEASES, HandOff
 from .inclusion import InclusionProofs
@@ -64,7 +64,7 @@ from .submitted import (
     new_job,
     set_submitted_state,
     signed_cancel,
-    stored_assigns,
+    stored_assignments,
     submitted_transition,
 )
 from .transfer import BlobTransfer
@@ -109,8 +109,8 @@ class Submitter:
         self._tasks = TaskSlot()
         self.acks = Acknowledger(ctx)
         self._in_flight = Admission(IN_FLIGHT, ADMIT_STEP)
-        self._assigning = SharedCommits(ctx.store)
-        """Assignments made at the same moment (the jobs of one bid) are stored in one commit."""
+        self._assigning = AssignSets(ctx)
+        """The jobs one bid wins at the same moment are assigned in one signed set and one commit."""
         self.changed = trio.Event()
         self._job_changed: dict[bytes, trio.Event] = {}
         """Set (and replaced) whenever a job's state changes: `e31 wait` long-polls on it."""
@@ -258,7 +258,7 @@ class Submitter:
                 self.publish(env)
             except ProtocolError as e:
                 log.warning("cannot gossip the cancel of job %s: %s", job_id.hex()[:12], e)
-        for executor in {a.message.executor.raw for a in await stored_assigns(self.ctx, job_id)}:
+        for executor in {a.executor.raw for a in await stored_assignments(self.ctx, job_id)}:
             await self.ctx.send_to(executor, raw)
         return state, True
 
@@ -317,9 +317,9 @@ class Submitter:
             key = executor_key(row.executor)
             if key is not None:
                 self.load[key] += 1
-            current = [a for a in await stored_assigns(self.ctx, job_id) if a.message.attempt == row.attempt]
+            current = [a for a in await stored_assignments(self.ctx, job_id) if a.attempt == row.attempt]
             if current:
-                job.assign_env = current[-1]
+                job.assign = current[-1]
                 if job_id in await self.handed_off([row]):
                     job.accepted = job.assignment
             try:
@@ -502,35 +502,34 @@ class Submitter:
         lane: bool = False,
     ) -> bool:
         bid, bid_raw = won
-        now = self.ctx.clock()
-        lease = lease_expiry(now, bid, job.manifest.deadline, slack_ms=self.ctx.settings.lease_slack_ms)
-        assign = Assign(
-            self.ctx.network,
-            Digest(job_id),
-            Digest(bid.bid_id),
-            self.ctx.node,
-            NodeId(bid.executor),
-            attempt,
-            lease,
+        lease = lease_expiry(
+            self.ctx.clock(), bid, job.manifest.deadline, slack_ms=self.ctx.settings.lease_slack_ms
         )
-        env = sign_verified(assign, self.ctx.identity)
-        raw = env.raw
         changes = {"executor": str(NodeId(bid.executor)), "attempt": attempt}
-        # one commit: the bid taken, the assignment made and the state naming it
-        _, _, moved = await self._assigning.atomically(
-            call(Store.put_shared_envelope, bid.bid_id, "bid", bid_raw, self.ctx.now_s(), [job_id]),
-            call(Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id),
-            self._transition(job_id, "offered", "assigned", **changes),
+        # one signed set and one commit for the jobs this bid wins at once (assigning.py): the bid
+        # taken, the set, and each job's state naming it
+        done = await self._assigning.assign(
+            bid_id=bid.bid_id,
+            executor=bid.executor,
+            bid_raw=bid_raw,
+            job_id=job_id,
+            attempt=attempt,
+            lease_expires=lease,
+            calls=(self._transition(job_id, "offered", "assigned", **changes),),
+            wanted=lambda: not job.finished.is_set(),
         )
+        if done.assignment is None:  # it ended while its set was gathered: it was left out
+            return False
+        (moved,) = done.results
         self._notify(job_id)
-        job.assign_env, job.promise = env, Promise(bid.expected_start, bid.expected_finish)
+        job.assign, job.promise = done.assignment, Promise(bid.expected_start, bid.expected_finish)
         if lane and not moved:  # the first replica made the job `assigned`; the others record theirs
             await self.ctx.store.run(
                 Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state="assigned", **changes
             )
         if job.finished.is_set() or (not lane and not moved):  # it ended meanwhile (an earlier attempt's
-            return False  # result completed it): the assignment is never sent (or withdrawn: outcomes.py)
-        if not await self.ctx.send_to(bid.executor, raw):
+            return False  # result completed it): its result is answered with a cancel (outcomes.py)
+        if not done.sent:
             log.info("job %s: no link to %s to assign it", job_id.hex()[:12], NodeId(bid.executor))
             if not lane:
                 await self._set_state(job_id, "assigned", "offered")
@@ -540,16 +539,13 @@ class Submitter:
 
     def _lease_of(self, job: SubmittedJob) -> float:
         """Seconds left of the lease of the assignment this node just made (`_assign` keeps it)."""
-        assert job.assign_env is not None
-        return max(0.0, (job.assign_env.message.lease_expires - self.ctx.clock()) / 1000)
+        assert job.assign is not None
+        return max(0.0, (job.assign.lease_expires - self.ctx.clock()) / 1000)
 
     async def _lease_left(self, job_id: bytes) -> float:
         """Seconds left of the longest lease among the job's stored assignments (after a restart)."""
-        rows = await self.ctx.store.run(Store.envelopes_for_job, job_id, "assign")
-        if not rows:
-            return 0.0
-        lease = max(reopen_stored(r.raw, Assign).message.lease_expires for r in rows)
-        return max(0.0, (lease - self.ctx.clock()) / 1000)
+        lease = max((a.lease_expires for a in await stored_assignments(self.ctx, job_id)), default=None)
+        return 0.0 if lease is None else max(0.0, (lease - self.ctx.clock()) / 1000)
 
     async def _collect(
         self, job: SubmittedJob, key: bytes | None, lease_s: float, scope: trio.CancelScope

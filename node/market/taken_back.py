@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from e31.protocol.assignments import Assignment
 from e31.protocol.envelope import VerifiedEnvelope, sign_message
-from e31.protocol.messages import Assign, Release, Withdraw
+from e31.protocol.messages import Release, Withdraw
 
 from ..store.db import Store
 from .context import MarketContext
@@ -42,7 +43,7 @@ def take_back(
     return True
 
 
-async def give_back_withdrawn(ctx: MarketContext, job_id: bytes, assign: VerifiedEnvelope[Assign]) -> None:
+async def give_back_withdrawn(ctx: MarketContext, job_id: bytes, assign: Assignment) -> None:
     """End a job whose assignment was taken back before it started (`cancelled`, WITHDRAWN_TEXT) and
     release it (reason `withdrawn`), so its submitter offers it elsewhere at once."""
     for _ in range(3):  # (the state may move from fetching to queued meanwhile)
@@ -59,7 +60,7 @@ async def give_back_withdrawn(ctx: MarketContext, job_id: bytes, assign: Verifie
             reason=WITHDRAWN_TEXT,
         ):
             msg = Release(
-                ctx.network, assign.message.job_id, assign.message_id, ctx.node, "withdrawn", WITHDRAWN_TEXT
+                ctx.network, assign.job_id, assign.assignment_id, ctx.node, "withdrawn", WITHDRAWN_TEXT
             )
-            await ctx.send_to(assign.message.submitter.raw, sign_message(msg, ctx.identity))
+            await ctx.send_to(assign.submitter.raw, sign_message(msg, ctx.identity))
             return

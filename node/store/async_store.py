@@ -45,6 +45,7 @@ INLINE_READS = frozenset(
         "jobs_held",
         "envelope",
         "envelopes_for_job",
+        "assignments_for_job",
         "receipts_for_job",
         "kv_get",
         "receipt",

@@ -1,9 +1,9 @@
 """The envelopes table: signed messages kept byte for byte, each once, for the jobs they concern.
 
 An envelope stored for one job names it (`job_id`); one that concerns several jobs (an offer of a set
-of jobs, a bid for several, a proof, an ack of a batch of receipts) is stored once with job_id NULL and
-linked to each job in envelope_jobs (put_shared_envelope). Not durable: an envelope is kept before, or
-with, the durable write that names it.
+of jobs, a bid for several, an `assigns` set, a proof, an ack of a batch of receipts) is stored once
+with job_id NULL and linked to each job in envelope_jobs (put_shared_envelope). Not durable: an envelope
+is kept before, or with, the durable write that names it.
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ from collections.abc import Sequence
 from .rows import EnvelopeRow
 from .tables import Tables
 
-SHARED_KINDS = ("offer", "bid", "proof", "ack")
+SHARED_KINDS = ("offer", "bid", "proof", "ack", "assigns")
 """Kinds of envelope that may be shared by several jobs (`put_shared_envelope`); pruning deletes one
 once no job links it any more."""
 
 _ENVELOPES_FOR_JOB = (
     "SELECT 0, message_id, kind, raw, job_id, received FROM envelopes "
-    "WHERE job_id = ?1 AND (?2 IS NULL OR kind = ?2) "
+    "WHERE job_id = ?1 AND (?2 IS NULL OR kind = ?2 OR kind = ?3) "
     "UNION ALL "
     "SELECT 1, e.message_id, e.kind, e.raw, e.job_id, e.received FROM envelope_jobs l "
     "JOIN envelopes e ON e.message_id = l.message_id "
-    "WHERE l.job_id = ?1 AND e.job_id IS NOT ?1 AND (?2 IS NULL OR e.kind = ?2) "
+    "WHERE l.job_id = ?1 AND e.job_id IS NOT ?1 AND (?2 IS NULL OR e.kind = ?2 OR e.kind = ?3) "
     "ORDER BY 1, 6, 2"
 )
 
@@ -79,7 +79,14 @@ class Envelopes(Tables):
         """The job's envelopes (of `kind`, or all): those stored for it, then those it shares with
         other jobs, each group by arrival; each envelope once."""
         with self.reading() as c:
-            rows = c.execute(_ENVELOPES_FOR_JOB, (job_id, kind)).fetchall()
+            rows = c.execute(_ENVELOPES_FOR_JOB, (job_id, kind, None)).fetchall()
+        return [EnvelopeRow(*r[1:]) for r in rows]
+
+    def assignments_for_job(self, job_id: bytes) -> list[EnvelopeRow]:
+        """The envelopes that assigned the job: `assign`s stored for it, then the `assigns` sets that
+        name it, each group by arrival."""
+        with self.reading() as c:
+            rows = c.execute(_ENVELOPES_FOR_JOB, (job_id, "assign", "assigns")).fetchall()
         return [EnvelopeRow(*r[1:]) for r in rows]
 
     def envelope_job_ids(self, kinds: Sequence[str]) -> set[bytes]:

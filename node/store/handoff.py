@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from e31.protocol.envelope import verify
-from e31.protocol.messages import Accepted, Assign
+from e31.protocol.assignments import reopen_assignment
+from e31.protocol.envelope import reopen_stored
+from e31.protocol.messages import Accepted
 
 from ..lifecycle import JobState
 from .db import Store
@@ -28,23 +29,28 @@ def handed_off(store: Store, rows: Sequence[JobRow]) -> set[bytes]:
     with store.transaction() as c:
         for i in range(0, len(ids), CHUNK):
             part = ids[i : i + CHUNK]
+            marks = ",".join("?" * len(part))
             found += c.execute(
-                "SELECT kind, raw FROM envelopes WHERE kind IN ('assign', 'accepted') "
-                f"AND job_id IN ({','.join('?' * len(part))})",
-                part,
+                "SELECT kind, raw, job_id FROM envelopes WHERE kind IN ('assign', 'accepted') "
+                f"AND job_id IN ({marks}) UNION ALL "
+                "SELECT e.kind, e.raw, l.job_id FROM envelope_jobs l JOIN envelopes e "
+                f"ON e.message_id = l.message_id WHERE e.kind = 'assigns' AND l.job_id IN ({marks})",
+                (*part, *part),
             ).fetchall()
-    assigns: set[bytes] = set()
-    accepted: dict[bytes, bytes] = {}
-    for kind, raw in found:
-        if kind == "assign":
-            a = verify(bytes(raw), Assign)
-            row = current[a.message.job_id.raw]
-            if a.message.attempt == row.attempt and str(a.message.executor) == row.executor:
-                assigns.add(a.message_id.raw)
-        else:
-            acc = verify(bytes(raw), Accepted).message
-            accepted[acc.assignment_id.raw] = acc.job_id.raw
-    out.update(job for assignment, job in accepted.items() if assignment in assigns)
+    assigns: set[tuple[bytes, bytes]] = set()
+    accepted: set[tuple[bytes, bytes]] = set()
+    for kind, raw, job_id in found:
+        if kind == "accepted":
+            acc = reopen_stored(bytes(raw), Accepted).message
+            accepted.add((acc.assignment_id.raw, acc.job_id.raw))
+            continue
+        a = reopen_assignment(bytes(raw), bytes(job_id))
+        if a is None:
+            continue
+        row = current[a.job_id.raw]
+        if a.attempt == row.attempt and str(a.executor) == row.executor:
+            assigns.add(a.key)
+    out.update(job for _, job in accepted & assigns)
     return out
 
 

@@ -321,7 +321,7 @@ def test_an_envelope_that_does_not_verify_is_labelled_with_the_one_job_it_names(
 
 def test_the_job_id_fields_peeked_at_are_those_of_the_messages() -> None:
     """Every kind whose body names jobs is in the audit's table, at the field that names them."""
-    from e31.node.audit.checks import _JOB_ID_FIELD
+    from e31.node.audit.peek import _JOB_ID_FIELD
 
     found: dict[str, tuple[int, str]] = {}
     for kind, cls in REGISTRY.items():

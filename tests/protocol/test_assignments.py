@@ -28,7 +28,12 @@ def test_each_job_of_a_set_is_an_assignment_under_the_sets_id() -> None:
     assert {a.assignment_id for a in got} == {env.message_id}
     assert [(a.attempt, a.lease_expires) for a in got] == [(i.attempt, i.lease_expires) for i in SET.items]
     for a in got:
-        assert (a.bid_id, a.submitter, a.executor, a.network) == (SET.bid_id, SET.submitter, SET.executor, SET.network)
+        assert (a.bid_id, a.submitter, a.executor, a.network) == (
+            SET.bid_id,
+            SET.submitter,
+            SET.executor,
+            SET.network,
+        )
         assert a.raw == env.raw and a.key == (env.message_id.raw, a.job_id.raw)
         assert assignment_of(env, a.job_id) == a == reopen_assignment(env.raw, a.job_id.raw)
     assert assignment_of(env, sha256(b"a job the set does not name")) is None

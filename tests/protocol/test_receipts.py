@@ -5,10 +5,10 @@ from typing import Any
 
 import pytest
 import vector_files as vectors
+from e31.protocol.assignments import assignments
 from e31.protocol.blobs import blob_ref
 from e31.protocol.envelope import sign_message, verify
 from e31.protocol.errors import InvalidMessage, Mismatch
-from e31.protocol.assignments import assignments
 from e31.protocol.messages import Ack, Assign, Offer, UsageReceipt
 from e31.protocol.receipts import check_ack, check_receipt_assignment, check_receipt_manifest
 

@@ -715,7 +715,9 @@ def assigns_invalid() -> list[dict[str, Any]]:
 
 def build() -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for name, key_name, msg in samples() + relay_samples() + results_samples() + withdraw_samples() + assigns_samples():
+    for name, key_name, msg in (
+        samples() + relay_samples() + results_samples() + withdraw_samples() + assigns_samples()
+    ):
         data = sign_message(msg, key(key_name))
         env = verify(data)
         assert env.message_id == message_id(env.kind, env.body, env.signer)
