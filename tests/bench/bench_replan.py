@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "node"))
 
 from e31.node.audit.bundle import read_bundle  # noqa: E402
+from e31.protocol.assignments import ASSIGN_KINDS, assignments  # noqa: E402
 from e31.protocol.envelope import verify  # noqa: E402
-from e31.protocol.messages import Assign, Offer, UsageReceipt  # noqa: E402
+from e31.protocol.messages import Offer, UsageReceipt  # noqa: E402
 from test_replan_e2e import Node, audited, fall_behind_and_move  # noqa: E402
 
 
@@ -47,7 +48,13 @@ def one_round(tmp: Path) -> tuple[float, float, float]:
     manifest = next(
         m for e in envs if isinstance(e.message, Offer) for m in e.message.manifests if m.job_id.raw == job_id
     )
-    first = next(e.message for e in envs if isinstance(e.message, Assign) and e.message.attempt == 1)
+    first = next(
+        a
+        for e in envs
+        if e.kind in ASSIGN_KINDS
+        for a in assignments(e)
+        if a.job_id.raw == job_id and a.attempt == 1
+    )
     receipt = next(e.message for e in envs if isinstance(e.message, UsageReceipt))
     t0 = manifest.created_at
     return (

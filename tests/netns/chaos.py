@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e31.protocol.assignments import Assignment, assignments
 from e31.protocol.envelope import verify
-from e31.protocol.messages import Assign
 from e31.protocol.receipts import UsageReceipt
 from harness import Host, Router, Topology
 from netnodes import NetNode, audit, wait_until
@@ -325,12 +325,12 @@ class Chaos:
         submitted = self._submitted()
         counted = self._counted()
         signed = self._signed()
-        assigns: dict[bytes, tuple[Assign, float]] = {}
+        assigns: dict[tuple[bytes, bytes], tuple[Assignment, float]] = {}  # by (assignment, job)
         for raw, received in self.submitter.store_rows(
-            "SELECT raw, received FROM envelopes WHERE kind = 'assign'"
+            "SELECT raw, received FROM envelopes WHERE kind IN ('assign', 'assigns')"
         ):
-            env = verify(bytes(raw), Assign)
-            assigns[env.message_id.raw] = (env.message, received)
+            for a in assignments(verify(bytes(raw))):
+                assigns[a.key] = (a, received)
         r.states = dict(Counter(submitted.get(j, ("missing", None))[0] for j in self.jobs))
         for job in self.jobs:
             state, reason = submitted.get(job, ("missing", None))
@@ -348,7 +348,8 @@ class Chaos:
         for job, ran in runs.items():
             ran.sort(key=lambda x: x[1].finished_at)
             for (n1, first), (n2, later) in itertools.pairwise(ran):
-                a1, a2 = assigns.get(first.assignment_id.raw), assigns.get(later.assignment_id.raw)
+                a1 = assigns.get((first.assignment_id.raw, first.job_id.raw))
+                a2 = assigns.get((later.assignment_id.raw, later.job_id.raw))
                 if a1 is None or a2 is None:
                     r.overlap.append(f"{job[:12]}: a receipt names an assignment the submitter never made")
                     continue

@@ -11,9 +11,10 @@ import nacl.signing
 import pytest
 import trio
 from e31.node.market import offering
+from e31.protocol.assignments import Assignment, assignments
 from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
 from e31.protocol.ids import NodeId
-from e31.protocol.messages import Assign, Award, Bid, BidItem, Offer
+from e31.protocol.messages import AssignSet, Award, Bid, BidItem, Offer
 from market_nodes import NETWORK, Net, RealNode, start, until, wall_ms
 
 
@@ -51,6 +52,11 @@ class Bidder:
         return [env for env in self.heard if isinstance(env.message, kind)]
 
 
+def given(bidder: Bidder) -> list[Assignment]:
+    """Every job assigned to the bidder, from the `assigns` sets it was sent."""
+    return [x for env in bidder.of(AssignSet) for x in assignments(env)]
+
+
 async def test_each_bidder_hears_what_it_won_before_the_next_offer(
     net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -62,7 +68,7 @@ async def test_each_bidder_hears_what_it_won_before_the_next_offer(
     manifests = [a.manifest((str(i), "100")) for i in range(100)]
     await a.submitter.submit_batch(manifests)
     # the whole sweep is assigned, between the two bidders (neither runs anything: it stays assigned)
-    await until(lambda: len(b.of(Assign)) + len(c.of(Assign)) >= 100, seconds=30)
+    await until(lambda: len(given(b)) + len(given(c)) >= 100, seconds=30)
 
     first_offer = b.of(Offer)[0]
     for bidder in (b, c):
@@ -71,7 +77,7 @@ async def test_each_bidder_hears_what_it_won_before_the_next_offer(
         assert len(awards) == 1, "one award per bid that was not given all its jobs"
         award = awards[0].message
         assert award.submitter.raw == a.id and award.executor.raw == bidder.id
-        won = {env.message.job_id for env in bidder.of(Assign) if env.message.bid_id.raw == bid_id}
+        won = {x.job_id for x in given(bidder) if x.bid_id.raw == bid_id}
         assert set(award.job_ids) == won  # the award names exactly what it is assigned under that bid
         assert 0 < len(won) < len(first_offer.message.manifests)  # the offer was spread
         # the next offer came after that award (the submitter waits for its awards to go out)

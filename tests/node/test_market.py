@@ -19,6 +19,7 @@ from e31.node.market.executor import ACCEPT_DELAY
 from e31.node.market.submitter import UnknownJob
 from e31.node.store.blobs import BlobStore
 from e31.node.store.db import Store
+from e31.protocol.assignments import Assignment, assignment_of, assignments
 from e31.protocol.blobs import BlobRef, blob_ref
 from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
 from e31.protocol.ids import Digest, NodeId
@@ -26,6 +27,7 @@ from e31.protocol.jobs import JobManifest, Limits
 from e31.protocol.messages import (
     Accepted,
     Assign,
+    AssignSet,
     Bid,
     BidItem,
     Cancel,
@@ -65,29 +67,31 @@ class Liar:
 
     async def message(self, peer: bytes, raw: bytes) -> None:
         env = verify(raw)
-        if not isinstance(env.message, Assign):
+        if not isinstance(env.message, Assign | AssignSet):
             return
         self.assigned += 1
         self.assignments.add(env.message_id.raw)  # an assignment not accepted is sent again
+        for a in assignments(env):
+            await self.answer(peer, a)
+
+    async def answer(self, peer: bytes, a: Assignment) -> None:
         if self.mode == "silent":
             return
         if self.mode == "releases":
-            msg = Release(NETWORK, env.message.job_id, env.message_id, NodeId(self.id), "unknown", "")
+            msg = Release(NETWORK, a.job_id, a.assignment_id, NodeId(self.id), "unknown", "")
             await self.send(peer, sign_message(msg, self.key))
             return
         if self.mode == "accepts":
-            a = env.message
             await self.send(
-                peer, sign_message(Accepted(NETWORK, a.job_id, env.message_id, NodeId(self.id)), self.key)
+                peer, sign_message(Accepted(NETWORK, a.job_id, a.assignment_id, NodeId(self.id)), self.key)
             )
             return
-        a: Assign = env.message
         empty = blob_ref(b"")
         now = wall_ms()
         receipt = UsageReceipt(
             NETWORK,
             a.job_id,
-            env.message_id,
+            a.assignment_id,
             a.submitter,
             NodeId(self.id),
             module=BlobRef(Digest(b"\x01" * 32), 10),
@@ -107,7 +111,7 @@ class Liar:
             finished_at=now,
         )
         raw_receipt = sign_message(receipt, self.key)
-        result = Result(NETWORK, a.job_id, env.message_id, NodeId(self.id), raw_receipt, now + 60_000, ())
+        result = Result(NETWORK, a.job_id, a.assignment_id, NodeId(self.id), raw_receipt, now + 60_000, ())
         await self.send(peer, sign_message(result, self.key))
 
 
@@ -519,10 +523,10 @@ async def test_an_assignment_the_executor_lost_in_a_restart_is_released_and_offe
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
-    lost = lose_first(net, b.id, Assign)  # B stops there: it bid, but never stored the assignment
+    lost = lose_first(net, b.id, AssignSet)  # B stops there: it bid, but never stored the assignment
     job_id = await a.submitter.submit(a.manifest(("11", "1000"), deadline_s=600))
     await wait_state(a, job_id, "assigned")
-    lease_end = verify(lost[0], Assign).message.lease_expires
+    lease_end = assignments(verify(lost[0]))[0].lease_expires
     # B comes back with the same key and none of its bids; the link coming up makes A re-send its
     # assignment, which B does not hold: B releases it, and A offers the job again at once.
     b2 = RealNode(net, tmp_path, "b2", 2)
@@ -544,7 +548,7 @@ async def test_a_release_that_does_not_match_its_assignment_changes_nothing(
     await start(nursery, a)
     job_id = await a.submitter.submit(a.manifest(("12", "1000"), deadline_s=600))
     await wait_state(a, job_id, "assigned")
-    (stored,) = await a.store.run(Store.envelopes_for_job, job_id, "assign")
+    (stored,) = await a.store.run(Store.assignments_for_job, job_id)
     stranger = nacl.signing.SigningKey(b"\x64" * 32)
     assignment, liar_id = Digest(stored.message_id), NodeId(liar.id)
     forged = [
@@ -569,7 +573,7 @@ async def test_an_assignment_lost_on_the_way_is_sent_again_until_accepted(
 ) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
-    dropped = lose_first(net, b.id, Assign)  # e.g. it came in while B's job path was still starting
+    dropped = lose_first(net, b.id, AssignSet)  # e.g. it came in while B's job path was still starting
     job_id = await a.submitter.submit(a.manifest(("13", "1000"), deadline_s=600))
     row = await wait_state(a, job_id, "done")
     # The same assignment, sent again, reached B: attempt 1 ran, no lease ran out.
@@ -1044,19 +1048,22 @@ async def test_a_sweep_goes_out_in_offers_of_many_jobs_each_assigned_through_its
         await wait_state(a, job_id, "done")
     offers: dict[bytes, Offer] = {}
     bids: dict[bytes, Bid] = {}
+    sets: set[Digest] = set()
     for job_id in ids:
         for row in await a.store.run(Store.envelopes_for_job, job_id, "offer"):
             offers[row.message_id] = verify(row.raw, Offer).message
         for row in await a.store.run(Store.envelopes_for_job, job_id, "bid"):
             bids[row.message_id] = verify(row.raw, Bid).message
-        (assign_row,) = await a.store.run(Store.envelopes_for_job, job_id, "assign")
-        assign = verify(assign_row.raw, Assign).message
+        (assign_row,) = await a.store.run(Store.assignments_for_job, job_id)
+        assign = assignment_of(verify(assign_row.raw), job_id)
+        assert assign is not None
+        sets.add(assign.assignment_id)
         # the assignment names one bid, and that bid names this job (and was made for its offer)
         bid = bids[assign.bid_id.raw]
         assert bid.item(assign.job_id) is not None
         assert offers[bid.offer_id.raw].manifest(assign.job_id) is not None
-    # twelve jobs submitted together: a couple of offers and bids, not twelve of each
-    assert len(offers) <= 3 and len(bids) <= 3
+    # twelve jobs submitted together: a couple of offers, bids and signed assignment sets, not twelve of each
+    assert len(offers) <= 3 and len(bids) <= 3 and len(sets) <= 6
     assert sum(len(o.manifests) for o in offers.values()) >= 12
 
 

@@ -14,7 +14,7 @@ from e31.node.market.adverts import STRANGER_ADVERTS, CapacityService, TrackReco
 from e31.node.market.scheduler import Scheduler
 from e31.protocol.envelope import VerifiedEnvelope, sign_message
 from e31.protocol.ids import Digest, NodeId
-from e31.protocol.messages import Assign, Bid, BidItem
+from e31.protocol.messages import Assign, AssignSet, Bid, BidItem
 from e31.protocol.messages import Capacity as CapacityAd
 from market_nodes import NETWORK, Net, RealNode, start, wait_state, wall_ms
 
@@ -94,7 +94,7 @@ class Stranger:
     async def message(self, peer: bytes, raw: bytes) -> None:
         from e31.protocol.envelope import verify
 
-        if isinstance(verify(raw).message, Assign):
+        if isinstance(verify(raw).message, Assign | AssignSet):
             self.assigned.append(raw)
 
 

@@ -17,10 +17,11 @@ from typing import Any
 
 import trio
 from e31.node.store.db import Store
+from e31.protocol.assignments import Assignment, assignments
 from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
 from e31.protocol.ids import NodeId
 from e31.protocol.jobs import JobManifest, Limits
-from e31.protocol.messages import Assign, Cancel
+from e31.protocol.messages import Assign, AssignSet, Cancel
 from market_nodes import NETWORK, Net, RealNode, start, until, wait_state
 
 
@@ -35,7 +36,7 @@ class Slow:
     nodes: tuple[RealNode, RealNode]
     hold_second: bool = False
     starve_second: bool = False
-    assigns: list[tuple[bytes, VerifiedEnvelope[Assign]]] = field(default_factory=list)
+    assigns: list[tuple[bytes, Assignment]] = field(default_factory=list)
     cancels: list[tuple[bytes, VerifiedEnvelope[Cancel]]] = field(default_factory=list)
     heard: list[tuple[bytes, str]] = field(default_factory=list)
     """(sender, kind) of every message A got from B or C."""
@@ -67,8 +68,8 @@ class Slow:
 
         async def to_node(peer: bytes, raw: bytes) -> None:
             env = verify(raw)
-            if isinstance(env.message, Assign):
-                self.assigns.append((node.id, env))
+            if isinstance(env.message, Assign | AssignSet):
+                self.assigns += [(node.id, a) for a in assignments(env)]
             elif isinstance(env.message, Cancel):
                 self.cancels.append((node.id, env))
             elif env.kind == "blobchunk" and self.starve_second and node.id == self.second:
@@ -79,7 +80,7 @@ class Slow:
 
     @property
     def first(self) -> bytes | None:
-        return next((n for n, a in self.assigns if a.message.attempt == 1), None)
+        return next((n for n, a in self.assigns if a.attempt == 1), None)
 
     @property
     def second(self) -> bytes | None:
@@ -110,10 +111,10 @@ async def late_result_completes(slow: Slow, job_id: bytes, second_state: str) ->
     """Wait for attempt 2 to reach the second executor and its job there to be `second_state`, then
     let the first executor's result through: the job ends done with it. Returns (first, second)."""
     a = slow.a
-    await until(lambda: any(x.message.attempt == 2 for _, x in slow.assigns), 30)
+    await until(lambda: any(x.attempt == 2 for _, x in slow.assigns), 30)
     second = slow.node(slow.second)
     first = slow.node(slow.first)
-    assert [n for n, x in slow.assigns if x.message.attempt == 2] == [second.id]
+    assert [n for n, x in slow.assigns if x.attempt == 2] == [second.id]
     await wait_state(second, job_id, second_state, role="executor")
     assert slow.held.get(first.id), "the first executor's result was held back"
     await slow.release(first.id)
@@ -242,10 +243,10 @@ async def test_a_withdrawal_racing_its_assignment_keeps_the_job_from_starting(
 
     async def to_b(peer: bytes, raw: bytes) -> None:
         env = verify(raw)
-        if isinstance(env.message, Assign):  # the submitter's cancel comes with it (in either order)
-            msg = env.message
-            cancel = Cancel(NETWORK, msg.job_id, msg.submitter, msg.lease_expires, "done", "")
-            await deliver(peer, sign_message(cancel, a.key))
+        if isinstance(env.message, Assign | AssignSet):  # the submitter's cancel comes with it
+            for x in assignments(env):  # (in either order)
+                cancel = Cancel(NETWORK, x.job_id, x.submitter, x.lease_expires, "done", "")
+                await deliver(peer, sign_message(cancel, a.key))
         await deliver(peer, raw)
 
     net.handlers[a.id], net.handlers[b.id] = to_a, to_b

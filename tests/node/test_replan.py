@@ -13,10 +13,11 @@ import trio
 from e31.node.market.adverts import PeerCapacity
 from e31.node.market.policy import Calibration
 from e31.node.market.taken_back import WITHDRAWN_TEXT
+from e31.protocol.assignments import Assignment, assignments
 from e31.protocol.envelope import VerifiedEnvelope, verify
 from e31.protocol.ids import NodeId
 from e31.protocol.jobs import Limits
-from e31.protocol.messages import Assign, Release, Withdraw
+from e31.protocol.messages import Assign, AssignSet, Release, Withdraw
 from e31.sandbox.profile import PROFILE
 from market_nodes import SETTINGS, Net, RealNode, start, until, wait_state
 
@@ -30,17 +31,17 @@ class Watch:
     job waits in its queue."""
 
     def __init__(self, net: Net, node: RealNode, submitter: RealNode, *, suspend_on_assign: bool) -> None:
-        self.assigns: list[VerifiedEnvelope[Assign]] = []
+        self.assigns: list[Assignment] = []
         self.withdraws: list[VerifiedEnvelope[Withdraw]] = []
         self.releases: list[Release] = []
         deliver, deliver_a = net.handlers[node.id], net.handlers[submitter.id]
 
         async def to_node(peer: bytes, raw: bytes) -> None:
             env = verify(raw)
-            if isinstance(env.message, Assign):
+            if isinstance(env.message, Assign | AssignSet):
                 if suspend_on_assign and not self.assigns:
                     node.path.scheduler.suspend()
-                self.assigns.append(env)
+                self.assigns += assignments(env)
             elif isinstance(env.message, Withdraw):
                 self.withdraws.append(env)
             await deliver(peer, raw)
@@ -73,8 +74,8 @@ async def test_a_queued_job_of_an_executor_behind_its_promise_is_moved_and_runs_
     assert row.executor == str(NodeId(c.id)) and row.attempt == 2
     (withdraw,) = watch.withdraws  # sent once, by the job's submitter, naming b's assignment
     assert withdraw.signer == NodeId(a.id)
-    assert withdraw.message.assignment_id == assign.message_id
-    assert withdraw.message.expires == assign.message.lease_expires
+    assert withdraw.message.assignment_id == assign.assignment_id
+    assert withdraw.message.expires == assign.lease_expires
     assert [(r.reason, r.text) for r in watch.releases] == [("withdrawn", WITHDRAWN_TEXT)]
     moved = await wait_state(b, job_id, "cancelled", role="executor")
     assert moved.reason == WITHDRAWN_TEXT and moved.started is None

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 import trio
+from e31.protocol.assignments import assignments
 from e31.protocol.envelope import verify
-from e31.protocol.messages import Assign
 from test_jobs_e2e import MONTECARLO, Node, wait_for
 
 TIMING = "lease_slack_ms=1000,collect_wait=20,delivery_interval=15"
@@ -46,8 +46,8 @@ def receipts(node: Node, jobs: set[str]) -> list[tuple[str, int, bool]]:
 
 def leases(node: Node) -> list[int]:
     """The lease expiry (ms) of every assignment the node signed."""
-    raws = rows(node, "SELECT raw FROM envelopes WHERE kind = 'assign'")
-    return [verify(bytes(raw), Assign).message.lease_expires for (raw,) in raws]
+    raws = rows(node, "SELECT raw FROM envelopes WHERE kind IN ('assign', 'assigns')")
+    return [a.lease_expires for (raw,) in raws for a in assignments(verify(bytes(raw)))]
 
 
 def executor_state(node: Node, job: str) -> str | None:

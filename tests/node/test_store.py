@@ -245,9 +245,9 @@ def test_an_envelope_shared_by_jobs_is_kept_once_and_found_for_each(store: Store
 def test_the_envelopes_of_a_job_are_found_through_indexes(store: Store) -> None:
     from e31.node.store.envelopes import _ENVELOPES_FOR_JOB
 
-    for kind in (None, "offer"):
+    for kinds in ((None, None), ("offer", None), ("assign", "assigns")):  # (any; one kind; an assignment)
         with store.reading() as c:
-            plan = [r[3] for r in c.execute("EXPLAIN QUERY PLAN " + _ENVELOPES_FOR_JOB, (b"j1", kind))]
+            plan = [r[3] for r in c.execute("EXPLAIN QUERY PLAN " + _ENVELOPES_FOR_JOB, (b"j1", *kinds))]
         assert "SEARCH envelopes USING INDEX envelopes_job (job_id=?)" in plan, plan
         assert "SEARCH l USING PRIMARY KEY (job_id=?)" in plan, plan
         assert "SEARCH e USING PRIMARY KEY (message_id=?)" in plan, plan
