@@ -13,6 +13,7 @@ Reassigning a job whose executor vanished needs this node online.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import trio
@@ -38,6 +39,8 @@ class HandOff:
         self.ctx = ctx
         self.jobs = jobs
         self.notify = notify
+        self._resent: dict[bytes, float] = {}
+        """Assignment id -> when it was last sent again: a set's jobs waiting together re-send it once."""
 
     async def take_accepted(self, env: VerifiedEnvelope[Accepted]) -> None:
         msg = env.message
@@ -109,7 +112,8 @@ class HandOff:
     async def resend_until_accepted(self, job: SubmittedJob, executor: bytes) -> None:
         """Send the current assignment again, backing off, until its executor accepts it: a copy
         that arrived while the executor was starting (or was lost with it) would otherwise leave the
-        job waiting out its lease. Executors treat copies of an assignment they hold as one."""
+        job waiting out its lease. Executors treat copies of an assignment they hold as one, so the jobs
+        of one set that wait together send the set once per round of re-sends, not once each."""
         settings = self.ctx.settings
         assignment, delay = job.assignment, settings.delivery_interval
         while True:
@@ -117,5 +121,10 @@ class HandOff:
             current = job.assign
             if current is None or current.assignment_id.raw != assignment or job.accepted == assignment:
                 return
-            await self.ctx.send_to(executor, current.raw)
+            now = trio.current_time()
+            if now - self._resent.get(assignment, -math.inf) >= delay / 2:
+                self._resent[assignment] = now
+                await self.ctx.send_to(executor, current.raw)
+            for old in [k for k, at in self._resent.items() if now - at > settings.delivery_backoff_max]:
+                del self._resent[old]
             delay = min(settings.delivery_backoff_max, delay * 2)

@@ -51,7 +51,7 @@ class Pruning(Tables):
                     "DELETE FROM envelope_jobs AS l WHERE job_id = ?1 AND NOT (EXISTS ("
                     "SELECT 1 FROM receipts WHERE job_id = ?1) AND EXISTS ("
                     "SELECT 1 FROM envelopes e WHERE e.message_id = l.message_id "
-                    "AND e.kind IN ('offer', 'ack'))) "
+                    "AND e.kind IN ('offer', 'ack', 'assigns'))) "
                     "RETURNING message_id",
                     (j,),
                 ).fetchall()

@@ -283,8 +283,11 @@ def test_an_offer_of_a_set_stays_while_one_of_its_jobs_remains_or_has_a_receipt(
     a, b, c, d = (
         add_job(store, b"m", b"i", role="submitter", state="queued", updated=NOW, n=n) for n in range(4)
     )
-    offer, bids, lone = (name.ljust(32, b".") for name in (b"set offer", b"set bid", b"lone offer"))
+    offer, bids, lone, given = (
+        name.ljust(32, b".") for name in (b"set offer", b"set bid", b"lone offer", b"assigns")
+    )
     store.put_shared_envelope(offer, "offer", b"raw offer", NOW, [a, b, c])
+    store.put_shared_envelope(given, "assigns", b"raw assigns", NOW, [a, b, c])
     store.put_shared_envelope(bids, "bid", b"raw bid", NOW, [a, b])
     store.put_shared_envelope(lone, "offer", b"raw lone offer", NOW, [d])
     store.put_envelope(b"c" * 32, "contact", b"raw contact", NOW)  # no job: never pruned with one
@@ -299,17 +302,19 @@ def test_an_offer_of_a_set_stays_while_one_of_its_jobs_remains_or_has_a_receipt(
     assert prune(NOW) == 1
     assert store.envelope(offer) is not None and store.envelope(bids) is not None  # b and c remain
     assert store.envelopes_for_job(a) == []
-    assert [e.message_id for e in store.envelopes_for_job(b)] == [bids, offer]  # same time: by id
+    assert [e.message_id for e in store.envelopes_for_job(b)] == [given, bids, offer]  # same time: by id
     ids = _evidence(store, b, b"b", NOW + 1)  # b ran: a receipt makes its offer evidence
     end(b, NOW + 1)
     assert prune(NOW + 1) == 1
     assert store.envelope(bids) is None, "no job left links the bid"
+    assert [e.message_id for e in store.assignments_for_job(b)] == [ids["assign"], given]  # evidence too
     assert store.envelope(ids["receipt"]) is not None and store.envelope(ids["bid"]) is None
     assert [e.message_id for e in store.envelopes_for_job(b, "offer")] == [ids["offer"], offer]
     end(c, NOW + 2)
     assert prune(NOW + 2) == 1
     assert [e.message_id for e in store.envelopes_for_job(b, "offer")] == [ids["offer"], offer]
     assert store.envelopes_for_job(c) == [] and store.envelope(offer) is not None
+    assert [e.message_id for e in store.assignments_for_job(b)] == [ids["assign"], given]
     end(d, NOW + 3)
     assert prune(NOW + 3) == 1
     assert store.envelope(lone) is None, "its only job went without a receipt"
