@@ -45,10 +45,11 @@ import nacl.signing
 from .codec import encode_frame, pack, unpack_canonical
 from .errors import FrameTooLarge, HandshakeFailed, LocalProtocolError, NetworkMismatch, ProtocolError
 
-VERSION = 2
+VERSION = 3
 """The protocol version carried in message 1: of the handshake, the session and the message kinds a
 node sends on it. 2: executors deliver results in `results` carriers, which a version-1 node cannot
-read, so nodes of different versions never link (HandshakeFailed)."""
+read. 3: submitters assign jobs in `assigns` sets, which a version-2 node cannot read. Nodes of
+different versions never link (HandshakeFailed)."""
 
 MAX_HANDSHAKE_FRAME = 512
 """The largest handshake frame either side accepts (the real payloads are 54, 154 and 120 bytes)."""

@@ -724,7 +724,8 @@ async def test_a_consumer_that_does_not_read_stalls_the_sender(limits: Limits) -
 async def test_a_node_of_protocol_version_1_is_refused_at_its_first_message(
     caplog: pytest.LogCaptureFixture, raw: RawOpener
 ) -> None:
-    """Version 1 nodes cannot read `results` carriers: their handshake is refused with a logged reason
+    """Version 1 nodes cannot read `results` carriers (nor version 2 ones `assigns` sets): their
+    handshake is refused with a logged reason
     (HandshakeFailed inside the transport), no link forms, and good peers are not affected."""
     from e31.protocol.codec import encode_frame, pack
     from e31.protocol.handshake import network_tag
@@ -735,5 +736,5 @@ async def test_a_node_of_protocol_version_1_is_refused_at_its_first_message(
         assert await until_closed_by_peer(stream) == b""
         async with linked(server.address) as conn:
             assert await roundtrip(conn, b"ok") == b"echo:ok"
-    assert any("version 1; we speak 2" in line for line in drop_lines(caplog))
+    assert any("version 1; we speak 3" in line for line in drop_lines(caplog))
     assert len(server.accepted) == 1
