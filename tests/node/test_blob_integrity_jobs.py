@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from e31.node.market.executor import _inputs_unchanged
+from e31.node.market.inputs import inputs_unchanged
 from e31.node.market.outputs import JobFailed
 from e31.node.store.blobs import BlobStore
 from e31.node.store.db import Store
@@ -78,10 +78,10 @@ def test_an_input_written_during_the_run_fails_the_job_instead_of_being_signed(t
         created_at=now,
     )
     path = blobs.checked_path(blob_ref(DATA).root.raw)  # checked before the run
-    _inputs_unchanged(blobs, manifest)
+    inputs_unchanged(blobs, manifest)
     os.utime(path)  # the file is touched while the sandbox reads it
     with pytest.raises(JobFailed, match="changed on disk during the run"):
-        _inputs_unchanged(blobs, manifest)
+        inputs_unchanged(blobs, manifest)
 
 
 async def test_a_job_whose_own_input_is_corrupt_on_its_submitter_fails_at_once_with_the_reason(
