@@ -4,7 +4,8 @@
 
 Runs a submitting node and an executing node in one process (the market harness of
 tests/node/market_nodes.py: real stores, blob stores, sandbox pool and signatures; messages handed
-over in memory), first N jobs one after another, then N at once, and prints per job how many times
+over in memory), first N jobs one after another, then N at once (each its own submit), then N as one batch
+(a sweep: `submit_batch`, its jobs offered in sets), and prints per job how many times
 each costly operation happened. "log lines" are the records written at the node's default level
 (info); "fsyncs" count the WAL's and the watermark's (two per watermark write); "trio tasks" include
 the one the in-memory harness starts per message, which a real link does not (peering hands a message
@@ -159,7 +160,7 @@ async def _measure(jobs: int, by_task: bool) -> dict[str, dict[str, float]]:
         await harness.wait_state(a, await a.submitter.submit(a.manifest(("0", "1000"))), "done")  # warm-up
         await trio.sleep(1.0)
         seed = 1
-        for mode in ("one at a time", "all at once"):
+        for mode in ("one at a time", "all at once", "one batch"):
             COUNTS.clear()
             STEPS.clear()
             cpu0 = time.process_time()
@@ -168,13 +169,19 @@ async def _measure(jobs: int, by_task: bool) -> dict[str, dict[str, float]]:
                     job = await a.submitter.submit(a.manifest((str(seed), "1000"), deadline_s=3600))
                     seed += 1
                     await harness.wait_state(a, job, "done", 120)
-            else:
+            elif mode == "all at once":
                 ids = []
                 for _ in range(jobs):
                     ids.append(await a.submitter.submit(a.manifest((str(seed), "1000"), deadline_s=3600)))
                     seed += 1
                 for job in ids:
                     await harness.wait_state(a, job, "done", 300)
+            else:  # a sweep: POST /v1/batches, its jobs offered in sets
+                batch = [a.manifest((str(seed + i), "1000"), deadline_s=3600) for i in range(jobs)]
+                seed += jobs
+                await a.submitter.submit_batch(batch)
+                for m in batch:
+                    await harness.wait_state(a, m.job_id.raw, "done", 300)
             await trio.sleep(1.0)  # the acknowledgements' proofs (batched) are part of the job
             COUNTS["CPU ms, both nodes (this process)"] += (time.process_time() - cpu0) * 1000
             out[mode] = {k: v / jobs for k, v in COUNTS.items()}
