@@ -109,17 +109,30 @@ class HandOff:
         if job.assignment == msg.assignment_id.raw and job.assigned_to == msg.executor.raw:
             job.fail_outcome()
 
-    async def resend_until_accepted(self, job: SubmittedJob, executor: bytes) -> None:
-        """Send the current assignment again, backing off, until its executor accepts it: a copy
-        that arrived while the executor was starting (or was lost with it) would otherwise leave the
-        job waiting out its lease. Executors treat copies of an assignment they hold as one, so the jobs
-        of one set that wait together send the set once per round of re-sends, not once each."""
+    @staticmethod
+    def unaccepted(job: SubmittedJob, waiting: trio.CancelScope) -> bool:
+        """Whether the job still waits (in the wait `waiting`) on an assignment its executor has not
+        accepted."""
+        return job.waiting is waiting and job.assign is not None and job.accepted != job.assignment
+
+    async def resend_until_accepted(
+        self, job: SubmittedJob, executor: bytes, waiting: trio.CancelScope
+    ) -> None:
+        """Send the current assignment again, backing off, until its executor accepts it or the wait
+        `waiting` for its outcome ends: a copy that arrived while the executor was starting (or was
+        lost with it) would otherwise leave the job waiting out its lease. The first re-send is due
+        `delivery_interval` after the assignment (the submitter starts this then). Executors treat
+        copies of an assignment they hold as one, so the jobs of one set that wait together send the
+        set once per round of re-sends, not once each."""
         settings = self.ctx.settings
         assignment, delay = job.assignment, settings.delivery_interval
         while True:
-            await trio.sleep(delay)
             current = job.assign
-            if current is None or current.assignment_id.raw != assignment or job.accepted == assignment:
+            if (
+                current is None
+                or current.assignment_id.raw != assignment
+                or not self.unaccepted(job, waiting)
+            ):
                 return
             now = trio.current_time()
             if now - self._resent.get(assignment, -math.inf) >= delay / 2:
@@ -128,3 +141,4 @@ class HandOff:
             for old in [k for k, at in self._resent.items() if now - at > settings.delivery_backoff_max]:
                 del self._resent[old]
             delay = min(settings.delivery_backoff_max, delay * 2)
+            await trio.sleep(delay)

@@ -315,7 +315,7 @@ class Outcomes:
         if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)
             await self._commits.atomically(*small, kept, recorded)
             job.receipt = receipt_env
-            job.finished.set()
+            job.finish()
             self.acks.add(executor, receipt_env.message_id.raw, job_id)
             return
         outcome = receipt.outcome
@@ -339,7 +339,7 @@ class Outcomes:
             method, args, kwargs = submitted_transition(self.ctx, job_id, now.state, "done", **end)
             moved = await self.ctx.store.run(method, *args, **kwargs)
         self.notify(job_id)
-        job.finished.set()
+        job.finish()
         await self._withdraw_others(job_id, job, receipt_env)
         log.debug(  # per job: nothing at the default level (a sweep would write a line per job)
             "job %s done on %s: %s, %d fuel",
@@ -460,7 +460,7 @@ class Outcomes:
             metrics.VERIFICATION_FAILURES.inc(1, "replicas")
             await set_submitted_state(self.ctx, self.notify, job_id, row.state, "disputed", reason=why[:500])
             log.warning("job %s disputed: %s", job_id.hex()[:12], why)
-        job.finished.set()
+        job.finish()
 
 
 def outcome_key(env: Arrived) -> bytes:

@@ -51,21 +51,31 @@ def could_take(advert: PeerCapacity | None, manifest: JobManifest, now: int) -> 
     return advert.cores >= 1 and advert.memory_bytes >= manifest.limits.memory_bytes
 
 
+def watch_from(ctx: MarketContext, job: SubmittedJob) -> float | None:
+    """When (trio time) to begin `watch` over the job's current assignment: once its promised finish
+    and grace have passed (behind.check_at); None if there is no room to move it by then, or its lease
+    ends first anyway."""
+    assign, promise = job.assign, job.promise
+    if assign is None or promise is None:
+        return None
+    at = check_at(promise, job.manifest.deadline)
+    if at is None or at >= assign.lease_expires:
+        return None
+    return trio.current_time() + max(0.0, (at - ctx.clock()) / 1000)
+
+
 async def watch(
     ctx: MarketContext, job: SubmittedJob, executor: bytes, candidates: Callable[[], Iterable[bytes]]
 ) -> None:
-    """Withdraw the job's current assignment from `executor` once it is behind its promise (once).
+    """Withdraw the job's current assignment from `executor` once it is behind its promise (once), from
+    `watch_from` on (the submitter starts it then), while the job waits for that assignment's outcome.
     `candidates`: the nodes a new round of offers would ask now."""
-    assign, promise = job.assign, job.promise
-    if assign is None or promise is None:
+    assign, promise, waiting = job.assign, job.promise, job.waiting
+    if assign is None or promise is None or waiting is None:
         return
     deadline, lease = job.manifest.deadline, assign.lease_expires
-    at = check_at(promise, deadline)
-    if at is None or at >= lease:  # no room to move it by then, or its lease ends first anyway
-        return
-    await trio.sleep(max(0.0, (at - ctx.clock()) / 1000))
     while (now := ctx.clock()) <= min(last_useful(promise, deadline), lease - 1):
-        if job.assign is not assign or job.completing or job.finished.is_set():
+        if job.assign is not assign or job.waiting is not waiting or job.completing or job.finished.is_set():
             return
         others = set(candidates()) - job.rejected - job.forgiven - {executor}
         if job.accepted == assign.assignment_id.raw and others and is_behind(now, promise, deadline):

@@ -74,7 +74,7 @@ class SubmittedJob:
     outcome_failed: trio.Event = field(default_factory=trio.Event)
     waiting: trio.CancelScope | None = None
     """The scope of the current wait for an outcome (Submitter._await_outcome), which `fail_outcome`
-    ends: no task per job waits for the event."""
+    and `finish` end: no task per job waits for an event."""
     completing: bool = False
     rounds: int = 0
     round_step: int = 1
@@ -115,6 +115,12 @@ class SubmittedJob:
     def fail_outcome(self) -> None:
         """The current assignment's outcome failed (refused, or the job given back): end the wait."""
         self.outcome_failed.set()
+        if self.waiting is not None:
+            self.waiting.cancel()
+
+    def finish(self) -> None:
+        """The job (or this replica lane) has ended: set `finished` and end the wait for an outcome."""
+        self.finished.set()
         if self.waiting is not None:
             self.waiting.cancel()
 

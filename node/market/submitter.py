@@ -49,10 +49,11 @@ from .behind import Promise
 from .context import MarketContext
 from .handoff import RETRYABLE_RELEASES, HandOff
 from .inclusion import InclusionProofs
+from .later import At, Later
 from .linkups import LinkUps
 from .offering import Choice, LocalOffer, OfferLine, Publish
 from .outcomes import Arrived, Outcomes
-from .replan import could_take, watch
+from .replan import could_take, watch, watch_from
 from .room import RoomWaits, for_room
 from .rules import BidView, Window, backoff, lease_expiry, offer_expiry, window_state
 from .submitted import (
@@ -109,6 +110,9 @@ class Submitter:
         self._tasks = TaskSlot()
         self.acks = Acknowledger(ctx)
         self._in_flight = Admission(IN_FLIGHT, ADMIT_STEP)
+        self._resends, self._watches = Later(ctx.settings.delivery_interval), At()
+        """An assignment's re-sends, and the look at whether its executor fell behind, each started
+        when due (later.py): a job whose outcome comes first costs no task for them."""
         self._assigning = AssignSets(ctx)
         """The jobs one bid wins at the same moment are assigned in one signed set and one commit."""
         self.changed = trio.Event()
@@ -130,6 +134,9 @@ class Submitter:
             nursery.start_soon(self.offers.run)
             nursery.start_soon(self.offers.send_awards)
             nursery.start_soon(self.acks.run)
+            self._resends.delay = self.ctx.settings.delivery_interval  # (as set when the node starts)
+            nursery.start_soon(self._resends.run, nursery)
+            nursery.start_soon(self._watches.run, nursery)
             await nursery.start(self.link_ups.run)
             for receipt in unacked:  # verified before a stop, its ack not stored: acknowledge it now
                 try:
@@ -250,7 +257,7 @@ class Submitter:
                 break
         job = self.jobs.get(job_id)
         if job is not None:
-            job.finished.set()
+            job.finish()
             job.scope.cancel()
         log.info("job %s %s: %s", job_id.hex()[:12], state, reason)
         if self.publish is not None:
@@ -454,7 +461,7 @@ class Submitter:
                 log.warning("job %s failed: %s", job_id.hex()[:12], reason)
             top = self.jobs.get(job_id, job)  # a replica lane's failure ends the whole job
             for ended in {id(x): x for x in (job, top)}.values():
-                ended.finished.set()
+                ended.finish()
                 ended.scope.cancel()
             return None
         rnd = job.round  # opened by the offer line (this driver alone clears it)
@@ -605,21 +612,23 @@ class Submitter:
             given_back = job.assignment in job.released  # before this wait began (just restarted)
             if given_back:
                 lease_s = 0.0
-            with trio.move_on_after(math.inf if collect and not given_back else lease_s):
-                async with trio.open_nursery() as nursery:
-
-                    async def stop_on(event: trio.Event) -> None:
-                        await event.wait()
-                        nursery.cancel_scope.cancel()
-
-                    job.waiting = nursery.cancel_scope  # job.fail_outcome() cancels it
-                    nursery.start_soon(stop_on, job.finished)
-                    if key is not None:
-                        nursery.start_soon(self.handoff.resend_until_accepted, job, key)
-                    if collect and not given_back:
-                        nursery.start_soon(self._collect, job, key, lease_s, nursery.cancel_scope)
-                    elif key is not None and not lane and not given_back:  # behind its promise: replan.py
-                        nursery.start_soon(watch, self.ctx, job, key, partial(self._movable, job.manifest))
+            with trio.move_on_after(math.inf if collect and not given_back else lease_s) as waiting:
+                job.waiting = waiting  # job.fail_outcome() and job.finish() cancel it: no task waits
+                if job.finished.is_set():
+                    waiting.cancel()
+                if key is not None:  # sent again if not accepted by then (handoff.py): no task till then
+                    self._resends.add(
+                        partial(self.handoff.resend_until_accepted, job, key, waiting),
+                        still=partial(self.handoff.unaccepted, job, waiting),
+                    )
+                if collect and not given_back:
+                    await self._collect(job, key, lease_s, waiting)
+                else:
+                    if key is not None and not lane and not given_back:  # behind its promise: replan.py
+                        watching = partial(watch, self.ctx, job, key, partial(self._movable, job.manifest))
+                        if (at := watch_from(self.ctx, job)) is not None:
+                            self._watches.add(at, watching, still=lambda: job.waiting is waiting)
+                    await trio.sleep_forever()
         finally:
             job.assigned_to = None
             job.waiting = None
