@@ -49,58 +49,37 @@ def assignments(env: VerifiedEnvelope[Any]) -> tuple[Assignment, ...]:
     """Every job's assignment in a verified `assign` or `assigns` envelope, in job id order."""
     msg = env.message
     if isinstance(msg, Assign):
-        return (
-            Assignment(
-                msg.network,
-                msg.job_id,
-                msg.bid_id,
-                msg.submitter,
-                msg.executor,
-                msg.attempt,
-                msg.lease_expires,
-                env.message_id,
-                env.raw,
-            ),
-        )
+        return (_one(env, msg, msg.job_id, msg.attempt, msg.lease_expires),)
     if isinstance(msg, AssignSet):
-        return tuple(
-            Assignment(
-                msg.network,
-                item.job_id,
-                msg.bid_id,
-                msg.submitter,
-                msg.executor,
-                item.attempt,
-                item.lease_expires,
-                env.message_id,
-                env.raw,
-            )
-            for item in msg.items
-        )
+        return tuple(_one(env, msg, i.job_id, i.attempt, i.lease_expires) for i in msg.items)
     raise InvalidMessage(f"a {env.kind} assigns no job")
 
 
 def assignment_of(env: VerifiedEnvelope[Any], job_id: Digest | bytes) -> Assignment | None:
     """The assignment of `job_id` in a verified `assign` or `assigns` envelope, or None if it names
     no such job."""
-    raw = job_id.raw if isinstance(job_id, Digest) else job_id
+    wanted = job_id if isinstance(job_id, Digest) else Digest(job_id)
     msg = env.message
     if isinstance(msg, AssignSet):
-        item = msg.item(Digest(raw))
-        if item is None:
-            return None
-        return Assignment(
-            msg.network,
-            item.job_id,
-            msg.bid_id,
-            msg.submitter,
-            msg.executor,
-            item.attempt,
-            item.lease_expires,
-            env.message_id,
-            env.raw,
-        )
-    return next((a for a in assignments(env) if a.job_id.raw == raw), None)
+        item = msg.item(wanted)
+        return None if item is None else _one(env, msg, item.job_id, item.attempt, item.lease_expires)
+    return next((a for a in assignments(env) if a.job_id == wanted), None)
+
+
+def _one(
+    env: VerifiedEnvelope[Any], msg: Assign | AssignSet, job_id: Digest, attempt: int, lease_expires: int
+) -> Assignment:
+    return Assignment(
+        msg.network,
+        job_id,
+        msg.bid_id,
+        msg.submitter,
+        msg.executor,
+        attempt,
+        lease_expires,
+        env.message_id,
+        env.raw,
+    )
 
 
 def reopen_assignment(raw: bytes, job_id: Digest | bytes) -> Assignment | None:
