@@ -376,6 +376,18 @@ def _resign(kind: str, body: bytes, k: nacl.signing.SigningKey) -> bytes:
     return sign(kind, body, k)
 
 
+def _refused(name: str, kind: str, key_name: str, wire: Any, error: str = "InvalidMessage") -> dict[str, Any]:
+    """A vector a decoder must refuse with `error`: the body `wire`, signed as `kind` by `key_name`."""
+    return {
+        "name": name,
+        "valid": False,
+        "kind": kind,
+        "seed": seed(key_name).hex(),
+        "error": error,
+        "envelope": _resign(kind, pack(wire), key(key_name)).hex(),
+    }
+
+
 def invalid() -> list[dict[str, Any]]:
     """Envelopes a decoder must refuse, each with the error class it must raise.
 
@@ -565,17 +577,7 @@ def results_invalid() -> list[dict[str, Any]]:
         ("results-entry-output-over-push-max", (*rw[:2], ((*one[:4], (b"x" * (PUSH_MAX + 1),)),))),
         ("results-no-executor", (rw[0], rw[2])),
     ]
-    return [
-        {
-            "name": name,
-            "valid": False,
-            "kind": "results",
-            "seed": seed("executor").hex(),
-            "error": "InvalidMessage",
-            "envelope": _resign("results", pack(wire), key("executor")).hex(),
-        }
-        for name, wire in cases
-    ]
+    return [_refused(name, "results", "executor", wire) for name, wire in cases]
 
 
 def withdraw_samples() -> list[tuple[str, str, Message]]:
@@ -625,28 +627,8 @@ def withdraw_invalid() -> list[dict[str, Any]]:
         ("withdraw-with-a-reason", "withdraw", "submitter", (*ww[:5], "withdrawn", ww[5])),
         ("release-reason-withdraw", "release", "executor", (*rw[:4], "withdraw", rw[5])),
     ]
-    out = [
-        {
-            "name": name,
-            "valid": False,
-            "kind": kind,
-            "seed": seed(key_name).hex(),
-            "error": "InvalidMessage",
-            "envelope": _resign(kind, pack(wire), key(key_name)).hex(),
-        }
-        for name, kind, key_name, wire in cases
-    ]
-    out.append(
-        {
-            "name": "withdraw-signed-by-the-executor",
-            "valid": False,
-            "kind": "withdraw",
-            "seed": seed("executor").hex(),
-            "error": "BadSignature",
-            "envelope": _resign("withdraw", pack(ww), key("executor")).hex(),
-        }
-    )
-    return out
+    out = [_refused(name, kind, key_name, wire) for name, kind, key_name, wire in cases]
+    return [*out, _refused("withdraw-signed-by-the-executor", "withdraw", "executor", ww, "BadSignature")]
 
 
 def assigns_samples() -> list[tuple[str, str, Message]]:
@@ -689,28 +671,8 @@ def assigns_invalid() -> list[dict[str, Any]]:
         ("assigns-expires-before-a-lease", (*aw[:4], one[2], aw[5])),
         ("assigns-no-expires", (*aw[:4], aw[5])),
     ]
-    out = [
-        {
-            "name": name,
-            "valid": False,
-            "kind": "assigns",
-            "seed": seed("submitter").hex(),
-            "error": "InvalidMessage",
-            "envelope": _resign("assigns", pack(wire), key("submitter")).hex(),
-        }
-        for name, wire in cases
-    ]
-    out.append(
-        {
-            "name": "assigns-signed-by-the-executor",
-            "valid": False,
-            "kind": "assigns",
-            "seed": seed("executor").hex(),
-            "error": "BadSignature",
-            "envelope": _resign("assigns", pack(aw), key("executor")).hex(),
-        }
-    )
-    return out
+    out = [_refused(name, "assigns", "submitter", wire) for name, wire in cases]
+    return [*out, _refused("assigns-signed-by-the-executor", "assigns", "executor", aw, "BadSignature")]
 
 
 def build() -> list[dict[str, Any]]:
