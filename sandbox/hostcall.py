@@ -18,6 +18,10 @@ callback:
   as it did through wasmtime-py's trampoline: parked in wasmtime-py's process-wide LAST_EXCEPTION slot
   and a trap returned, which wasmtime-py's call raises again (why runs are serialised: runner.py).
 
+The runner's one call into the guest, its `_start`, goes the same way (`call_start`): the export looked
+up by name and called unchecked, its type () -> () having been checked with the module's imports
+(runner.check_imports), instead of building every export and reading the type back.
+
 This reaches into wasmtime-py's private `_ffi` and `_func` modules, so it holds for the exact wasmtime
 version pinned in pyproject.toml; tests/sandbox/test_hostcall.py checks the pieces it relies on.
 """
@@ -53,6 +57,8 @@ _RAW_FIELD = {"i": f"i{RAW_SIZE - 4}x", "I": f"q{RAW_SIZE - 8}x"}
 """A parameter's slot in the raw array: an i32 or i64 at its start (little-endian, as wasmtime stores
 them), padding to the slot's size."""
 _MEMORY_NAME = b"memory"
+ENTRY = b"_start"
+_ENTRY_NAME = ctypes.create_string_buffer(ENTRY)
 
 
 class GuestMemory:
@@ -172,4 +178,21 @@ def define_all(linker: wasmtime.Linker, slot: Slot) -> list[Any]:
     return keep
 
 
-__all__ = ["RAW_SIZE", "GuestMemory", "Slot", "define_all"]
+def call_start(store: wasmtime.Store, instance: wasmtime.Instance) -> None:
+    """Run the instance's `_start` (a () -> () function: runner.check_imports made sure). Raises as
+    wasmtime-py's own call does: the exception a host function raised, a Trap or a WasmtimeError."""
+    context = store._context()
+    ext: Any = ffi.wasmtime_extern_t()
+    found = ffi.wasmtime_instance_export_get(
+        context, ctypes.byref(instance._instance), _ENTRY_NAME, len(ENTRY), ctypes.byref(ext)
+    )
+    if not found or ext.kind != ffi.WASMTIME_EXTERN_FUNC.value:
+        raise wasmtime.WasmtimeError("the module exports no _start function")
+    slot = (ffi.wasmtime_val_raw_t * 1)()
+    with wasmtime_func.enter_wasm(store) as trap:
+        error = ffi.wasmtime_func_call_unchecked(context, ctypes.byref(ext.of.func), slot, 0, trap)
+        if error:
+            raise wasmtime.WasmtimeError._from_ptr(error)
+
+
+__all__ = ["RAW_SIZE", "GuestMemory", "Slot", "call_start", "define_all"]

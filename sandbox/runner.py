@@ -376,9 +376,7 @@ def _run_locked(
         watchdog.arm(limits.wall_seconds, clock)
         try:
             instance = state.linker.instantiate(store, module)
-            entry = instance.exports(store)[ENTRY]
-            assert isinstance(entry, wasmtime.Func)
-            entry(store)
+            hostcall.call_start(store, instance)
             ending = _Ending(Status.EXITED, exit_code=0)
         except wasi.GuestExit as e:
             ending = _Ending(Status.EXITED, exit_code=e.code)
