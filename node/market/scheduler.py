@@ -131,10 +131,10 @@ class JobLate(Exception):
 
 
 NO_DEADLINE = 1 << 62
-AHEAD_MS = 50
+AHEAD_MS = 250
 """A run that held its worker at most this long is short; after SHORT_RUNS of them in a row each worker
 is handed its next job before it is free (`_ahead`), until a run is not short."""
-SHORT_RUNS = 3
+SHORT_RUNS = 2
 _ids = itertools.count()
 
 
