@@ -34,6 +34,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,6 +168,8 @@ class _Entry:
     """When its current pause began (None: not paused now)."""
     ahead: bool = False
     """Handed to the pool while every worker was busy: it waits there for the first one free."""
+    turn: trio.Event = field(default_factory=trio.Event)
+    """Set when every job given a worker before it has been handed to the pool (`_order`)."""
 
     def pause(self, now: int) -> None:
         self.paused = True
@@ -193,6 +196,9 @@ class Scheduler:
     _ready: trio.Event = field(default_factory=trio.Event)
     _waiting: list[_Entry] = field(default_factory=list)
     _running: set[_Entry] = field(default_factory=set)
+    _order: deque[_Entry] = field(default_factory=deque)
+    """Jobs given a worker and not yet handed to the pool, in the policy's order: the pool's queue takes
+    them in that order (their tasks may run in any)."""
     _changed: trio.Event = field(default_factory=trio.Event)
     _resumed: trio.Event = field(default_factory=trio.Event)
     completed: int = 0
@@ -328,6 +334,9 @@ class Scheduler:
             self._waiting.remove(entry)
             self._running.add(entry)
             entry.ahead = ahead
+            self._order.append(entry)
+            if self._order[0] is entry:
+                entry.turn.set()
             if entry.job is not None:
                 self.usage.charge(entry.job.submitter, entry.job.fuel, now)
                 entry.charged = True
@@ -386,6 +395,7 @@ class Scheduler:
                 raise JobExpired(
                     f"its deadline passed after {queued_at and self.clock() - queued_at} ms queued"
                 )
+            await _wait(entry.turn)
             await _wait(self._resumed)
             pool = self._pool
             if pool is None:
@@ -394,6 +404,7 @@ class Scheduler:
             entry.started_at = 0 if entry.ahead else started_at
             run = _Run(self, started_at, then, ahead=entry.ahead)
             entry.handle = run.submit(pool, spec, output_dir, streams_dir)
+            self._leave_order(entry)
             if self.suspended:
                 entry.pause(self.clock())
                 entry.handle.suspend()
@@ -417,6 +428,7 @@ class Scheduler:
         finally:
             if entry in self._waiting:
                 self._waiting.remove(entry)
+            self._leave_order(entry)
             self._running.discard(entry)
             self._dispatch()
         entry.unpause(finished_at)  # (a run that ended while paused: its pause ends with it)
@@ -434,6 +446,15 @@ class Scheduler:
         short = not entry.paused and finished_at - started_at <= self.ahead_ms
         self.short_runs = self.short_runs + 1 if short else 0
         return record
+
+    def _leave_order(self, entry: _Entry) -> None:
+        """The job is in the pool's hands (or will never be): the next in `_order` may go."""
+        if entry not in self._order:
+            return
+        first = self._order[0] is entry
+        self._order.remove(entry)
+        if first and self._order:
+            self._order[0].turn.set()
 
     def _refund(self, entry: _Entry) -> None:
         """A job charged its budget that ended with no result (stopped at its deadline, cancelled, or
