@@ -307,7 +307,7 @@ class _Slot:
                     job._finish(None, SandboxError(f"worker pool failure: {e}"))
                 with self._has_job:
                     self._job = None
-                self.pool._release(self)
+                self.pool._release(self, job)
         finally:
             if self.worker is not None:
                 self.worker.quit(timeout=2.0)
@@ -630,9 +630,9 @@ class WorkerPool:
         """Runs one job to its end on a worker (blocking). `timeout` bounds the wait for a free worker."""
         return self.start_job(spec, output_dir, timeout=timeout, streams_dir=streams_dir).wait()
 
-    def _release(self, slot: _Slot) -> None:
+    def _release(self, slot: _Slot, ended: JobHandle) -> None:
         with self._cond:
-            self._running = {j for j in self._running if not j.done()}
+            self._running.discard(ended)  # (not a scan of them all: a long queue made that quadratic)
             if self._closed:
                 return
             if self._queued:
