@@ -32,12 +32,12 @@ stopped (SIGSTOP ... SIGCONT, as a worker pool does to pause a job), the first s
 sees a large step and counts only MAX_STEP of it, so paused time does not count against
 wall_seconds. A caller with a better notion of "time the job held the CPU" passes its own `clock`.
 
-Engines and threads: one Linker and one watchdog thread per engine are built once and reused
-(instantiating a cached module then costs microseconds). Runs in one process are serialised by one
-lock, for two reasons: the epoch is engine-wide, and wasmtime-py hands an exception raised in a host
-function back to the caller through a single process-wide slot, so two guests stopping at once in
-two threads could swap their outcomes. Run jobs in parallel in separate processes (the worker pool
-does).
+Engines and threads: one Linker (its WASI functions linked by hostcall.py) and one watchdog thread per
+engine are built once and reused (instantiating a cached module then costs microseconds). Runs in one
+process are serialised by one lock, for two reasons: the epoch is engine-wide, and wasmtime-py hands
+an exception raised in a host function back to the caller through a single process-wide slot, so two
+guests stopping at once in two threads could swap their outcomes. Run jobs in parallel in separate
+processes (the worker pool does).
 """
 
 from __future__ import annotations

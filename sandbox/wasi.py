@@ -21,8 +21,9 @@ Deterministic by construction:
   new fds take the lowest free number above the preopens.
 - argv[0] is "job.wasm"; the environment is exactly the job's.
 
-Host functions run with the guest's memory as a ctypes view; every pointer and length coming from
-the guest is bounds-checked (EFAULT) before it is touched.
+Host functions run with the guest's memory as a ctypes view (hostcall.py links them into wasmtime and
+keeps the view current); every pointer and length coming from the guest is bounds-checked (EFAULT)
+before it is touched.
 """
 
 from __future__ import annotations
