@@ -598,9 +598,10 @@ class WorkerPool:
         """Like `start_job`, but never blocks: with every worker busy the job waits in the pool's queue
         for the next free one. `spec` may be a function that makes the spec: it is called in the
         worker's supervisor thread once the job has a worker (what it raises, wait() raises). Callbacks,
-        called with the handle in a pool thread, must be quick and must not call back into the pool's
-        waits: `on_sent` once the spec is made and sent to the worker (not for a job that ends before),
-        `on_done` once the job has ended, whatever the end (wait(0) then returns or raises at once)."""
+        called with the handle in a pool thread (or, for a job cancelled while in the queue, in the
+        thread that cancels it), must be quick and must not call back into the pool's waits: `on_sent`
+        once the spec is made and sent to the worker (not for a job that ends before), `on_done` once
+        the job has ended, whatever the end (wait(0) then returns or raises at once)."""
         if not (isinstance(spec, JobSpec) or callable(spec)):
             raise TypeError("spec must be a JobSpec or a function returning one")
         out = None if output_dir is None else Path(output_dir).absolute()

@@ -2,7 +2,9 @@
 
 `Scheduler.execute` enqueues one job and returns its RunRecord once it has run. Which waiting job
 starts when a worker comes free is the policy's choice (policy.pick: fair share across submitters,
-bounded slowdown, earliest deadline first among the jobs at risk), one per worker. A job whose
+bounded slowdown, earliest deadline first among the jobs at risk), one per worker; while runs are
+short, each worker's next job is picked when its current one starts and waits in the pool's queue
+(`_ahead`; docs/scheduling.md, "Short runs"). A job whose
 deadline passes while it waits never starts: `execute` raises JobExpired (at once: the queue watches the
 earliest deadline); a running job still running at its deadline is stopped and `execute` raises
 JobLate. The pool (sandbox/pool.py) is synchronous and never blocks `submit`; its supervisor thread makes
@@ -552,6 +554,7 @@ class _Run:
             scheduler.expired += 1
             raise JobExpired("its deadline passed while it waited for a worker")
         scheduler.stopped_late += 1
+        scheduler.calibration = scheduler.calibration.missed()
         raise JobLate("it was still running at its deadline")
 
     async def wait_done(self, handle: Handle, deadline: int) -> tuple[RunResult, int, object]:
