@@ -140,6 +140,9 @@ class JobHandle:
         self._suspended_at: float | None = None
         self._paused_total = 0.0
         self._cancelled = False
+        self._assigned = False
+        self._pool: WorkerPool | None = None
+        """The pool while the job waits in its queue (WorkerPool.submit with every worker busy)."""
 
     @property
     def pid(self) -> int | None:
@@ -154,6 +157,13 @@ class JobHandle:
 
     def done(self) -> bool:
         return self._done.is_set()
+
+    @property
+    def assigned(self) -> bool:
+        """Whether a worker has been chosen for the job (it may have begun to run). A job cancelled while
+        this is False never runs; one cancelled after is stopped by killing its worker."""
+        with self._lock:
+            return self._assigned
 
     def wait_started(self, timeout: float | None = None) -> bool:
         """True once the module is compiled or loaded and the guest runs (or the job has ended)."""
@@ -191,16 +201,20 @@ class JobHandle:
             self._worker.signal(signal.SIGCONT)
 
     def cancel(self) -> None:
-        """Ends the job now (its worker is killed and replaced); wait() then returns trap `cancelled`."""
+        """Ends the job now (its worker is killed and replaced; a job still in the pool's queue is taken
+        out of it); wait() then returns trap `cancelled`."""
         with self._lock:
             if self._done.is_set():
                 return
             self._cancelled = True
             if self._worker is not None:
                 self._worker.signal(signal.SIGKILL)
-            slot = self._slot
+            slot, pool = self._slot, self._pool
         if slot is not None:
             slot.wake()
+        elif pool is not None and pool._unqueue(self):
+            limits = Limits() if self.spec is None else self.spec.limits
+            self._finish(_host_result(limits, CANCELLED, "cancelled before it started", 0.0))
 
     def wait(self, timeout: float | None = None) -> RunResult:
         """The job's result. Raises TimeoutError if it has not ended within `timeout` seconds, the
@@ -293,7 +307,7 @@ class _Slot:
                     job._finish(None, SandboxError(f"worker pool failure: {e}"))
                 with self._has_job:
                     self._job = None
-                self.pool._release(self)
+                self.pool._release(self, job)
         finally:
             if self.worker is not None:
                 self.worker.quit(timeout=2.0)
@@ -332,7 +346,7 @@ class _Slot:
             with job._lock:
                 cancelled = job._cancelled
                 if not cancelled:
-                    job._worker, job._slot = worker, self
+                    job._worker, job._slot, job._assigned = worker, self, True
                     if job._suspended_at is not None:
                         worker.signal(signal.SIGSTOP)
             if cancelled:
@@ -584,9 +598,10 @@ class WorkerPool:
         """Like `start_job`, but never blocks: with every worker busy the job waits in the pool's queue
         for the next free one. `spec` may be a function that makes the spec: it is called in the
         worker's supervisor thread once the job has a worker (what it raises, wait() raises). Callbacks,
-        called with the handle in a pool thread, must be quick and must not call back into the pool's
-        waits: `on_sent` once the spec is made and sent to the worker (not for a job that ends before),
-        `on_done` once the job has ended, whatever the end (wait(0) then returns or raises at once)."""
+        called with the handle in a pool thread (or, for a job cancelled while in the queue, in the
+        thread that cancels it), must be quick and must not call back into the pool's waits: `on_sent`
+        once the spec is made and sent to the worker (not for a job that ends before), `on_done` once
+        the job has ended, whatever the end (wait(0) then returns or raises at once)."""
         if not (isinstance(spec, JobSpec) or callable(spec)):
             raise TypeError("spec must be a JobSpec or a function returning one")
         out = None if output_dir is None else Path(output_dir).absolute()
@@ -597,6 +612,7 @@ class WorkerPool:
             job = JobHandle(next(self._ids), spec, out, streams, on_sent, on_done)
             self._running.add(job)
             if not self._free:
+                job._pool = self
                 self._queued.append(job)
                 return job
             slot = self._free.pop()
@@ -615,18 +631,28 @@ class WorkerPool:
         """Runs one job to its end on a worker (blocking). `timeout` bounds the wait for a free worker."""
         return self.start_job(spec, output_dir, timeout=timeout, streams_dir=streams_dir).wait()
 
-    def _release(self, slot: _Slot) -> None:
+    def _release(self, slot: _Slot, ended: JobHandle) -> None:
         with self._cond:
-            self._running = {j for j in self._running if not j.done()}
+            self._running.discard(ended)  # (not a scan of them all: a long queue made that quadratic)
             if self._closed:
                 return
             if self._queued:
                 job = self._queued.popleft()
-                job._slot = slot
+                job._pool, job._slot = None, slot
                 slot.submit(job)  # straight to the slot: it never looks free to start_job meanwhile
                 return
             self._free.append(slot)
             self._cond.notify()
+
+    def _unqueue(self, job: JobHandle) -> bool:
+        """Takes a job out of the queue; False if it is not there (a slot took it meanwhile)."""
+        with self._cond:
+            try:
+                self._queued.remove(job)
+            except ValueError:
+                return False
+            self._running.discard(job)
+            return True
 
     def close(self, timeout: float = 10.0) -> None:
         """Cancels running jobs, stops every worker, and joins the supervisor threads."""

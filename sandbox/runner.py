@@ -32,12 +32,12 @@ stopped (SIGSTOP ... SIGCONT, as a worker pool does to pause a job), the first s
 sees a large step and counts only MAX_STEP of it, so paused time does not count against
 wall_seconds. A caller with a better notion of "time the job held the CPU" passes its own `clock`.
 
-Engines and threads: one Linker and one watchdog thread per engine are built once and reused
-(instantiating a cached module then costs microseconds). Runs in one process are serialised by one
-lock, for two reasons: the epoch is engine-wide, and wasmtime-py hands an exception raised in a host
-function back to the caller through a single process-wide slot, so two guests stopping at once in
-two threads could swap their outcomes. Run jobs in parallel in separate processes (the worker pool
-does).
+Engines and threads: one Linker (its WASI functions linked by hostcall.py) and one watchdog thread per
+engine are built once and reused (instantiating a cached module then costs microseconds). Runs in one
+process are serialised by one lock, for two reasons: the epoch is engine-wide, and wasmtime-py hands
+an exception raised in a host function back to the caller through a single process-wide slot, so two
+guests stopping at once in two threads could swap their outcomes. Run jobs in parallel in separate
+processes (the worker pool does).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import wasmtime
 
-from . import wasi
+from . import hostcall, wasi
 from .errors import InvalidModule, JobSpecError, SandboxError
 from .job import MAX_MODULE_BYTES, JobSpec
 from .limits import REVERIFIABLE, WASM_PAGE, Limits, RunResult, Status
@@ -81,8 +81,10 @@ if TYPE_CHECKING:
 @dataclass
 class _EngineState:
     linker: wasmtime.Linker
-    slot: wasi.Slot
+    slot: hostcall.Slot
     watchdog: _Watchdog
+    callbacks: list[object]
+    """The host functions' ctypes callbacks, alive as long as the linker that calls them."""
 
 
 _STATES: weakref.WeakKeyDictionary[wasmtime.Engine, _EngineState] = weakref.WeakKeyDictionary()
@@ -104,9 +106,9 @@ def _state(engine: wasmtime.Engine) -> _EngineState:
         st = _STATES.get(engine)
         if st is None:
             linker = wasmtime.Linker(engine)
-            slot = wasi.Slot()
-            wasi.define_all(linker, slot)
-            st = _EngineState(linker, slot, _Watchdog(engine))
+            slot = hostcall.Slot()
+            callbacks = hostcall.define_all(linker, slot)
+            st = _EngineState(linker, slot, _Watchdog(engine), callbacks)
             _STATES[engine] = st
         return st
 
@@ -370,13 +372,11 @@ def _run_locked(
         )
         store.set_fuel(limits.fuel)
         store.set_epoch_deadline(1)
-        state.slot.ctx = ctx
+        guest_memory = state.slot.start(ctx)
         watchdog.arm(limits.wall_seconds, clock)
         try:
             instance = state.linker.instantiate(store, module)
-            entry = instance.exports(store)[ENTRY]
-            assert isinstance(entry, wasmtime.Func)
-            entry(store)
+            hostcall.call_start(store, instance)
             ending = _Ending(Status.EXITED, exit_code=0)
         except wasi.GuestExit as e:
             ending = _Ending(Status.EXITED, exit_code=e.code)
@@ -391,11 +391,11 @@ def _run_locked(
                 Status.TRAP, trap="host_error", message=f"{type(e).__name__}: {e}", host_fault=True
             )
         finally:
-            state.slot.ctx = None
+            state.slot.end()
             elapsed, fired = watchdog.disarm()
         if fired and ending.status is Status.TRAP and ending.trap == "interrupt":
             ending = _Ending(Status.TIMEOUT, message=f"wall-clock limit of {limits.wall_seconds:g} s reached")
-        peak = _memory_size(store, instance, ctx)
+        peak = _memory_size(store, instance, guest_memory)
         if ending.status is Status.TRAP and not ending.host_fault and peak + WASM_PAGE > limits.memory_bytes:
             ending = _Ending(
                 Status.MEMORY_LIMIT,
@@ -405,7 +405,7 @@ def _run_locked(
         # wasmtime under-reports fuel after an epoch stop: a timeout is charged its whole budget.
         fuel_used = limits.fuel if ending.status is Status.TIMEOUT else limits.fuel - store.get_fuel()
     finally:
-        state.slot.ctx = None
+        state.slot.end()
         ctx.close()
         store.close()
 
@@ -478,9 +478,11 @@ def _classify_error(text: str) -> _Ending:
     return _Ending(Status.TRAP, trap="instantiation", message=message)
 
 
-def _memory_size(store: wasmtime.Store, instance: wasmtime.Instance | None, ctx: wasi.Context) -> int:
+def _memory_size(
+    store: wasmtime.Store, instance: wasmtime.Instance | None, guest_memory: hostcall.GuestMemory
+) -> int:
     """Bytes of linear memory at the end (memory never shrinks, so this is the peak)."""
-    mem = ctx.memory
+    mem = guest_memory.as_wasmtime()
     if mem is None and instance is not None:
         mem = next((x for x in instance.exports(store).by_index if isinstance(x, wasmtime.Memory)), None)
     return mem.data_len(store) if mem is not None else 0

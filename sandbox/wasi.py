@@ -21,8 +21,9 @@ Deterministic by construction:
   new fds take the lowest free number above the preopens.
 - argv[0] is "job.wasm"; the environment is exactly the job's.
 
-Host functions run with the guest's memory as a ctypes view; every pointer and length coming from
-the guest is bounds-checked (EFAULT) before it is touched.
+Host functions run with the guest's memory as a ctypes view (hostcall.py links them into wasmtime and
+keeps the view current); every pointer and length coming from the guest is bounds-checked (EFAULT)
+before it is touched.
 """
 
 from __future__ import annotations
@@ -147,13 +148,14 @@ class Fault(Exception):
 
 
 class Memory:
-    """Bounds-checked access to the guest's linear memory for the length of one host call."""
+    """Bounds-checked access to the guest's linear memory: `size` bytes from address `base` (both 0 when
+    the guest exports no memory), valid for the host call it is given to (hostcall.py keeps them current)."""
 
     __slots__ = ("base", "size")
 
-    def __init__(self, caller: wasmtime.Caller, mem: wasmtime.Memory | None) -> None:
-        self.size = mem.data_len(caller) if mem is not None else 0
-        self.base = ctypes.addressof(mem.data_ptr(caller).contents) if mem is not None and self.size else 0
+    def __init__(self, base: int, size: int) -> None:
+        self.base = base
+        self.size = size
 
     def _check(self, ptr: int, n: int) -> int:
         ptr &= _U32
@@ -291,7 +293,6 @@ class Context:
         self.clock_ns = 0
         self.rng_counter = 0
         self.rng_buf = b""
-        self.memory: wasmtime.Memory | None = None
         self.stdin = stdin
         if stdin is not None:
             self.host.acquire(stdin)
@@ -306,12 +307,6 @@ class Context:
 
     def close(self) -> None:
         self.host.close_all()
-
-    def mem(self, caller: wasmtime.Caller) -> Memory:
-        if self.memory is None:
-            m = caller.get("memory")
-            self.memory = m if isinstance(m, wasmtime.Memory) else None
-        return Memory(caller, self.memory)
 
     def fd(self, fd: int, right: int = 0) -> Open:
         """The open fd, with `right` unless the guest dropped it (EBADF, ENOTCAPABLE)."""
@@ -1043,35 +1038,6 @@ def sock_send(ctx: Context, m: Memory, fd: int, data: int, data_len: int, flags:
 def sock_shutdown(ctx: Context, m: Memory, fd: int, how: int) -> int:
     ctx.fd(fd)
     return E.NOTSOCK
-
-
-# -- linking -------------------------------------------------------------------------------------
-
-
-class Slot:
-    """Which run's Context the linker's functions serve right now (one run per engine at a time)."""
-
-    ctx: Context | None = None
-
-
-def _bind(slot: Slot, fn: Handler, has_result: bool) -> Handler:
-    def host(caller: wasmtime.Caller, *args: int) -> int | None:
-        ctx = slot.ctx
-        if ctx is None:
-            raise RuntimeError("WASI function called outside a run")
-        try:
-            return int(fn(ctx, ctx.mem(caller), *args)) if has_result else fn(ctx, None, *args)
-        except Errno as e:
-            return int(e.code)
-        except Fault:
-            return int(E.FAULT)
-
-    return host
-
-
-def define_all(linker: wasmtime.Linker, slot: Slot) -> None:
-    for name, (_, has_result, fn) in FUNCTIONS.items():
-        linker.define_func(MODULE, name, func_type(name), _bind(slot, fn, has_result), access_caller=True)
 
 
 SIGNATURES: dict[str, tuple[str, bool]] = {n: (p, r) for n, (p, r, _) in FUNCTIONS.items()}

@@ -102,7 +102,12 @@ def read_frame(inp: BinaryIO) -> list[Any] | None:
 
 
 def _read_exact(inp: BinaryIO, n: int, *, eof_ok: bool) -> bytes | None:
-    buf = bytearray()
+    first = inp.read(n)  # a buffered pipe gives all n bytes at once unless the stream ends
+    if len(first) == n:
+        return first
+    buf = bytearray(first)
+    if not first and eof_ok:
+        return None
     while len(buf) < n:
         chunk = inp.read(n - len(buf))
         if not chunk:

@@ -2,7 +2,9 @@
 
 `Scheduler.execute` enqueues one job and returns its RunRecord once it has run. Which waiting job
 starts when a worker comes free is the policy's choice (policy.pick: fair share across submitters,
-bounded slowdown, earliest deadline first among the jobs at risk), one per worker. A job whose
+bounded slowdown, earliest deadline first among the jobs at risk), one per worker; while runs are
+short, each worker's next job is picked when its current one starts and waits in the pool's queue
+(`_ahead`; docs/scheduling.md, "Short runs"). A job whose
 deadline passes while it waits never starts: `execute` raises JobExpired (at once: the queue watches the
 earliest deadline); a running job still running at its deadline is stopped and `execute` raises
 JobLate. The pool (sandbox/pool.py) is synchronous and never blocks `submit`; its supervisor thread makes
@@ -34,6 +36,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +55,8 @@ log = logging.getLogger("e31.scheduler")
 
 class Handle(Protocol):
     def done(self) -> bool: ...
+    @property
+    def assigned(self) -> bool: ...
     def suspend(self) -> None: ...
     def resume(self) -> None: ...
     def cancel(self) -> None: ...
@@ -129,6 +134,10 @@ class JobLate(Exception):
 
 
 NO_DEADLINE = 1 << 62
+AHEAD_MS = 250
+"""A run that held its worker at most this long is short; after SHORT_RUNS of them in a row each worker
+is handed its next job before it is free (`_ahead`), until a run is not short."""
+SHORT_RUNS = 2
 _ids = itertools.count()
 
 
@@ -159,6 +168,10 @@ class _Entry:
     """Time it was paused while it held its worker, up to `paused_since` (the meter: not billed)."""
     paused_since: int | None = None
     """When its current pause began (None: not paused now)."""
+    ahead: bool = False
+    """Handed to the pool while every worker was busy: it waits there for the first one free."""
+    turn: trio.Event = field(default_factory=trio.Event)
+    """Set when every job given a worker before it has been handed to the pool (`_order`)."""
 
     def pause(self, now: int) -> None:
         self.paused = True
@@ -185,6 +198,9 @@ class Scheduler:
     _ready: trio.Event = field(default_factory=trio.Event)
     _waiting: list[_Entry] = field(default_factory=list)
     _running: set[_Entry] = field(default_factory=set)
+    _order: deque[_Entry] = field(default_factory=deque)
+    """Jobs given a worker and not yet handed to the pool, in the policy's order: the pool's queue takes
+    them in that order (their tasks may run in any)."""
     _changed: trio.Event = field(default_factory=trio.Event)
     _resumed: trio.Event = field(default_factory=trio.Event)
     completed: int = 0
@@ -192,6 +208,9 @@ class Scheduler:
     """Jobs whose deadline passed before they started (never started)."""
     stopped_late: int = 0
     """Jobs stopped at their deadline."""
+    ahead_ms: int = AHEAD_MS
+    short_runs: int = 0
+    """Runs in a row, up to the last one, that held their worker at most `ahead_ms`."""
 
     def __post_init__(self) -> None:
         if self.workers < 0:
@@ -308,18 +327,38 @@ class Scheduler:
             entry.go.set()
         if not self._ready.is_set() or self.suspended:
             return
-        while self._waiting and len(self._running) < self.workers:
-            others = self.slots(now)[:-1]  # every core but the free one the pick is for
-            task = pick([e.task for e in self._waiting], others, now, self.usage, self.weights)
+        while self._waiting and len(self._running) < self.workers + self._ahead():
+            ahead = len(self._running) >= self.workers
+            task = pick([e.task for e in self._waiting], self._others(now), now, self.usage, self.weights)
             if task is None:
                 return
             entry = next(e for e in self._waiting if e.task is task)
             self._waiting.remove(entry)
             self._running.add(entry)
+            entry.ahead = ahead
+            self._order.append(entry)
+            if self._order[0] is entry:
+                entry.turn.set()
             if entry.job is not None:
                 self.usage.charge(entry.job.submitter, entry.job.fuel, now)
                 entry.charged = True
             entry.go.set()
+
+    def _ahead(self) -> int:
+        """Jobs handed to the pool beyond its workers: one per worker while runs are short (a worker then
+        goes from one job to the next without a round trip through this loop), none otherwise. Such a
+        job is chosen by the policy up to one short run early; it counts as having a worker (a withdraw
+        leaves it alone: it starts within about AHEAD_MS), and is cancelled like any other."""
+        return self.workers if self.short_runs >= SHORT_RUNS else 0
+
+    def _others(self, now: int) -> list[Slot]:
+        """The cores other than the one the next pick is for: every core but a free one, or, when every
+        worker is busy (a pick ahead), every core but the one expected to be free first."""
+        slots = self.slots(now)
+        if len(self._running) < self.workers:
+            return slots[:-1]
+        ends = sorted(s.free_at for s in slots)[len(slots) - self.workers + 1 :]
+        return [Slot(end) for end in ends]
 
     async def execute(
         self,
@@ -358,17 +397,24 @@ class Scheduler:
                 raise JobExpired(
                     f"its deadline passed after {queued_at and self.clock() - queued_at} ms queued"
                 )
+            await _wait(entry.turn)
             await _wait(self._resumed)
             pool = self._pool
             if pool is None:
                 raise trio.ClosedResourceError("the scheduler has stopped")
-            started_at = entry.started_at = max(self.clock(), queued_at)
-            run = _Run(self, started_at, then)
+            started_at = max(self.clock(), queued_at)
+            entry.started_at = 0 if entry.ahead else started_at
+            run = _Run(self, started_at, then, ahead=entry.ahead)
             entry.handle = run.submit(pool, spec, output_dir, streams_dir)
+            self._leave_order(entry)
             if self.suspended:
                 entry.pause(self.clock())
                 entry.handle.suspend()
-            await run.wait_sent(entry.handle)
+            if entry.ahead:  # it waits in the pool for a worker: it starts when it is sent
+                await run.wait_sent(entry.handle, task.deadline)
+                started_at = entry.started_at = run.started_at
+            else:
+                await run.wait_sent(entry.handle)
             if run.sent and on_start is not None:
                 try:
                     on_start(started_at)
@@ -384,6 +430,7 @@ class Scheduler:
         finally:
             if entry in self._waiting:
                 self._waiting.remove(entry)
+            self._leave_order(entry)
             self._running.discard(entry)
             self._dispatch()
         entry.unpause(finished_at)  # (a run that ended while paused: its pause ends with it)
@@ -398,7 +445,18 @@ class Scheduler:
             self.usage.charge(job.submitter, min(result.fuel_used, job.fuel) - job.fuel, finished_at)
         if job is not None and not entry.paused:  # a paused run's elapsed time says nothing of the rate
             self.calibration = self.calibration.ran(job.profile, result.fuel_used, finished_at - started_at)
+        short = not entry.paused and finished_at - started_at <= self.ahead_ms
+        self.short_runs = self.short_runs + 1 if short else 0
         return record
+
+    def _leave_order(self, entry: _Entry) -> None:
+        """The job is in the pool's hands (or will never be): the next in `_order` may go."""
+        if entry not in self._order:
+            return
+        first = self._order[0] is entry
+        self._order.remove(entry)
+        if first and self._order:
+            self._order[0].turn.set()
 
     def _refund(self, entry: _Entry) -> None:
         """A job charged its budget that ended with no result (stopped at its deadline, cancelled, or
@@ -420,10 +478,17 @@ class _Run:
     sent and that the run ended (calling `then` first) through the trio token, no thread hop."""
 
     def __init__(
-        self, scheduler: Scheduler, started_at: int, then: Callable[[RunResult], object] | None
+        self,
+        scheduler: Scheduler,
+        started_at: int,
+        then: Callable[[RunResult], object] | None,
+        *,
+        ahead: bool = False,
     ) -> None:
         self._scheduler = scheduler
-        self._started_at = started_at
+        self.started_at = started_at
+        """When the run started: given, or for a job handed ahead, when the pool sent it to a worker."""
+        self._ahead = ahead
         self._then = then
         self._token = trio.lowlevel.current_trio_token()
         self._sent = trio.Event()
@@ -452,13 +517,15 @@ class _Run:
         self._ended.set()
 
     def _on_sent(self, handle: Handle) -> None:  # in the pool's thread
+        if self._ahead:
+            self.started_at = max(self._scheduler.clock(), self.started_at)
         self.sent = True
         self._wake(self._sent.set)
 
     def _on_done(self, handle: Handle) -> None:  # in the pool's thread
         try:
             result = handle.wait(0)
-            finished_at = max(self._scheduler.clock(), self._started_at)  # before `then` works on it
+            finished_at = max(self._scheduler.clock(), self.started_at)  # before `then` works on it
             with self._then_lock:
                 then = None if self.abandoned else self._then
             self._outcome = (result, finished_at, None if then is None else then(result))
@@ -466,13 +533,29 @@ class _Run:
             self._outcome = e
         self._wake(self._ended_in_trio)  # one wake-up of the event loop for both
 
-    async def wait_sent(self, handle: Handle) -> None:
+    async def wait_sent(self, handle: Handle, deadline: int = NO_DEADLINE) -> None:
+        """Until the spec is sent (or the job ended before). With a deadline (a job waiting in the pool
+        for a worker), one not given a worker by then is taken out: JobExpired, as if it had waited in
+        the queue; one given a worker just then is stopped: JobLate."""
+        scheduler = self._scheduler
+        timeout = math.inf if deadline >= NO_DEADLINE else max(0.0, (deadline - scheduler.clock()) / 1000)
         try:
-            await self._sent.wait()
+            with trio.move_on_after(timeout):
+                await self._sent.wait()
+                return
         except trio.Cancelled:
             self.abandoned = True
             handle.cancel()
             raise
+        with self._then_lock:
+            self.abandoned = True
+        handle.cancel()
+        if not handle.assigned:
+            scheduler.expired += 1
+            raise JobExpired("its deadline passed while it waited for a worker")
+        scheduler.stopped_late += 1
+        scheduler.calibration = scheduler.calibration.missed()
+        raise JobLate("it was still running at its deadline")
 
     async def wait_done(self, handle: Handle, deadline: int) -> tuple[RunResult, int, object]:
         scheduler = self._scheduler

@@ -120,3 +120,19 @@ def test_close_ends_jobs_still_waiting_in_the_queue(tmp_path: Path) -> None:
     seen.wait_done(4)
     assert {h.wait(0).trap for h in (running, *waiting)} == {CANCELLED}
     assert all(h.wait(0).message.startswith("cancelled before it started") for h in waiting)
+
+
+def test_a_queued_job_cancelled_leaves_the_queue_at_once_and_never_runs(tmp_path: Path) -> None:
+    seen = Seen()
+    with WorkerPool(1, tmp_path / "cache") as pool:
+        busy = pool.submit(JobSpec(SPIN, limits=Limits(wall_seconds=600.0)))
+        assert busy.wait_started(60) and busy.assigned
+        queued = pool.submit(JobSpec(ECHO, args=("never",)), on_sent=seen.sent, on_done=seen.done)
+        assert not queued.assigned
+        queued.cancel()
+        result = queued.wait(0)  # ended at once, while the worker still runs the first job
+        assert (result.status, result.trap) == (Status.TRAP, CANCELLED) and not busy.done()
+        after = pool.submit(JobSpec(ECHO, args=("next",)))
+        busy.cancel()
+        assert after.wait(60).stdout == b"next\n"  # the queue goes on with the next job
+    assert [kind for kind, _, _ in seen.events] == ["done"]  # never sent

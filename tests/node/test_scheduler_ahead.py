@@ -1,0 +1,117 @@
+"""Jobs handed to the pool ahead of a free worker while runs are short (Scheduler.ahead_ms, SHORT_RUNS):
+they start in the policy's order, are cancelled without touching the running job, and one whose deadline
+passes while it waits for a worker never starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+from e31.node.market.scheduler import SHORT_RUNS, JobExpired, JobInfo, Scheduler, wall_ms
+from e31.sandbox.job import JobSpec
+from e31.sandbox.limits import Limits, Status
+from e31.sandbox.pool import WorkerPool
+from e31.sandbox.runner import wat_to_wasm
+from market_nodes import until
+
+WORKLOADS = Path(__file__).resolve().parents[2] / "sandbox" / "workloads"
+LOOP = wat_to_wasm('(module (func (export "_start") (loop (br 0))))')
+ECHO = (WORKLOADS / "echo.wasm").read_bytes()
+
+
+def echo(word: str) -> JobSpec:
+    return JobSpec(module=ECHO, args=(word,))
+
+
+@pytest.fixture
+async def scheduler(tmp_path: Path, nursery: trio.Nursery) -> Scheduler:
+    s = Scheduler(1, lambda: WorkerPool(1, tmp_path / "cache"), ahead_ms=60_000)  # every run counts short
+    await nursery.start(s.run)
+    for i in range(SHORT_RUNS):  # short runs in a row: from now on a job is handed ahead
+        record = await s.execute(echo(str(i)), tmp_path / f"warm{i}", estimate_ms=1)
+        assert record.result.status is Status.EXITED
+    assert s.short_runs >= SHORT_RUNS
+    return s
+
+
+async def test_jobs_handed_ahead_start_in_arrival_order_each_after_the_last_ended(
+    scheduler: Scheduler, tmp_path: Path
+) -> None:
+    records = {}
+    held: list[int] = []  # jobs the scheduler had given a worker or handed ahead, as each one started
+
+    async def one(i: int) -> None:
+        records[i] = await scheduler.execute(
+            echo(str(i)),
+            tmp_path / f"out{i}",
+            estimate_ms=1,
+            on_start=lambda at: held.append(len(scheduler._running)),
+        )
+
+    scheduler.suspend()  # all of them queued before any starts
+    async with trio.open_nursery() as n:
+        for i in range(6):
+            n.start_soon(one, i)
+            await trio.sleep(0.01)
+        await until(lambda: scheduler.queue_length == 6, 30)
+        scheduler.resume()
+    assert max(held) == 2  # one running, the next waiting in the pool
+    assert [records[i].result.stdout for i in range(6)] == [b"%d\n" % i for i in range(6)]
+    for i in range(1, 6):
+        assert records[i].started_at >= records[i - 1].finished_at
+        assert records[i].queued_at <= records[i].started_at <= records[i].finished_at
+
+
+async def test_a_job_ahead_cancelled_never_runs_and_the_running_one_goes_on(
+    scheduler: Scheduler, tmp_path: Path
+) -> None:
+    started: list[str] = []
+    long_done: list[Status] = []
+
+    async def long() -> None:
+        spec = JobSpec(LOOP, limits=Limits(wall_seconds=1.0))
+        record = await scheduler.execute(
+            spec, tmp_path / "long", estimate_ms=1, on_start=lambda at: started.append("long")
+        )
+        long_done.append(record.result.status)
+
+    async with trio.open_nursery() as n:
+        n.start_soon(long)
+        await until(lambda: started == ["long"], 30)
+        with trio.move_on_after(0.2) as scope:
+            await scheduler.execute(
+                echo("never"), tmp_path / "ahead", estimate_ms=1, on_start=lambda at: started.append("ahead")
+            )
+        assert scope.cancelled_caught
+    assert started == ["long"] and long_done == [Status.TIMEOUT]  # ran to its own wall limit
+    record = await scheduler.execute(echo("after"), tmp_path / "after", estimate_ms=1)
+    assert record.result.stdout == b"after\n"
+
+
+async def test_a_job_ahead_whose_deadline_passes_behind_a_long_run_never_starts(
+    scheduler: Scheduler, tmp_path: Path
+) -> None:
+    started: list[str] = []
+
+    async def long() -> None:
+        spec = JobSpec(LOOP, limits=Limits(wall_seconds=600.0))
+        await scheduler.execute(
+            spec, tmp_path / "long", estimate_ms=1, on_start=lambda at: started.append("long")
+        )
+
+    async with trio.open_nursery() as n:
+        n.start_soon(long)
+        await until(lambda: started == ["long"], 30)
+        deadline = wall_ms() + 300
+        job = JobInfo(b"short", b"S", deadline, 10**8, 30_000, b"p" * 32)
+        with pytest.raises(JobExpired):
+            await scheduler.execute(
+                echo("late"),
+                tmp_path / "short",
+                estimate_ms=1,
+                job=job,
+                on_start=lambda at: started.append("short"),
+            )
+        assert wall_ms() >= deadline and started == ["long"] and scheduler.expired == 1
+        n.cancel_scope.cancel()
