@@ -19,7 +19,9 @@ measured here from `suspend` to `resume`), which its receipt's meter records (me
 
 Calibration: each run teaches the policy's Calibration its profile's fuel rate (fuel over the time the
 run held its worker, not counting a pause) and the safety margin; a job stopped at its deadline raises
-the margin. Bids (bidding.py) plan with `promised()` and `slots()`.
+the margin. Each run also teaches `history` the fuel its module used (history.py): a job of a module
+run here often enough is estimated at what its module's runs use, with headroom, not at its budget
+(`estimate_ms` with the module's root). Bids (bidding.py) plan with `promised()` and `slots()`.
 
 `suspend()` and `resume()` pause and continue every running job and hold back new ones (the
 owner of the machine needs it back); `backlog_ms` and `queue_length` feed the bid estimates.
@@ -42,9 +44,10 @@ from typing import Protocol
 import trio
 from e31.protocol.jobs import JobManifest
 from e31.sandbox.job import JobSpec
-from e31.sandbox.limits import RunResult
+from e31.sandbox.limits import RunResult, Status
 
 from .. import metrics
+from .history import History
 from .policy import Calibration, Slot, Task, Usage, pick
 
 log = logging.getLogger("e31.scheduler")
@@ -106,6 +109,8 @@ class JobInfo:
     fuel: int
     wall_ms: int
     profile: bytes
+    module: bytes = b""
+    """Its module's blob root (empty: unknown; the estimate is then its budget's)."""
 
     @classmethod
     def of(cls, manifest: JobManifest) -> JobInfo:
@@ -117,6 +122,7 @@ class JobInfo:
             lim.fuel,
             lim.wall_ms,
             manifest.profile.raw,
+            manifest.module.root.raw,
         )
 
 
@@ -169,6 +175,9 @@ class Scheduler:
     """Builds the worker pool (blocking: it starts processes); called in a thread when the service starts."""
     clock: Callable[[], int] = wall_ms
     calibration: Calibration = field(default_factory=Calibration)
+    history: History = field(default_factory=History)
+    """The fuel each module's recent runs used here (per profile): a known module's jobs are estimated
+    at that, with headroom, rather than at their budget."""
     weights: dict[bytes, float] = field(default_factory=dict)
     """Fair-share weight per submitter (1 for any not named)."""
     usage: Usage = field(default_factory=Usage)
@@ -183,6 +192,8 @@ class Scheduler:
     """Jobs whose deadline passed before they started (never started)."""
     stopped_late: int = 0
     """Jobs stopped at their deadline."""
+    fuel_misses: int = 0
+    """Runs that used more fuel than their module's history planned them for."""
 
     def __post_init__(self) -> None:
         if self.workers < 0:
@@ -257,8 +268,17 @@ class Scheduler:
         busy += [Slot(now + e.task.estimate_ms) for e in self._running if not e.started_at]
         return busy + [Slot(now)] * max(0, self.workers - len(self._running))
 
-    def estimate_ms(self, profile: bytes, fuel: int, wall_ms: int) -> int:
+    def estimate_ms(self, profile: bytes, fuel: int, wall_ms: int, module: bytes = b"") -> int:
+        """How long a job may hold a core (policy.Calibration.estimate_ms) for the fuel it is planned
+        for: its budget `fuel`, or less when its `module` (blob root) has run here often enough."""
+        if module:
+            fuel = self.history.fuel(profile, module, fuel)
         return self.calibration.estimate_ms(profile, fuel, wall_ms)
+
+    def learn(self, job: JobInfo, fuel_used: int) -> None:
+        """Teach the history the fuel a run of the job's module used."""
+        if job.module and self.history.ran(job.profile, job.module, fuel_used):
+            self.fuel_misses += 1
 
     @property
     def suspended(self) -> bool:
@@ -332,7 +352,7 @@ class Scheduler:
         if job is None:
             task = Task(b"~%d" % next(_ids), b"", NO_DEADLINE, max(1, estimate_ms), queued_at)
         else:
-            est = self.calibration.estimate_ms(job.profile, job.fuel, job.wall_ms)
+            est = self.estimate_ms(job.profile, job.fuel, job.wall_ms, job.module)
             task = Task(job.key, job.submitter, job.deadline, est, queued_at, job.fuel)
         entry = _Entry(estimate_ms, task, job)
         self._waiting.append(entry)
@@ -364,7 +384,9 @@ class Scheduler:
                     raise
             entry.running = True
             result, finished_at, after = await run.wait_done(entry.handle, task.deadline)
-        except BaseException:
+        except BaseException as e:
+            if isinstance(e, JobLate) and job is not None:  # it may have needed its whole budget
+                self.learn(job, job.fuel)
             self._refund(entry)
             raise
         finally:
@@ -382,6 +404,8 @@ class Scheduler:
         metrics.QUEUE_WAIT.observe((started_at - queued_at) / 1000)
         if job is not None:  # its submitter was charged the budget at the start: now what it used
             self.usage.charge(job.submitter, min(result.fuel_used, job.fuel) - job.fuel, finished_at)
+        if job is not None:  # a run stopped by the wall clock used an unknown count: count its budget
+            self.learn(job, result.fuel_limit if result.status is Status.TIMEOUT else result.fuel_used)
         if job is not None and not entry.paused:  # a paused run's elapsed time says nothing of the rate
             self.calibration = self.calibration.ran(job.profile, result.fuel_used, finished_at - started_at)
         return record

@@ -1,0 +1,81 @@
+"""What a job of a module this node has run before will use: the fuel its module's recent runs used.
+
+Pure: no trio, no I/O, no clock. A job's fuel budget is an upper bound its submitter chose, and the
+default one (10 Gfuel, docs/submitting.md) is thousands of times what a small job burns; planned at
+its budget, such a job holds a core for its whole wall limit in every plan. So the executor keeps,
+per execution profile and module (the manifest's module blob root), a decayed maximum of the fuel
+the module's recent runs used here, and plans a job of a module that has run at least `MIN_RUNS`
+times for `HEADROOM` times that, never more than its budget (`History.fuel`). A module not seen
+that often, or forgotten, is planned at its budget, as before.
+
+The decayed maximum (`peak`): each run sets it to the larger of the run's fuel and `DECAY` times the
+peak before. So a run heavier than the peak raises the estimate at once (a miss teaches at once, as
+the margin does), while one heavy run among light ones fades only over tens of runs. The table is
+an LRU of `MODULES_MAX` entries: memory is bounded whatever modules peers send.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+MIN_RUNS = 3
+"""Runs of a module before its learned fuel is trusted."""
+HEADROOM = 2.0
+"""A job of a known module is planned for this many times its module's peak, at most its budget."""
+DECAY = 0.95
+"""Per run, the peak shrinks to this share of itself unless the run used more."""
+MODULES_MAX = 1024
+"""Modules (per profile) remembered; the least recently run is forgotten first."""
+
+
+@dataclass(slots=True)
+class Seen:
+    runs: int
+    peak: float
+    """The decayed maximum of the fuel its runs used."""
+
+
+@dataclass(slots=True)
+class History:
+    """Fuel used by the recent runs of each (profile, module), an LRU of `capacity` entries."""
+
+    capacity: int = MODULES_MAX
+    _seen: OrderedDict[tuple[bytes, bytes], Seen] = field(default_factory=OrderedDict)
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise ValueError("a history remembers at least one module")
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def seen(self, profile: bytes, module: bytes) -> Seen | None:
+        return self._seen.get((profile, module))
+
+    def fuel(self, profile: bytes, module: bytes, budget: int) -> int:
+        """The fuel to plan a job of `module` for: its budget, or, once the module has run here
+        `MIN_RUNS` times, `HEADROOM` times its peak if that is less (at least 1)."""
+        seen = self._seen.get((profile, module))
+        if seen is None or seen.runs < MIN_RUNS:
+            return budget
+        return max(1, min(budget, math.ceil(seen.peak * HEADROOM)))
+
+    def ran(self, profile: bytes, module: bytes, fuel_used: int) -> bool:
+        """Learn from one run of `module` that used `fuel_used` (its whole budget for a run stopped by
+        the wall clock or at its deadline: its count is not known). True when the run used more than
+        the history planned it for (a miss: the peak is raised to it at once)."""
+        key = (profile, module)
+        used = max(0, fuel_used)
+        seen = self._seen.get(key)
+        if seen is None:
+            self._seen[key] = Seen(1, float(used))
+            while len(self._seen) > self.capacity:
+                self._seen.popitem(last=False)
+            return False
+        missed = seen.runs >= MIN_RUNS and used > seen.peak * HEADROOM
+        seen.runs += 1
+        seen.peak = max(float(used), seen.peak * DECAY)
+        self._seen.move_to_end(key)
+        return missed
