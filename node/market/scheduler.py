@@ -385,8 +385,8 @@ class Scheduler:
             entry.running = True
             result, finished_at, after = await run.wait_done(entry.handle, task.deadline)
         except BaseException as e:
-            if isinstance(e, JobLate) and job is not None:  # it may have needed its whole budget
-                self.learn(job, job.fuel)
+            if isinstance(e, JobLate) and job is not None:  # it needed more than its time could burn
+                self.learn(job, self._burnt(entry, self.clock()))
             self._refund(entry)
             raise
         finally:
@@ -418,11 +418,18 @@ class Scheduler:
         if job is None or not entry.charged:
             return
         now = self.clock()
+        self.usage.charge(job.submitter, self._burnt(entry, now) - job.fuel, now)
+        entry.charged = False
+
+    def _burnt(self, entry: _Entry, now: int) -> int:
+        """The fuel a job that ended with no fuel count could have burnt: the time it held its worker
+        up to `now`, less the time it was paused there, at the calibrated rate (at most its budget)."""
+        job = entry.job
+        if job is None:
+            return 0
         entry.unpause(now)
         held_ms = max(0, now - entry.started_at - entry.paused_ms) if entry.started_at else 0
-        burnt = min(job.fuel, held_ms * self.calibration.rate(job.profile) // 1000)
-        self.usage.charge(job.submitter, burnt - job.fuel, now)
-        entry.charged = False
+        return min(job.fuel, held_ms * self.calibration.rate(job.profile) // 1000)
 
 
 class _Run:
