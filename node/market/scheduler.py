@@ -37,7 +37,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -276,9 +276,15 @@ class Scheduler:
         return self.calibration.estimate_ms(profile, fuel, wall_ms)
 
     def learn(self, job: JobInfo, fuel_used: int) -> None:
-        """Teach the history the fuel a run of the job's module used."""
-        if job.module and self.history.ran(job.profile, job.module, fuel_used):
+        """Teach the history the fuel a run of the job's module used, and plan the module's waiting jobs
+        anew (down as it is learned, up at once after a miss)."""
+        if not job.module:
+            return
+        if self.history.ran(job.profile, job.module, fuel_used):
             self.fuel_misses += 1
+        for e in self._waiting:
+            if (j := e.job) is not None and j.module == job.module and j.profile == job.profile:
+                e.task = replace(e.task, estimate_ms=self.estimate_ms(j.profile, j.fuel, j.wall_ms, j.module))
 
     @property
     def suspended(self) -> bool:

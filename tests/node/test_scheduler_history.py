@@ -114,3 +114,38 @@ async def test_a_job_of_no_known_module_keeps_the_budgets_estimate(
     assert scheduler.estimate_ms(PROFILE, BUDGET, WALL_MS, b"") == scheduler.calibration.estimate_ms(
         PROFILE, BUDGET, WALL_MS
     )
+
+
+async def test_waiting_jobs_of_a_module_are_planned_anew_as_it_is_learned(
+    scheduler: Scheduler, tmp_path: Path
+) -> None:
+    far = wall_ms() + 600_000
+    budget_ms = scheduler.estimate_ms(PROFILE, BUDGET, WALL_MS)
+    scheduler.suspend()  # they wait
+    async with trio.open_nursery() as n:
+        for i in range(2):
+            n.start_soon(
+                partial(
+                    scheduler.execute,
+                    spec(i, 1000),
+                    tmp_path / f"w{i}",
+                    estimate_ms=1,
+                    job=job(b"w%d" % i, far),
+                )
+            )
+        other = JobInfo(b"x", b"S", far, BUDGET, WALL_MS, PROFILE, b"another module")
+        n.start_soon(partial(scheduler.execute, spec(2, 1000), tmp_path / "x", estimate_ms=1, job=other))
+        await until(lambda: len(scheduler.promised()) == 3)
+        assert {t.estimate_ms for t in scheduler.promised()} == {budget_ms}
+        for _ in range(MIN_RUNS):  # runs of the module elsewhere in this queue
+            scheduler.learn(job(b"r", far), 100_000)
+        learned = scheduler.estimate_ms(PROFILE, BUDGET, WALL_MS, ROOT)
+        assert learned < budget_ms
+        by_key = {t.key: t.estimate_ms for t in scheduler.promised()}
+        assert by_key == {b"w0": learned, b"w1": learned, b"x": budget_ms}
+        scheduler.learn(job(b"r", far), 100_000_000)  # a miss: planned for it at once
+        assert scheduler.fuel_misses == 1
+        heavier = scheduler.estimate_ms(PROFILE, BUDGET, WALL_MS, ROOT)
+        assert heavier > learned
+        assert {t.key: t.estimate_ms for t in scheduler.promised()}[b"w0"] == heavier
+        scheduler.resume()
