@@ -284,7 +284,8 @@ class Scheduler:
             self.fuel_misses += 1
         for e in self._waiting:
             if (j := e.job) is not None and j.module == job.module and j.profile == job.profile:
-                e.task = replace(e.task, estimate_ms=self.estimate_ms(j.profile, j.fuel, j.wall_ms, j.module))
+                e.estimate_ms = self.estimate_ms(j.profile, j.fuel, j.wall_ms, j.module)
+                e.task = replace(e.task, estimate_ms=e.estimate_ms)
 
     @property
     def suspended(self) -> bool:

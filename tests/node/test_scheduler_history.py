@@ -143,6 +143,7 @@ async def test_waiting_jobs_of_a_module_are_planned_anew_as_it_is_learned(
         assert learned < budget_ms
         by_key = {t.key: t.estimate_ms for t in scheduler.promised()}
         assert by_key == {b"w0": learned, b"w1": learned, b"x": budget_ms}
+        assert scheduler.backlog_ms == 2 * learned + 1  # the /metrics backlog (x: the estimate it came with)
         scheduler.learn(job(b"r", far), 100_000_000)  # a miss: planned for it at once
         assert scheduler.fuel_misses == 1
         heavier = scheduler.estimate_ms(PROFILE, BUDGET, WALL_MS, ROOT)
