@@ -63,9 +63,10 @@ class History:
         return max(1, min(budget, math.ceil(seen.peak * HEADROOM)))
 
     def ran(self, profile: bytes, module: bytes, fuel_used: int) -> bool:
-        """Learn from one run of `module` that used `fuel_used` (its whole budget for a run stopped by
-        the wall clock or at its deadline: its count is not known). True when the run used more than
-        the history planned it for (a miss: the peak is raised to it at once)."""
+        """Learn from one run of `module` that used `fuel_used` (for a run whose count is not known, a
+        bound the caller chooses: the scheduler's is the budget after a wall-clock stop, what the time
+        run could burn after a stop at the deadline). True when the run used more than the history
+        planned it for (a miss: the peak is raised to it at once)."""
         key = (profile, module)
         used = max(0, fuel_used)
         seen = self._seen.get(key)
