@@ -13,6 +13,8 @@ The values are the strings stored in the database and shown by the API, so `JobS
   (submitter: offered -> done): the work was done and verified.
 - A job withdrawn by its submitter (`e31 cancel`) ends `cancelled` from any state before an end, on
   both sides.
+- An executor also ends `cancelled` a job whose assignment its submitter took back (`withdraw`) before
+  it started (fetching or queued); the submitter offers the job again (assigned -> offered).
 - An executor may go queued -> done for a run too short to be recorded `running`.
 
 Imports only the standard library: the CLI reads these names without starting trio.

@@ -61,7 +61,7 @@ MAX_PROFILES = 16
 REASON_TEXT_MAX = 256
 DECLINE_REASONS = ("busy", "no_profile", "limits", "deadline", "expired", "policy", "other")
 CANCEL_REASONS = ("withdrawn", "done", "deadline", "other")
-RELEASE_REASONS = ("unknown", "failed", "deadline", "lease", "other")
+RELEASE_REASONS = ("unknown", "failed", "deadline", "lease", "other", "withdrawn")
 MAX_PROOF_HASHES = 64
 MAX_PROOF_ENTRIES = 256
 """Receipts placed by one `proof` (a path of 64 hashes each at most: about 560 KiB, inside a frame)."""
@@ -382,7 +382,8 @@ class Release(Message):
     instead of waiting out the lease: `unknown`, it holds no bid or job for that assignment (it
     restarted before storing it); `failed`, it cannot run it (its blobs cannot be fetched, its sandbox
     refuses it); `deadline`, it could no longer finish in time; `lease`, the lease ran out while the
-    node was stopped."""
+    node was stopped; `withdrawn`, its submitter withdrew the assignment (a `withdraw`) before the job
+    started here."""
 
     network: str = field(metadata=w(NETWORK))
     job_id: Digest = field(metadata=w(Hash()))
@@ -400,6 +401,22 @@ class Cancel(Message):
     submitter: NodeId = field(metadata=w(Key()))
     expires: int = field(metadata=w(TIME))
     reason: str = field(metadata=w(OneOf(*CANCEL_REASONS)))
+    text: str = field(metadata=w(Text(REASON_TEXT_MAX)))
+
+
+@message("withdraw", issuer="submitter", expiry="expires")
+@dataclass(frozen=True, slots=True)
+class Withdraw(Message):
+    """The submitter takes one assignment (`assignment_id`, the `assign` message id) back from its
+    executor, to run the job elsewhere: the executor drops the job if it has not started it and
+    answers `release` (reason `withdrawn`); a job already started runs on and its result comes as
+    usual. Unlike `cancel`, it withdraws this assignment only: the job lives on."""
+
+    network: str = field(metadata=w(NETWORK))
+    job_id: Digest = field(metadata=w(Hash()))
+    assignment_id: Digest = field(metadata=w(Hash()))
+    submitter: NodeId = field(metadata=w(Key()))
+    expires: int = field(metadata=w(TIME))
     text: str = field(metadata=w(Text(REASON_TEXT_MAX)))
 
 
@@ -486,6 +503,7 @@ AnyMessage = (
     | Accepted
     | Release
     | Cancel
+    | Withdraw
     | TreeHead
     | ProofRequest
     | InclusionProof
@@ -544,5 +562,6 @@ __all__ = [
     "Results",
     "TreeHead",
     "UsageReceipt",
+    "Withdraw",
     "check_address",
 ]

@@ -47,6 +47,7 @@ _JOB_ID_FIELD: dict[str, tuple[int, str]] = {
     "accepted": (1, "one"),
     "release": (1, "one"),
     "cancel": (1, "one"),
+    "withdraw": (1, "one"),
     "decline": (1, "list"),
     "award": (4, "list"),
     "bid": (4, "items"),

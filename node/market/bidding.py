@@ -84,9 +84,8 @@ class Promise:
     made: int
     """When the bid was made (ms): UNCHOSEN_MS later, unassigned, its jobs count no more."""
     awarded: frozenset[bytes] | None = None
-    """The jobs its submitter's `award` said it will assign here (None: no award came)."""
-    awarded_at: int = 0
-    """When the award came (ms): UNCHOSEN_MS later, the awarded jobs not assigned count no more."""
+    """The jobs its submitter's `award` said it will assign here (None: no award came): they count
+    until assigned or the bid lapses, the others no more."""
 
 
 class Bids:
@@ -140,7 +139,7 @@ class Bids:
 
     def award(self, env: VerifiedEnvelope[Award]) -> bool:
         """The submitter's choice for one of our live bids: only the jobs it names still count as
-        promised (until assigned, or UNCHOSEN_MS). Ignored (False) unless the bid is ours, live, and
+        promised (until assigned, or the bid lapses). Ignored (False) unless the bid is ours, live, and
         answers an offer of the award's signer; a second award for a bid replaces the first."""
         msg = env.message
         promise = self.live(msg.bid_id.raw)
@@ -152,7 +151,6 @@ class Bids:
         ):
             return False
         promise.awarded = frozenset(j.raw for j in msg.job_ids)
-        promise.awarded_at = self.ctx.clock()
         return True
 
     def assigned(self, bid_id: bytes, promise: Promise, job_id: bytes) -> None:
@@ -290,8 +288,8 @@ class Bids:
         return Task(manifest.job_id.raw, manifest.submitter.raw, manifest.deadline, estimate, now, lim.fuel)
 
     def _counted(self, now: int) -> list[JobManifest]:
-        """The jobs of live bids not yet assigned that still count as promised: those an `award` named,
-        for UNCHOSEN_MS after it came; with no award, all of a bid's jobs for UNCHOSEN_MS after it was
+        """The jobs of live bids not yet assigned that still count as promised: those an `award` named;
+        with no award, all of a bid's jobs for UNCHOSEN_MS after it was
         made while none is assigned, and for CHOSEN_GRACE_MS after its first assignment (the
         submitter's choice for that offer is made)."""
         chosen = self._chosen_at
@@ -300,8 +298,7 @@ class Bids:
             if p.bid_expires <= now:
                 continue
             if p.awarded is not None:
-                if now - p.awarded_at < UNCHOSEN_MS:
-                    counted += (m for key, m in p.jobs.items() if key in p.awarded)
+                counted += (m for key, m in p.jobs.items() if key in p.awarded)
             elif now - chosen[bid_id] < CHOSEN_GRACE_MS if bid_id in chosen else now - p.made < UNCHOSEN_MS:
                 counted += p.jobs.values()
         return counted

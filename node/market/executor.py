@@ -25,7 +25,8 @@ could no longer meet their deadline are stopped and given back (held.py; a `rele
 Withdrawal: a `cancel` from a job's submitter (`e31 cancel`, or the job is done with another attempt's
 result) stops the job here unless its run is over, and ends it `cancelled` with no result or release;
 an assignment of it being stored or fetched meanwhile is never started (held.py remembers it). A job
-whose run was over keeps its receipt and stops delivering it.
+whose run was over keeps its receipt and stops delivering it. A `withdraw` takes one assignment back:
+a job held under it with no worker yet is given back (`release`, reason `withdrawn`: taken_back.py).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from e31.protocol.envelope import VerifiedEnvelope, reopen_stored, sign_message
 from e31.protocol.errors import InvalidMessage
 from e31.protocol.ids import NodeId
 from e31.protocol.jobs import JobManifest
-from e31.protocol.messages import Accepted, Assign, Cancel, Offer, ProofRequest, Release
+from e31.protocol.messages import Accepted, Assign, Cancel, Offer, ProofRequest, Release, Withdraw
 from e31.protocol.receipts import Ack, UsageReceipt
 from e31.protocol.results import outputs_of
 from e31.sandbox.errors import SandboxError
@@ -64,9 +65,11 @@ from .bidding import BidCapacity, Bids, clip
 from .context import MarketContext, transition
 from .delivery import Delivery, OnAcked, Prover, retention_ms
 from .held import Held, HeldJobs
+from .later import Later, Pending
 from .outputs import JobFailed, StoredOutputs, store_outputs
 from .policy import Task
 from .scheduler import JobExpired, JobInfo, JobLate, Scheduler
+from .taken_back import WITHDRAWN_TEXT, give_back_withdrawn, take_back
 from .transfer import BlobTransfer, FetchError
 
 log = logging.getLogger("e31.executor")
@@ -124,12 +127,17 @@ class Executor:
         self._active: set[bytes] = set()
         self._held = held
         self._tasks = TaskSlot()
+        self._accepts, self._marks = Later(ACCEPT_DELAY), Later(RUNNING_MARK_DELAY)
+        """A job's `accepted` and its `running` mark, each made a moment after it began if it is still
+        going then (later.py): a tiny job, over by then, costs neither a task nor a timer."""
         self._trash: deque[Path] = deque()
         """Run directories moved aside, to delete (_discard)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with self._tasks.open() as nursery:
             await nursery.start(self.scheduler.run)
+            nursery.start_soon(self._accepts.run, nursery)
+            nursery.start_soon(self._marks.run, nursery)
             for row in await self.ctx.store.run(
                 Store.jobs, role=ROLE, states=("fetching", "queued", "running")
             ):
@@ -217,7 +225,7 @@ class Executor:
             log.info("releasing an assignment of job %s this node does not hold", assign.job_id.hex()[:12])
             await self._release(env, "unknown", "this node holds no bid or job for that assignment")
             return
-        if job.state == "failed":
+        if job.state == "failed" or job.reason == WITHDRAWN_TEXT:  # (the first release may have been lost)
             await self._release(env, _release_reason(job.reason), job.reason or "it failed here")
             return
         held = self._held.get(assign.job_id.raw)
@@ -282,14 +290,18 @@ class Executor:
         estimate = self.scheduler.estimate_ms(
             manifest.profile.raw, lim.fuel, lim.wall_ms, manifest.module.root.raw
         )
-        held = self._held[job_id] = Held(
-            trio.CancelScope(), manifest.deadline, estimate, submitter=submitter, fuel=lim.fuel
+        held = self._held.hold(
+            job_id,
+            Held(trio.CancelScope(), manifest.deadline, estimate, submitter=submitter, fuel=lim.fuel),
+            assign.message_id.raw,
         )
         try:
             with held.scope:
                 await self._run(job_id, manifest, assign, work, held, fetched)
             if held.withdrawn:
                 await self._end_withdrawn(job_id, submitter)
+            elif held.moved:
+                await give_back_withdrawn(self.ctx, job_id, assign)
             elif held.handed_back:
                 row = await self.ctx.store.run(Store.job, job_id, ROLE)
                 await self._fail(job_id, row.state if row else "queued", GIVE_BACK_TEXT, reason="deadline")
@@ -362,18 +374,17 @@ class Executor:
                 await self._fetch_inputs(manifest)
                 fetch_ms = self.ctx.clock() - began
                 await self._set_state(job_id, "fetching", "queued")
-            nursery = self._tasks.nursery
-            if nursery is not None:
-                nursery.start_soon(self._accept_unless_done, assign, held)
+            self._accepts.add(
+                partial(self._accepted, assign, held), still=partial(self._still_held, job_id, held)
+            )
             estimate = held.estimate_ms
 
             marked = trio.Event()
-            marking = trio.CancelScope()
+            marking: list[Pending] = []
 
             def started(at: int) -> None:
-                assert nursery is not None
                 held.started = True
-                nursery.start_soon(self._mark_running, job_id, at, held, marking, marked)
+                marking.append(self._marks.add(partial(self._mark_running, job_id, at, held, marked)))
 
             blobs = self.ctx.blobs
 
@@ -406,8 +417,10 @@ class Executor:
                     await self._fetch_inputs(manifest)
                     fetch_ms += self.ctx.clock() - began
             held.ran = True
-            marking.cancel()  # a run that ended before it was marked running goes from queued to done
-            await marked.wait()  # a `running` being written is in the store before `done` can be
+            if [p for p in marking if not p.withdraw()]:  # else not marked running: queued to done
+                await marked.wait()  # a `running` being written is in the store before `done` can be
+            else:
+                await trio.lowlevel.checkpoint_if_cancelled()
             stored = cast("StoredOutputs | None", record.after)
             if stored is None:
                 stored = await trio.to_thread.run_sync(store_outputs, blobs, work, record.result)
@@ -440,12 +453,11 @@ class Executor:
             job_id, manifest, assign, receipt, stored.small, state="running" if held.running else "queued"
         )
 
-    async def _accept_unless_done(self, assign: VerifiedEnvelope[Assign], held: Held) -> None:
-        """The hand-off, ACCEPT_DELAY after the job was queued, unless the job is ending by then (its
-        result or release is being sent): that tells the submitter more, so a short job costs no
-        `accepted` at all, and none comes after the job's end."""
-        await trio.sleep(ACCEPT_DELAY)
-        await self._accepted(assign, held)
+    def _still_held(self, job_id: bytes, held: Held) -> bool:
+        """Whether the job is held here and not ending (once not, never again): an `accepted` for it,
+        asked for ACCEPT_DELAY after it was queued, is still to be sent. So a short job costs no
+        `accepted` at all (its result tells the submitter more), and none comes after the job's end."""
+        return self._held.get(job_id) is held and not (held.handed_back or held.ending)
 
     async def _accepted(self, assign: VerifiedEnvelope[Assign], held: Held) -> None:
         """Tell the submitter this node holds the job's data and has queued it: the hand-off, a promise
@@ -453,13 +465,11 @@ class Executor:
         job is still held and not ending, checked again after that sync: an `accepted` never follows
         the job's result or release (their sends begin after `ending` is set)."""
 
-        def still() -> bool:
-            return self._held.get(assign.message.job_id.raw) is held and not (held.handed_back or held.ending)
-
-        if not still():
+        job_id = assign.message.job_id.raw
+        if not self._still_held(job_id, held):
             return
         await self.ctx.store.flush()
-        if still():  # no await between this check and the send's turn on the link
+        if self._still_held(job_id, held):  # no await between this check and the send's turn on the link
             msg = Accepted(self.ctx.network, assign.message.job_id, assign.message_id, self.ctx.node)
             await self.ctx.send_to(assign.message.submitter.raw, sign_message(msg, self.ctx.identity))
 
@@ -497,17 +507,12 @@ class Executor:
         except SandboxError as e:
             raise JobFailed(f"the sandbox refuses the job: {e}") from None
 
-    async def _mark_running(
-        self, job_id: bytes, at: int, held: Held, marking: trio.CancelScope, marked: trio.Event
-    ) -> None:
-        """Record that the job runs, RUNNING_MARK_DELAY after it started, unless its run has ended by
-        then (`marking` is cancelled): a tiny job goes from queued to done in one write."""
+    async def _mark_running(self, job_id: bytes, at: int, held: Held, marked: trio.Event) -> None:
+        """Record that the job runs, RUNNING_MARK_DELAY after it started (`_marks`), unless its run has
+        ended by then (withdrawn): a tiny job goes from queued to done in one write."""
         try:
-            with marking:
-                await trio.sleep(RUNNING_MARK_DELAY)
-            if not marking.cancelled_caught:
-                await self._set_state(job_id, "queued", "running", started=at / 1000)
-                held.running = True
+            await self._set_state(job_id, "queued", "running", started=at / 1000)
+            held.running = True
         finally:
             marked.set()
 
@@ -649,6 +654,10 @@ class Executor:
                 log.info("job %s cancelled by its submitter", job_id.hex()[:12])
                 return
 
+    def on_withdraw(self, env: VerifiedEnvelope[Withdraw]) -> None:
+        """One assignment taken back: a job held under it with no worker yet is stopped (taken_back.py)."""
+        take_back(self._held, env, self.ctx.clock(), self.scheduler.has_worker)
+
     def on_proof_request(self, peer: bytes, env: VerifiedEnvelope[ProofRequest]) -> None:
         msg = env.message
         if (
@@ -679,4 +688,4 @@ def _blob_refs(manifest: JobManifest) -> list[BlobRef]:
 def _release_reason(why: str | None) -> str:
     """The release reason of a job that failed here, from the reason recorded when it did."""
     late = dict.fromkeys((GIVE_BACK_TEXT, EXPIRED_TEXT, LATE_TEXT), "deadline")
-    return {**late, LEASE_LOST_TEXT: "lease"}.get(why or "", "failed")
+    return {**late, LEASE_LOST_TEXT: "lease", WITHDRAWN_TEXT: "withdrawn"}.get(why or "", "failed")

@@ -27,9 +27,10 @@ from .submitted import ROLE, Jobs, SubmittedJob, holders, names_our_assignment, 
 
 log = logging.getLogger("e31.submitter")
 
-RETRYABLE_RELEASES = frozenset({"unknown", "lease", "other"})
+RETRYABLE_RELEASES = frozenset({"unknown", "lease", "other", "withdrawn"})
 """Release reasons that say nothing against the job or the executor (`other`: a fault of the node, such
-as a full disk): it may bid for the job again (once)."""
+as a full disk; `withdrawn`: this node took the assignment back, replan.py): it may bid for the job
+again (once)."""
 
 
 class HandOff:

@@ -5,6 +5,11 @@ While the node is suspended for its owner, the capacity service (adverts.py) cal
 every interval: the jobs that could no longer meet their deadline are stopped and given back (the
 executor then tells their submitters, reason `deadline`). Built before both the capacity service and
 the executor, it is what each of them is given.
+
+A `withdraw` from a job's submitter takes one assignment back (`take_back`): a job held under that
+assignment that has not been given a worker is stopped and marked `moved` (the executor then gives it
+back, `release` reason `withdrawn`); a started one is left to run. A withdraw that comes while its
+assignment is still being stored is remembered, so the job is given back as soon as it is held.
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ class Held:
     withdrawn: bool = False
     """Its submitter withdrew it (a `cancel`): stopped if its run was not over, else its result is not
     delivered again (executor.py)."""
+    assignment: bytes = b""
+    """The message id of the assignment it is held under (a `withdraw` must name it)."""
+    moved: bool = False
+    """Its submitter took the assignment back (a `withdraw`) before it started: stopped, never started,
+    given back (executor.py)."""
 
 
 class HeldJobs(dict[bytes, Held]):
@@ -53,6 +63,9 @@ class HeldJobs(dict[bytes, Held]):
         self.clock = clock
         self._withdrawn: dict[bytes, bytes] = {}
         """Job id -> the submitter that withdrew it (WITHDRAWN_KEPT at most, the oldest forgotten)."""
+        self._taken_back: dict[bytes, tuple[bytes, int]] = {}
+        """Assignment id -> the submitter whose `withdraw` named it before the job was held here, and
+        the withdraw's expiry (WITHDRAWN_KEPT at most, the oldest forgotten)."""
 
     def withdraw(self, job_id: bytes, submitter: bytes) -> Held | None:
         """The job's submitter withdrew it (a signed `cancel`): remember that, so an assignment of it
@@ -68,6 +81,49 @@ class HeldJobs(dict[bytes, Held]):
             return None
         held.withdrawn = True
         if not (held.ran or held.ending):
+            held.scope.cancel()
+        return held
+
+    def take_back(
+        self,
+        job_id: bytes,
+        assignment: bytes,
+        submitter: bytes,
+        *,
+        has_worker: Callable[[bytes], bool],
+        expires: int,
+    ) -> bool:
+        """The job's submitter took one assignment back (a signed `withdraw`). A job held here under it
+        that has not been given a worker (`has_worker`: the scheduler's word) is stopped and marked
+        `moved`, and True returned: no await lies between this check and the stop, so it never starts.
+        A started job, one ending, or one held under another assignment is left alone. A job not held
+        (yet) has the withdrawal remembered until it `expires`, for `hold` once its assignment is stored."""
+        held = self.get(job_id)
+        if held is None:
+            self._taken_back.pop(assignment, None)
+            self._taken_back[assignment] = (submitter, expires)
+            while len(self._taken_back) > WITHDRAWN_KEPT:
+                del self._taken_back[next(iter(self._taken_back))]
+            return False
+        if held.submitter != submitter or held.assignment != assignment:
+            return False
+        if held.started or held.ran or held.ending or held.handed_back or held.withdrawn or held.moved:
+            return False
+        if has_worker(job_id):
+            return False
+        held.moved = True
+        held.ending = True  # no `accepted` after the release
+        held.scope.cancel()
+        return True
+
+    def hold(self, job_id: bytes, held: Held, assignment: bytes) -> Held:
+        """Hold a job under an assignment; one its submitter took back while the assignment was being
+        stored is stopped at once (`moved`: it never starts)."""
+        held.assignment = assignment
+        self[job_id] = held
+        submitter, expires = self._taken_back.pop(assignment, (b"", 0))
+        if submitter == held.submitter and expires > self.clock():
+            held.moved = held.ending = True
             held.scope.cancel()
         return held
 

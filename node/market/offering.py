@@ -29,10 +29,13 @@ from ..store.db import Store, call
 from .context import MarketContext
 from .policy import UNMEASURED, Task, Usage, offer_key
 from .rules import BidView, choose_bid, held_bytes
-from .spread import Wanted, awards, spread
+from .spread import AWARD_MIN, Wanted, awards, spread
 from .submitted import Jobs, Joining, Round, SubmittedJob, in_round
 
 log = logging.getLogger("e31.submitter")
+
+RUNS_NOTHING_KEPT = 4096
+"""Nodes remembered as running no jobs (OfferLine.runs_nothing)."""
 
 Publish = Callable[[bytes | VerifiedEnvelope[Any]], int]
 """Gossip a signed message; returns how many peers it went to."""
@@ -55,6 +58,9 @@ DECIDE_WAIT = 0.25
 (a decision takes a round trip to the bidders, a few milliseconds). Sent at once, it would reach
 executors whose queues still count every job they bid for in the offer before, and be declined
 `busy` by all of them; sent after the awards, it finds the room the other bidders' jobs left."""
+AWARD_SEND_S = 1.0
+"""Seconds one award may take to go (a link whose peer does not read holds it up): past it, it is
+dropped, so one stalled bidder does not hold back the others' awards and the next offers."""
 AWARDS_QUEUED = 256
 """Signed awards waiting to be sent, at most (four offers' worth of bidders on a network of 64 nodes)."""
 SPREADS_PRUNE_MIN = 1024
@@ -107,6 +113,9 @@ class OfferLine:
         self._offer_wake = trio.Event()
         self._expiries: set[int] = set()
         self._expiries_prune_at = EXPIRIES_PRUNE_MIN
+        self.runs_nothing: dict[bytes, None] = {}
+        """Nodes whose last answer was a `policy` decline: they run no jobs (submit-only), so no job is
+        moved to them (replan.py). A bid takes a node off; RUNS_NOTHING_KEPT at most, oldest forgotten."""
         self._spreads: dict[bytes, Spread] = {}
         """The offers with rounds open, by offer id (each leaves with its last round: `forget`)."""
         self._awards_out, self._awards_in = trio.open_memory_channel[tuple[bytes, bytes] | Spread](
@@ -190,8 +199,8 @@ class OfferLine:
             for entry in taken:
                 entry.job.round = Round(env.message_id.raw, opened)
             group = self._spreads[env.message_id.raw] = Spread({e.job_id: e.job for e in taken})
-            if gossip:  # (this node's own executor answers at once: nothing to wait for)
-                last = group
+            if gossip and len(taken) >= AWARD_MIN:  # (its own executor answers at once; a smaller offer
+                last = group  # gets no awards: nothing to wait for)
             if len(self._spreads) >= SPREADS_PRUNE_MIN:  # a driver cancelled before its round began
                 self._spreads = {o: g for o, g in self._spreads.items() if self._wanted(o, g)}
             if gossip and self.publish is not None:
@@ -318,7 +327,10 @@ class OfferLine:
             if group.chosen is None:
                 wanted = self._wanted(rnd.offer_id, group)
                 group.chosen = spread(wanted, choice.load, now=now, known=choice.known)
-                self._award(awards(wanted, group.chosen), group)
+                # an offer with replica lanes gets no awards: a lane takes its own bid (choose_bid),
+                # so a bidder cannot be told which of its bid's jobs it will not be given
+                lanes = any(j.manifest.replicas > 1 for j in group.members.values())
+                self._award({} if lanes else awards(wanted, group.chosen), group)
             bid = group.chosen.get(job_id)
             if (
                 bid is not None
@@ -371,8 +383,11 @@ class OfferLine:
         async for item in self._awards_in:
             if isinstance(item, Spread):
                 item.decided.set()
-            else:
+                continue
+            with trio.move_on_after(AWARD_SEND_S) as late:
                 await self.ctx.send_to(*item)
+            if late.cancelled_caught:
+                log.debug("an award to %s took over %g s to send: dropped", item[0].hex()[:12], AWARD_SEND_S)
 
     def forget(self, offer_id: bytes, job_id: bytes) -> None:
         """The job's round with that offer is over: the offer's spread leaves with its last round."""
@@ -389,6 +404,7 @@ class OfferLine:
         executor = msg.executor.raw
         offer_id = msg.offer_id.raw
         if isinstance(msg, Bid):
+            self.runs_nothing.pop(executor, None)
             live = msg.expires > self.ctx.clock()
             for item in msg.items:
                 holder = in_round(self.jobs, item.job_id.raw, offer_id)
@@ -408,6 +424,10 @@ class OfferLine:
                 rnd.wake.set()
             return
         why = f"{msg.reason}: {msg.text}" if msg.text else msg.reason
+        if msg.reason == "policy":
+            self.runs_nothing[executor] = None
+            while len(self.runs_nothing) > RUNS_NOTHING_KEPT:
+                del self.runs_nothing[next(iter(self.runs_nothing))]
         for job_id in msg.job_ids:
             holder = in_round(self.jobs, job_id.raw, offer_id)
             if holder is None or (rnd := holder.round) is None:

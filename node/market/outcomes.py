@@ -354,6 +354,16 @@ class Outcomes:
         an earlier one's result came late; or an earlier one still running) is sent a signed `cancel`
         (reason `done`) at once, so it drops or stops the job and sends no result for it."""
         receipt = receipt_env.message
+        current = job.assign_env
+        if (
+            current is not None
+            and current.message.attempt == 1
+            and current.message_id == receipt.assignment_id
+        ):
+            # The job's first assignment is still its latest (`_assign` keeps each as soon as it is
+            # stored, before it is sent): a later one is not sent, as it finds the job finished. The
+            # common case, with no store read.
+            return
         signer = receipt.executor.raw
         others = {
             a.message.executor.raw
@@ -377,9 +387,10 @@ class Outcomes:
         keep: list[Call] = []
         for ref in outputs:
             root = ref.root.raw
+            if self.ctx.blobs.has(root):  # (an empty stream's blob): no fetch, not even its lock
+                continue
             if root in carried:
-                if not self.ctx.blobs.has(root):
-                    keep.append(call(Store.put_small_blob, ref.root.hex(), carried[root]))
+                keep.append(call(Store.put_small_blob, ref.root.hex(), carried[root]))
             else:
                 await self.transfer.fetch(executor, ref)
         return keep

@@ -1,8 +1,8 @@
 """The market service: the job messages between nodes, routed to the submitter and executor roles.
 
 One `Market` per node. It is a LinkListener of the peering service: every direct job message
-(`bid`, `decline`, `assign`, `accepted`, `release`, `result`, `ack`, `cancel`, `blobreq`, `blobchunk`,
-`proofreq`, `proof`) is verified here,
+(`bid`, `decline`, `assign`, `accepted`, `release`, `result`, `ack`, `cancel`, `withdraw`, `blobreq`,
+`blobchunk`, `proofreq`, `proof`) is verified here,
 must be signed by the peer it came from, and goes to the role that handles it; offers arrive from
 gossip. Handlers never block the link's reader: slow work (disk, fetches, runs) runs in the market's
 own tasks.
@@ -37,6 +37,7 @@ from e31.protocol.messages import (
     Release,
     Result,
     Results,
+    Withdraw,
 )
 
 from ..nursery import TaskSlot
@@ -59,6 +60,7 @@ DIRECT_KINDS = frozenset(
         "results",
         "ack",
         "cancel",
+        "withdraw",
         "blobreq",
         "blobchunk",
         "proofreq",
@@ -147,6 +149,8 @@ class Market:
             self.submitter.on_release(env)
         elif isinstance(msg, Cancel):
             self.executor.on_cancel(env)
+        elif isinstance(msg, Withdraw):
+            self.executor.on_withdraw(env)
         elif isinstance(msg, Ack):
             self.executor.on_ack(env)
         elif isinstance(msg, ProofRequest):

@@ -123,6 +123,11 @@ class BidView:
     held_bytes: int = 0
     """Bytes of the job's blobs the executor says it holds already (its bid's `held`)."""
 
+    @property
+    def run_ms(self) -> int:
+        """The run the executor promises (its finish less its start), at least MIN_ESTIMATE_MS."""
+        return max(self.expected_finish - self.expected_start, MIN_ESTIMATE_MS)
+
 
 def held_bytes(manifest: JobManifest, held: Sequence[Digest]) -> int:
     """Bytes of the job's blobs (module, inputs, stdin) among the roots a bid says its executor holds."""
@@ -134,8 +139,7 @@ def held_bytes(manifest: JobManifest, held: Sequence[Digest]) -> int:
 
 
 def bid_rank(bid: BidView, load: int) -> tuple[int, int, bytes]:
-    duration = max(bid.expected_finish - bid.expected_start, MIN_ESTIMATE_MS)
-    return (bid.expected_finish + load * duration, bid.expected_start, bid.executor)
+    return (bid.expected_finish + load * bid.run_ms, bid.expected_start, bid.executor)
 
 
 def choose_bid(
@@ -166,7 +170,7 @@ def choose_bid(
     if not live:
         return None
     soonest = min(live, key=lambda b: (b.expected_finish, b.expected_start, b.executor))
-    duration = max(soonest.expected_finish - soonest.expected_start, MIN_ESTIMATE_MS)
+    duration = soonest.run_ms
     # At risk (policy.at_risk: its deadline within AT_RISK times its run): the executor's queue runs
     # it ahead of the jobs there with slack (policy.pick), so the jobs this submitter has under way
     # there do not delay it as a queue of theirs would: the earliest finish it is promised wins.

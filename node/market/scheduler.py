@@ -138,6 +138,15 @@ NO_DEADLINE = 1 << 62
 _ids = itertools.count()
 
 
+async def _wait(event: trio.Event) -> None:
+    """`event.wait()`, without the turn of the event loop it costs when the event is already set (a
+    pending cancel is still raised)."""
+    if event.is_set():
+        await trio.lowlevel.checkpoint_if_cancelled()
+    else:
+        await event.wait()
+
+
 @dataclass(eq=False)
 class _Entry:
     estimate_ms: int
@@ -262,6 +271,11 @@ class Scheduler:
         """The jobs waiting here, as the policy sees them (the jobs bids must plan with)."""
         return [e.task for e in self._waiting]
 
+    def has_worker(self, key: bytes) -> bool:
+        """Whether the job with this key has been given a worker (it may have begun to run): from then a
+        withdrawal leaves it alone. One waiting for its turn, or not queued here, has none."""
+        return any(e.job is not None and e.job.key == key for e in self._running)
+
     def slots(self, now: int) -> list[Slot]:
         """The workers: each free now, or at its running job's estimated end (at least 1 ms from now)."""
         busy = [Slot(max(now + 1, e.started_at + e.task.estimate_ms)) for e in self._running if e.started_at]
@@ -365,13 +379,13 @@ class Scheduler:
         self._waiting.append(entry)
         self._dispatch()
         try:
-            await entry.go.wait()
+            await _wait(entry.go)
             if entry.expired:
                 self.expired += 1
                 raise JobExpired(
                     f"its deadline passed after {queued_at and self.clock() - queued_at} ms queued"
                 )
-            await self._resumed.wait()
+            await _wait(self._resumed)
             pool = self._pool
             if pool is None:
                 raise trio.ClosedResourceError("the scheduler has stopped")
@@ -514,7 +528,7 @@ class _Run:
                 scheduler.stopped_late += 1
                 scheduler.calibration = scheduler.calibration.missed()
                 raise JobLate("it was still running at its deadline")
-            await self._ended.wait()  # the run ended in time; `then` may still be at work on it
+            await _wait(self._ended)  # the run ended in time; `then` may still be at work on it
         except trio.Cancelled:
             self.abandoned = True
             handle.cancel()

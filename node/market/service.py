@@ -175,7 +175,9 @@ def build_job_path(
         prover=None if receipt_log is None else log_prover(receipt_log),
     )
     own = executor.on_offer if workers > 0 else None  # a submit-only node offers its jobs to others only
-    submitter = Submitter(ctx, transfer=transfer, publish=publish, local_offer=own, track=track)
+    submitter = Submitter(
+        ctx, transfer=transfer, publish=publish, local_offer=own, track=track, adverts=capacity.peers
+    )
     transfer.on_corrupt = submitter.on_corrupt_blob
     market = Market(ctx, submitter=submitter, executor=executor, transfer=transfer)
     return JobPath(ctx, transfer, scheduler, held, capacity, executor, submitter, market)

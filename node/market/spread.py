@@ -25,7 +25,7 @@ from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
 from .policy import AT_RISK
-from .rules import MIN_ESTIMATE_MS, STRANGER_WORK_SHARE, BidView
+from .rules import STRANGER_WORK_SHARE, BidView
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +75,7 @@ def spread(
         if not bids:
             continue
         soonest = min(bids, key=lambda b: (b.expected_finish, b.expected_start, b.executor))
-        duration = max(soonest.expected_finish - soonest.expected_start, MIN_ESTIMATE_MS)
-        urgent = job.deadline - now <= AT_RISK * duration
+        urgent = job.deadline - now <= AT_RISK * soonest.run_ms
 
         bid = min(
             bids,
@@ -99,8 +98,7 @@ def _rank(
     if urgent:
         return (bid.expected_finish, bid.executor not in known, -bid.held_bytes, bid.executor)
     estimate = bid.expected_finish if given >= len(finishes) else finishes[given]
-    duration = max(bid.expected_finish - bid.expected_start, MIN_ESTIMATE_MS)
-    return (estimate + load * duration, bid.executor not in known, -bid.held_bytes, bid.executor)
+    return (estimate + load * bid.run_ms, bid.executor not in known, -bid.held_bytes, bid.executor)
 
 
 def finish_times(jobs: Sequence[Wanted], chosen: Mapping[bytes, BidView]) -> dict[bytes, int]:

@@ -24,6 +24,7 @@ from e31.protocol.messages import Accepted, Assign, Cancel, Release, Result
 from e31.protocol.receipts import UsageReceipt
 
 from ..store.db import Call, Store
+from .behind import Promise
 from .context import MarketContext, transition
 from .rules import BidView
 
@@ -83,6 +84,8 @@ class SubmittedJob:
     outcome for it needs no store read and no re-verify."""
     accepted: bytes | None = None
     """The assignment (message id) its executor has accepted."""
+    promise: Promise | None = None
+    """What the bid of the current assignment promised for the job (replan.py watches it)."""
     released: dict[bytes, str] = field(default_factory=dict)
     """Assignments (message ids) their executor gave back with a `release`, and its reason."""
     forgiven: set[bytes] = field(default_factory=set)

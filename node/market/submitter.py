@@ -16,7 +16,8 @@ and acknowledged, and replicas judged (outcomes.py), and inclusion proofs of ack
 Cancel (`e31 cancel`): a signed `cancel` goes to the assigned executor and out on gossip, the job ends
 `cancelled` and its driver stops; an outcome arriving later is not taken, and its executor is sent
 the cancel again (outcomes.py). A job done with an earlier attempt's late result has its other
-assignments withdrawn the same way (reason `done`).
+assignments withdrawn the same way (reason `done`). An assignment whose executor falls behind its
+promise is taken back with a `withdraw` and the job offered again (replan.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import trio
@@ -41,7 +43,8 @@ from ..store.db import Call, Store, call
 from ..store.rows import JobRow
 from .acks import Acknowledger
 from .admission import Admission
-from .adverts import TrackRecord
+from .adverts import PeerCapacity, TrackRecord
+from .behind import Promise
 from .commits import SharedCommits
 from .context import MarketContext
 from .handoff import RETRYABLE_RELEASES, HandOff
@@ -49,6 +52,8 @@ from .inclusion import InclusionProofs
 from .linkups import LinkUps
 from .offering import Choice, LocalOffer, OfferLine, Publish
 from .outcomes import Arrived, Outcomes
+from .replan import could_take, watch
+from .room import RoomWaits, for_room
 from .rules import BidView, Window, backoff, lease_expiry, offer_expiry, window_state
 from .submitted import (
     ROLE,
@@ -90,14 +95,17 @@ class Submitter:
         publish: Publish | None = None,
         local_offer: LocalOffer | None = None,
         track: TrackRecord | None = None,
+        adverts: Mapping[bytes, PeerCapacity] | None = None,
     ) -> None:
         self.ctx = ctx
+        self.adverts = {} if adverts is None else adverts  # peers' capacity adverts (adverts.py), live
         self.track = track or TrackRecord(ctx.clock)
         """Evidence about executors (adverts.py): receipts verified from them rank their bids first."""
         self.transfer = transfer
         self.publish = publish
         self.jobs: Jobs = {}
         self.load: Counter[bytes] = Counter()
+        self.room = RoomWaits()
         self._tasks = TaskSlot()
         self.acks = Acknowledger(ctx)
         self._in_flight = Admission(IN_FLIGHT, ADMIT_STEP)
@@ -143,9 +151,10 @@ class Submitter:
     async def submit(self, manifest: JobManifest) -> bytes:
         """Record a new job (its blobs already stored) and start offering it; returns the job id."""
         job_id = manifest.job_id.raw
-        added = await self.ctx.store.run(Store.add_job, **new_job(manifest, self.ctx.now_s()))
+        fields = new_job(manifest, self.ctx.now_s())
+        added = await self.ctx.store.run(Store.add_job, **fields)
         if added and job_id not in self.jobs:
-            self._drive_job(job_id, manifest)
+            self._drive_job(job_id, manifest, _stored_row(fields))
         return job_id
 
     async def submit_batch(self, manifests: list[JobManifest]) -> str:
@@ -159,24 +168,26 @@ class Submitter:
         wanted = {m.job_id.raw for m in manifests}
         for row in await self.ctx.store.run(Store.jobs, role=ROLE, states=("queued",)):
             if row.job_id in wanted and row.job_id not in self.jobs:
-                self._start(row)
+                self._start(row, fresh=True)
         return bid
 
-    def _start(self, row: JobRow) -> None:
+    def _start(self, row: JobRow, *, fresh: bool = False) -> None:
         try:
             manifest = JobManifest.from_wire(_unpack(row.manifest))
         except ProtocolError as e:
             log.error("stored job %s has an unreadable manifest: %s", row.job_id.hex(), e)
             return
-        self._drive_job(row.job_id, manifest)
+        self._drive_job(row.job_id, manifest, row if fresh else None)
 
-    def _drive_job(self, job_id: bytes, manifest: JobManifest) -> None:
+    def _drive_job(self, job_id: bytes, manifest: JobManifest, fresh: JobRow | None = None) -> None:
+        """Start the job's driver; `fresh` is the job's row as this node has just stored it, new: only
+        its driver (or a withdrawal, which ends the driver) changes it, so the driver need not read it."""
         nursery = self._tasks.nursery
         if nursery is None:  # stopping (or not started): the stored job is driven at the next start
             return
         job = SubmittedJob(manifest)
         self.jobs[job_id] = job
-        nursery.start_soon(self._drive, job_id, job)
+        nursery.start_soon(self._drive, job_id, job, fresh)
 
     def _transition(self, job_id: bytes, old: str, new: str, **changes: Any) -> Call:
         return submitted_transition(self.ctx, job_id, old, new, **changes)
@@ -204,10 +215,10 @@ class Submitter:
 
     # --- the driver ---
 
-    async def _drive(self, job_id: bytes, job: SubmittedJob) -> None:
+    async def _drive(self, job_id: bytes, job: SubmittedJob, fresh: JobRow | None = None) -> None:
         try:
             with job.scope:
-                await self._rounds(job_id, job)
+                await self._rounds(job_id, job, fresh)
         except StoreError as e:  # (a full disk): this job waits, the node and its other jobs go on
             log.warning(
                 "job %s: its state cannot be stored: %s; it is taken up again at the next start",
@@ -278,11 +289,11 @@ class Submitter:
         await self.handoff.pull(peer)
         await self.proofs.ask(peer)
 
-    async def _rounds(self, job_id: bytes, job: SubmittedJob) -> None:
+    async def _rounds(self, job_id: bytes, job: SubmittedJob, fresh: JobRow | None = None) -> None:
         deadline_ms = job.manifest.deadline
         with trio.move_on_after(max(0.0, (deadline_ms - self.ctx.clock()) / 1000)):
             async with self._in_flight:
-                await self._attempts(job_id, job)
+                await self._attempts(job_id, job, fresh)
             return
         row = await self.ctx.store.run(Store.job, job_id, ROLE)
         if row is not None and row.state not in TERMINAL and not job.completing:
@@ -296,12 +307,12 @@ class Submitter:
             await self._set_state(job_id, row.state, "expired", reason=why[:500])
             log.info("job %s expired", job_id.hex()[:12])
 
-    async def _attempts(self, job_id: bytes, job: SubmittedJob) -> None:
+    async def _attempts(self, job_id: bytes, job: SubmittedJob, fresh: JobRow | None = None) -> None:
         """Offer and assign the job round after round until it ends (the deadline is the caller's)."""
         if job.manifest.replicas > 1:
             await self._replicas(job_id, job)
             return
-        row: JobRow | None = await self.ctx.store.run(Store.job, job_id, ROLE)
+        row = fresh if fresh is not None else await self.ctx.store.run(Store.job, job_id, ROLE)
         if row is not None and row.state == "assigned":
             key = executor_key(row.executor)
             if key is not None:
@@ -335,14 +346,19 @@ class Submitter:
                 return
             moving = None if row.state == "offered" else row.state
             attempt, row = row.attempt, None  # read again next round
-            bid = await self._offer_round(job_id, job, from_state=moving)
-            if bid is None:
+            won = await self._offer_round(job_id, job, from_state=moving)
+            if won is None:
                 idle += 1
-                await trio.sleep(backoff(self.ctx.settings.reoffer_delay, idle - 1, REOFFER_MAX, doublings=8))
+                delay = backoff(self.ctx.settings.reoffer_delay, idle - 1, REOFFER_MAX, doublings=8)
+                if for_room(job.declined):  # woken sooner if room frees (room.py)
+                    await self.room.wait(delay)
+                else:
+                    await trio.sleep(delay)
                 continue
             idle = 0
+            bid = won[0]
             try:
-                if await self._assign(job_id, job, bid, attempt + 1):
+                if await self._assign(job_id, job, won, attempt + 1):
                     lease_s = self._lease_of(job)
                     await self._await_outcome(job_id, job, NodeId(bid.executor), lease_s)
                 else:
@@ -378,16 +394,17 @@ class Submitter:
 
         idle = 0
         while lane.receipt is None:
-            bid = await self._offer_round(job_id, lane, avoid)
-            if bid is None:
+            won = await self._offer_round(job_id, lane, avoid)
+            if won is None:
                 lane.holder = None
                 idle += 1
                 await trio.sleep(backoff(self.ctx.settings.reoffer_delay, idle - 1, REOFFER_MAX, doublings=8))
                 continue
             idle = 0
+            bid = won[0]
             attempts[0] += 1
             try:
-                if await self._assign(job_id, lane, bid, attempts[0], lane=True):
+                if await self._assign(job_id, lane, won, attempts[0], lane=True):
                     lease_s = self._lease_of(lane)
                     await self._await_outcome(job_id, lane, NodeId(bid.executor), lease_s, lane=True)
                 else:
@@ -395,6 +412,11 @@ class Submitter:
                     lane.holder = None
             finally:
                 self._unload(bid.executor)
+
+    def _movable(self, manifest: JobManifest) -> set[bytes]:
+        """The nodes a job could be moved to now (replan.py): those a round would ask that run jobs."""
+        nodes, now = self._candidates() - self.offers.runs_nothing.keys(), self.ctx.clock()
+        return {n for n in nodes if could_take(self.adverts.get(n), manifest, now)}
 
     def _candidates(self) -> set[bytes]:
         """The nodes a round would ask now: the connected peers, and this node if it runs its own jobs."""
@@ -410,9 +432,10 @@ class Submitter:
         avoid: Callable[[], frozenset[bytes]] = frozenset,
         *,
         from_state: str | None = None,
-    ) -> BidView | None:
-        """Offer the job (in the next set) and wait for the round's bid to take; None when none came.
-        A job in `from_state` is moved to `offered` in the commit that stores its offer."""
+    ) -> tuple[BidView, bytes] | None:
+        """Offer the job (in the next set) and wait for the round's bid to take, with its signed bytes
+        (stored with the assignment, in its commit: `_assign`); None when none came. A job in
+        `from_state` is moved to `offered` in the commit that stores its offer."""
         now = self.ctx.clock()
         expires = offer_expiry(now, job.manifest.deadline, self.ctx.settings.offer_ttl_ms, job.rounds)
         job.rounds += job.round_step
@@ -454,22 +477,11 @@ class Submitter:
                 if state is Window.ASSIGN:
                     choice = Choice(frozenset(job.rejected) | avoid(), self.load, self.track)
                     bid = self.offers.choose(job_id, job, choice)  # the offer's spread (spread.py)
-                    if bid is not None:
-                        self.load[bid.executor] += 1  # at once: rounds choosing at the same time see it
-                        job.holder = bid.executor
-                        try:
-                            await self.ctx.store.run(
-                                Store.put_shared_envelope,
-                                bid.bid_id,
-                                "bid",
-                                rnd.raw[bid.bid_id],
-                                self.ctx.now_s(),
-                                [job_id],
-                            )
-                        except BaseException:
-                            self._unload(bid.executor)
-                            raise
-                    return bid
+                    if bid is None:
+                        return None
+                    self.load[bid.executor] += 1  # at once: rounds choosing at the same time see it
+                    job.holder = bid.executor
+                    return bid, rnd.raw[bid.bid_id]
                 if state is Window.REOFFER:
                     return None
                 with trio.move_on_after(POLL * 4):
@@ -481,8 +493,15 @@ class Submitter:
             self.offers.forget(rnd.offer_id, job_id)
 
     async def _assign(
-        self, job_id: bytes, job: SubmittedJob, bid: BidView, attempt: int, *, lane: bool = False
+        self,
+        job_id: bytes,
+        job: SubmittedJob,
+        won: tuple[BidView, bytes],
+        attempt: int,
+        *,
+        lane: bool = False,
     ) -> bool:
+        bid, bid_raw = won
         now = self.ctx.clock()
         lease = lease_expiry(now, bid, job.manifest.deadline, slack_ms=self.ctx.settings.lease_slack_ms)
         assign = Assign(
@@ -497,12 +516,14 @@ class Submitter:
         env = sign_verified(assign, self.ctx.identity)
         raw = env.raw
         changes = {"executor": str(NodeId(bid.executor)), "attempt": attempt}
-        _, moved = await self._assigning.atomically(  # one commit: the assignment with the state naming it
+        # one commit: the bid taken, the assignment made and the state naming it
+        _, _, moved = await self._assigning.atomically(
+            call(Store.put_shared_envelope, bid.bid_id, "bid", bid_raw, self.ctx.now_s(), [job_id]),
             call(Store.put_envelope, env.message_id.raw, env.kind, raw, self.ctx.now_s(), job_id),
             self._transition(job_id, "offered", "assigned", **changes),
         )
         self._notify(job_id)
-        job.assign_env = env
+        job.assign_env, job.promise = env, Promise(bid.expected_start, bid.expected_finish)
         if lane and not moved:  # the first replica made the job `assigned`; the others record theirs
             await self.ctx.store.run(
                 Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state="assigned", **changes
@@ -567,6 +588,7 @@ class Submitter:
         self.load[executor] -= 1
         if self.load[executor] <= 0:
             del self.load[executor]
+        self.room.freed()  # (a job declined for want of room is offered again: room.py)
 
     async def _await_outcome(
         self,
@@ -600,6 +622,8 @@ class Submitter:
                         nursery.start_soon(self.handoff.resend_until_accepted, job, key)
                     if collect and not given_back:
                         nursery.start_soon(self._collect, job, key, lease_s, nursery.cancel_scope)
+                    elif key is not None and not lane and not given_back:  # behind its promise: replan.py
+                        nursery.start_soon(watch, self.ctx, job, key, partial(self._movable, job.manifest))
         finally:
             job.assigned_to = None
             job.waiting = None
@@ -656,6 +680,16 @@ class Submitter:
     async def handed_off(self, rows: list[JobRow]) -> set[bytes]:
         """The ids of the jobs among `rows` that no longer need this node online (handoff.py)."""
         return await self.handoff.handed_off(rows)
+
+
+def _stored_row(fields: dict[str, Any]) -> JobRow:
+    """The row Store.add_job stores for a new job from `fields` (submitted.new_job's)."""
+    f = fields
+    return JobRow(
+        job_id=f["job_id"], role=ROLE, manifest=f["manifest"], state=f["state"], submitter=f["submitter"],
+        executor=None, attempt=0, created=f["created"], deadline=f["deadline"], updated=f["created"],
+        started=None, finished=None, fuel_limit=f["fuel_limit"], fuel_used=None, reason=None,
+    )  # fmt: skip
 
 
 def _unpack(data: bytes) -> Any:

@@ -1,6 +1,6 @@
 """What one tiny job costs, counted: messages, signatures, hops, tasks, store calls, commits, fsyncs, logs.
 
-    .venv/bin/python tests/bench/bench_job_costs.py [--jobs N]
+    .venv/bin/python tests/bench/bench_job_costs.py [--jobs N] [--by-task]
 
 Runs a submitting node and an executing node in one process (the market harness of
 tests/node/market_nodes.py: real stores, blob stores, sandbox pool and signatures; messages handed
@@ -8,8 +8,11 @@ over in memory), first N jobs one after another, then N at once, and prints per 
 each costly operation happened. "log lines" are the records written at the node's default level
 (info); "fsyncs" count the WAL's and the watermark's (two per watermark write); "trio tasks" include
 the one the in-memory harness starts per message, which a real link does not (peering hands a message
-on inline). Unlike timings on a shared machine these counts do not drift with the host's load, so
-they show what a change to the job path saved (docs/benchmarks.md, "Jobs at scale").
+on inline); "trio task steps" count every time a task runs (each wake-up costs the scheduler),
+with --by-task also by the task's coroutine. "CPU ms" is this process's CPU time per job (both
+nodes, not their sandbox workers): unlike the counts it moves with the host's load. The counts do
+not drift with the host's load, so they show what a change to the job path saved
+(docs/benchmarks.md, "Jobs at scale").
 Not counted: gossip (offers reach the executor in memory), the HTTP API, and the receipt log and its
 proofs (the harness has none).
 """
@@ -23,6 +26,7 @@ import dataclasses
 import logging
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -126,14 +130,26 @@ def _instrument() -> None:
     logging.getLogger("e31").setLevel(logging.INFO)  # the node's default level (node/logs.py)
 
 
+STEPS: collections.Counter[str] = collections.Counter()
+"""Task steps by the task's coroutine (with --by-task)."""
+
+
 class CountTasks(trio.abc.Instrument):
+    def __init__(self, by_task: bool) -> None:
+        self.by_task = by_task
+
     def task_spawned(self, task: trio.lowlevel.Task) -> None:
         COUNTS["trio tasks"] += 1
 
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        COUNTS["trio task steps"] += 1
+        if self.by_task:
+            STEPS[task.coro.cr_code.co_qualname if hasattr(task.coro, "cr_code") else task.name] += 1
 
-async def _measure(jobs: int) -> dict[str, dict[str, float]]:
+
+async def _measure(jobs: int, by_task: bool) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
-    trio.lowlevel.add_instrument(CountTasks())
+    trio.lowlevel.add_instrument(CountTasks(by_task))
     async with trio.open_nursery() as nursery:
         net = harness.Net()
         net.nursery = nursery
@@ -145,6 +161,8 @@ async def _measure(jobs: int) -> dict[str, dict[str, float]]:
         seed = 1
         for mode in ("one at a time", "all at once"):
             COUNTS.clear()
+            STEPS.clear()
+            cpu0 = time.process_time()
             if mode == "one at a time":
                 for _ in range(jobs):
                     job = await a.submitter.submit(a.manifest((str(seed), "1000"), deadline_s=3600))
@@ -158,7 +176,10 @@ async def _measure(jobs: int) -> dict[str, dict[str, float]]:
                 for job in ids:
                     await harness.wait_state(a, job, "done", 300)
             await trio.sleep(1.0)  # the acknowledgements' proofs (batched) are part of the job
+            COUNTS["CPU ms, both nodes (this process)"] += (time.process_time() - cpu0) * 1000
             out[mode] = {k: v / jobs for k, v in COUNTS.items()}
+            if by_task:
+                out[mode].update({f"  step: {k}": v / jobs for k, v in STEPS.most_common(25)})
         nursery.cancel_scope.cancel()
     return out
 
@@ -166,19 +187,26 @@ async def _measure(jobs: int) -> dict[str, dict[str, float]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=50, help="jobs in each of the two runs")
+    parser.add_argument("--by-task", action="store_true", help="also count task steps by coroutine")
     args = parser.parse_args()
     # production intervals: the harness re-sends every 0.2 s, which would count its own retries
     harness.SETTINGS = dataclasses.replace(harness.SETTINGS, delivery_interval=2.0)
     _instrument()
-    results = trio.run(_measure, args.jobs)
+    results = trio.run(_measure, args.jobs, args.by_task)
     modes = list(results)
     totals = sorted(k for k in {k for r in results.values() for k in r} if not k.startswith(" "))
-    kinds = sorted(k for k in {k for r in results.values() for k in r} if k.startswith(" "))
-    names = [n for t in totals for n in ([t, *kinds] if t == "direct messages" else [t])]
+    kinds = sorted(k for k in {k for r in results.values() for k in r} if k.startswith("  ") and ":" not in k)
+    steps = sorted(
+        (k for k in {k for r in results.values() for k in r} if k.startswith("  step: ")),
+        key=lambda k: -results[modes[-1]].get(k, 0.0),
+    )
+    subs = {"direct messages": kinds, "trio task steps": steps}
+    names = [n for t in totals for n in [t, *subs.get(t, [])]]
     print(f"per tiny job (montecarlo 1,000 samples), submitter and executor together, {args.jobs} jobs each")
-    print(f"  {'':18}" + "".join(f"{m:>16}" for m in modes))
+    print(f"  {'':40}" + "".join(f"{m:>16}" for m in modes))
     for name in names:
-        print(f"  {name:18}" + "".join(f"{results[m].get(name, 0.0):16.1f}" for m in modes))
+        digits = 2 if name.startswith("CPU") else 1
+        print(f"  {name[:40]:40}" + "".join(f"{results[m].get(name, 0.0):16.{digits}f}" for m in modes))
     return 0
 
 

@@ -43,9 +43,8 @@ def main() -> int:
         for doc in api.get("/v1/jobs"):
             if doc.get("created", 0) >= t0 - 1 and doc.get("executor") in ids:
                 ran[ids[doc["executor"]]] += 1
-    print(
-        f"sweep of {args.jobs} tiny jobs over {args.nodes} nodes (--cores {args.cores}): {swept['seconds']:.1f} s"
-    )
+    where = f"{args.nodes} nodes (--cores {args.cores})"
+    print(f"sweep of {args.jobs} tiny jobs over {where}: {swept['seconds']:.1f} s")
     for i, (c, n) in enumerate(zip(cpu, ran, strict=True)):
         print(f"  node{i}: ran {n:5d} jobs, CPU {c * 1000 / args.jobs:6.2f} ms per job of the sweep")
     print(f"  all: {sum(cpu) * 1000 / args.jobs:.2f} ms per job")

@@ -1,14 +1,16 @@
 """Where a sweep's CPU goes: 3 local nodes and their sandbox workers under py-spy during one batch.
 
-    .venv/bin/python tests/bench/profile_jobs.py [--jobs N] [--rate HZ] [--out DIR]
+    .venv/bin/python tests/bench/profile_jobs.py [--jobs N] [--before K] [--rate HZ] [--out DIR]
     .venv/bin/python tests/bench/profile_jobs.py --report DIR
 
 Starts three `e31 node run` processes on 127.0.0.1 (bench_jobs.py's `net()`), runs a few warm-up
 jobs, then records every node and sandbox worker with `py-spy record --format raw --gil --nonblocking`
-while one batch of N tiny jobs runs (bench_jobs.py's sweep), and writes DIR/<process>.txt (the raw
-stacks) and DIR/result.json (CPU seconds per process from /proc, jobs per executor, load). Then, or
-later with --report, prints per process its CPU per job and the share of samples per bucket (the
-innermost frame that matches), the top innermost frames and the top node/ and sandbox/ functions.
+while one batch of N tiny jobs runs (bench_jobs.py's sweep; with --before K after K unrecorded
+sweeps of N jobs, so the stores hold their jobs and every node has run some), and writes
+DIR/<process>.txt (the raw stacks) and DIR/result.json (CPU seconds per process from /proc, jobs
+per executor, load). Then, or later with --report, prints per process its CPU per job and the share
+of samples per bucket (the innermost frame that matches), the top innermost frames and the top
+node/ and sandbox/ functions.
 
 `--gil` counts only samples taken while the thread holds the GIL. Without it, on a loaded host py-spy
 counts threads waiting in fsync, epoll or a lock as busy. Shares are of samples, not exact CPU time:
@@ -70,12 +72,14 @@ def _children(pid: int) -> list[int]:
     return sorted(out)
 
 
-def record(jobs: int, rate: int, out: Path, spy: str) -> None:
+def record(jobs: int, rate: int, out: Path, spy: str, before: int = 0) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with bench_jobs.net() as network:
         api = network.nodes[0].api(timeout=120)
         for seed in range(6):  # every node compiles the module and starts its workers
             bench_jobs.wait(api, bench_jobs.submit(api, bench_jobs.tiny(seed)))
+        for k in range(before):  # earlier sweeps: the recorded one runs with their jobs in the stores
+            bench_jobs.sweep(network, jobs, 100_000 + k * jobs)
         procs: dict[str, int] = {}
         for i, node in enumerate(network.nodes):
             procs[f"node{i}"] = node.pid
@@ -99,6 +103,7 @@ def record(jobs: int, rate: int, out: Path, spy: str) -> None:
         ran: dict[str, int] = collections.Counter(doc["executor"] for doc in api.get("/v1/jobs"))
         result = {
             "jobs": jobs,
+            "before": before,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load": os.getloadavg(),
             "sweep": swept,
@@ -150,6 +155,9 @@ def report(out: Path, top: int = 15) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000, help="jobs in the batch")
+    parser.add_argument(
+        "--before", type=int, default=0, help="sweeps of as many jobs run before the recorded one"
+    )
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--out", type=Path, help="where the profiles go (default: a new temporary dir)")
     parser.add_argument("--report", type=Path, metavar="DIR", help="only print the report of DIR")
@@ -163,7 +171,7 @@ def main() -> int:
         return 1
     out = args.out or Path(tempfile.mkdtemp(prefix="e31-profile-"))
     try:
-        record(args.jobs, args.rate, out, spy)
+        record(args.jobs, args.rate, out, spy, args.before)
     except (bench_jobs.ApiClientError, bench_jobs.BenchError) as e:
         print(f"profile_jobs: {e}", file=sys.stderr)
         return 1

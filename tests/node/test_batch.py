@@ -17,7 +17,7 @@ from e31.node.cli.main import CliError
 from e31.node.cli.submit import add_arguments, batch_body
 from e31.node.store import batches as batch
 from e31.node.store.db import Store
-from test_jobs_e2e import ROOT, Node, e31, wait_for
+from test_jobs_e2e import ROOT, Node, e31, linked_nodes
 
 ECHO = ROOT / "sandbox" / "workloads" / "echo.wasm"
 SWEEP = 1000
@@ -123,19 +123,8 @@ def test_the_cli_takes_relative_paths_from_the_batch_file_and_refuses_per_job_fl
 
 @pytest.fixture(scope="module")
 def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
-    tmp = tmp_path_factory.mktemp("net")
-    nodes: list[Node] = []
-    try:
-        nodes.append(Node(tmp / "a"))
-        for name in "bc":
-            nodes.append(Node(tmp / name, "--bootstrap", nodes[0].address))
-        for node in nodes:
-            others = {n.node_id for n in nodes if n is not node}
-            wait_for(f"{node.data_dir.name} to link", lambda n=node, o=others: n.connected() == o)
+    with linked_nodes(tmp_path_factory.mktemp("net")) as nodes:
         yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 def test_a_thousand_job_batch_over_three_nodes_completes(network: list[Node], tmp_path: Path) -> None:

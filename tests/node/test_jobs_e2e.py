@@ -15,6 +15,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +50,9 @@ class Node(NodeProcess):
         super().__init__(data_dir, "--heartbeat", "0.5", "--cores", "1", *args, start_deadline=start_deadline)
 
 
-@pytest.fixture(scope="module")
-def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
-    tmp = tmp_path_factory.mktemp("net")
+@contextmanager
+def linked_nodes(tmp: Path) -> Iterator[list[Node]]:
+    """Three nodes, b and c bootstrapped from a, each linked to the other two; stopped on exit."""
     nodes: list[Node] = []
     try:
         nodes.append(Node(tmp / "a"))
@@ -66,6 +67,12 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
     finally:
         for node in nodes:
             node.stop()
+
+
+@pytest.fixture(scope="module")
+def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
+    with linked_nodes(tmp_path_factory.mktemp("net")) as nodes:
+        yield nodes
 
 
 def submit(node: Node, seed: int, samples: int) -> str:

@@ -51,11 +51,11 @@ async def test_a_submitted_job_whose_state_cannot_be_stored_does_not_stop_the_no
     await start(nursery, a, b)
     real_rounds, failed = Submitter._rounds, []
 
-    async def full_once(self: Submitter, job_id: bytes, job: object) -> None:
+    async def full_once(self: Submitter, job_id: bytes, *args: object) -> None:
         if not failed:
             failed.append(job_id)
             raise DiskFull(f"{tmp_path}: the disk is full")
-        await real_rounds(self, job_id, job)  # type: ignore[arg-type]
+        await real_rounds(self, job_id, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Submitter, "_rounds", full_once)
     first = await a.submitter.submit(a.manifest(("1", "1000")))

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_jobs_e2e import ROOT, Node, e31, wait_for
+from test_jobs_e2e import ROOT, Node, e31, linked_nodes
 
 ECHO = ROOT / "sandbox" / "workloads" / "echo.wasm"
 SWEEP = 192
@@ -24,19 +24,8 @@ SWEEP = 192
 
 @pytest.fixture(scope="module")
 def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
-    tmp = tmp_path_factory.mktemp("spread")
-    nodes: list[Node] = []
-    try:
-        nodes.append(Node(tmp / "a"))
-        for name in "bc":
-            nodes.append(Node(tmp / name, "--bootstrap", nodes[0].address))
-        for node in nodes:
-            others = {n.node_id for n in nodes if n is not node}
-            wait_for(f"{node.data_dir.name} to link", lambda n=node, o=others: n.connected() == o)
+    with linked_nodes(tmp_path_factory.mktemp("spread")) as nodes:
         yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 def test_a_sweep_on_three_nodes_is_spread_across_all_three(network: list[Node], tmp_path: Path) -> None:
@@ -57,9 +46,8 @@ def test_a_sweep_on_three_nodes_is_spread_across_all_three(network: list[Node], 
     ran = [by_node[n.node_id] for n in network]
     print(f"\n{SWEEP}-job sweep over 3 nodes, jobs run by a (submitting), b, c: {ran}")
     assert sum(ran) == SWEEP, f"jobs ran elsewhere: {by_node}"
-    # each node runs a share, and none runs most of the sweep (before the spread: [40, 38, 114] here, and
-    # up to 480 of 500 in the bench). The shares are not equal: the submitting node holds the module, so
-    # its bids count no fetch (fetch_estimate.py) and it wins more of the first offer ([96, 58, 38] seen
-    # on a quiet host)
-    assert min(ran) >= SWEEP // 6, ran
-    assert max(ran) <= 0.55 * SWEEP, ran
+    # each node runs a share, and none runs most of the sweep (choosing each job's bid alone gave
+    # [148, 23, 21] on a quiet host, and up to 485 of 500 in the bench). The shares are not equal: which
+    # bids are in hand when an offer's spread is made depends on timing ([91, 21, 80] seen under load)
+    assert min(ran) >= SWEEP // 12, ran
+    assert max(ran) <= 0.6 * SWEEP, ran

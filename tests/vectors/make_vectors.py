@@ -578,9 +578,80 @@ def results_invalid() -> list[dict[str, Any]]:
     ]
 
 
+def withdraw_samples() -> list[tuple[str, str, Message]]:
+    """`withdraw` (issue 19: the submitter re-plans a job whose executor fell behind its promise): the
+    submitter takes the sample assignment back, and the executor's `release` (reason `withdrawn`)."""
+    from e31.protocol.messages import Withdraw
+
+    assign = sample("assign")
+    assert isinstance(assign, Assign)
+    assignment_id = verify(sign_message(assign, key("submitter"))).message_id
+    text = "no result 1500 ms past its promised finish: offered elsewhere"
+    return [
+        (
+            "withdraw",
+            "submitter",
+            Withdraw(NET, assign.job_id, assignment_id, nid("submitter"), assign.lease_expires, text),
+        ),
+        (
+            "withdraw-no-text",
+            "submitter",
+            Withdraw(NET, assign.job_id, assignment_id, nid("submitter"), T0, ""),
+        ),
+        (
+            "release-withdrawn",
+            "executor",
+            Release(
+                NET,
+                assign.job_id,
+                assignment_id,
+                nid("executor"),
+                "withdrawn",
+                "withdrawn by its submitter before it started here: it was never started",
+            ),
+        ),
+    ]
+
+
+def withdraw_invalid() -> list[dict[str, Any]]:
+    """`withdraw` and `release` bodies a decoder must refuse (InvalidMessage), each signed by the key its
+    kind expects, and a withdraw signed by a key other than the submitter it names (BadSignature)."""
+    ww = next(m for n, _, m in withdraw_samples() if n == "withdraw").to_wire()
+    rw = next(m for n, _, m in withdraw_samples() if n == "release-withdrawn").to_wire()
+    cases = [
+        ("withdraw-short-assignment-id", "withdraw", "submitter", (*ww[:2], ww[2][:31], *ww[3:])),
+        ("withdraw-no-expires", "withdraw", "submitter", (*ww[:4], ww[5])),
+        ("withdraw-text-too-long", "withdraw", "submitter", (*ww[:5], "x" * 257)),
+        ("withdraw-with-a-reason", "withdraw", "submitter", (*ww[:5], "withdrawn", ww[5])),
+        ("release-reason-withdraw", "release", "executor", (*rw[:4], "withdraw", rw[5])),
+    ]
+    out = [
+        {
+            "name": name,
+            "valid": False,
+            "kind": kind,
+            "seed": seed(key_name).hex(),
+            "error": "InvalidMessage",
+            "envelope": _resign(kind, pack(wire), key(key_name)).hex(),
+        }
+        for name, kind, key_name, wire in cases
+    ]
+    out.append(
+        {
+            "name": "withdraw-signed-by-the-executor",
+            "valid": False,
+            "kind": "withdraw",
+            "seed": seed("executor").hex(),
+            "error": "BadSignature",
+            "envelope": _resign("withdraw", pack(ww), key("executor")).hex(),
+        }
+    )
+    return out
+
+
 def build() -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for name, key_name, msg in samples() + relay_samples() + results_samples():
+    for name, key_name, msg in samples() + relay_samples() + results_samples() + withdraw_samples():
         data = sign_message(msg, key(key_name))
         env = verify(data)
         assert env.message_id == message_id(env.kind, env.body, env.signer)
@@ -596,7 +667,7 @@ def build() -> list[dict[str, Any]]:
                 "fields": msg.to_json(),
             }
         )
-    return out + invalid() + results_invalid()
+    return out + invalid() + results_invalid() + withdraw_invalid()
 
 
 def render() -> str:
