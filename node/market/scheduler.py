@@ -284,17 +284,21 @@ class Scheduler:
 
     def estimate_ms(self, profile: bytes, fuel: int, wall_ms: int, module: bytes = b"") -> int:
         """How long a job may hold a core (policy.Calibration.estimate_ms) for the fuel it is planned
-        for: its budget `fuel`, or less when its `module` (blob root) has run here often enough."""
-        if module:
-            fuel = self.history.fuel(profile, module, fuel)
-        return self.calibration.estimate_ms(profile, fuel, wall_ms)
+        for: its budget `fuel`, or less when its `module` (blob root) has run here often enough; then
+        also at most what its module's runs took here (history.run_ms)."""
+        if not module:
+            return self.calibration.estimate_ms(profile, fuel, wall_ms)
+        estimate = self.calibration.estimate_ms(profile, self.history.fuel(profile, module, fuel), wall_ms)
+        by_time = self.history.run_ms(profile, module)
+        return estimate if by_time is None else min(estimate, by_time)
 
-    def learn(self, job: JobInfo, fuel_used: int) -> None:
-        """Teach the history the fuel a run of the job's module used, and plan the module's waiting jobs
-        anew (down as it is learned, up at once after a miss)."""
+    def learn(self, job: JobInfo, fuel_used: int, elapsed_ms: int | None = None) -> None:
+        """Teach the history the fuel a run of the job's module used and the time it held a core (None:
+        not known), and plan the module's waiting jobs anew (down as it is learned, up at once after a
+        miss)."""
         if not job.module:
             return
-        if self.history.ran(job.profile, job.module, fuel_used):
+        if self.history.ran(job.profile, job.module, fuel_used, elapsed_ms):
             self.fuel_misses += 1
         for e in self._waiting:
             if (j := e.job) is not None and j.module == job.module and j.profile == job.profile:
@@ -407,7 +411,8 @@ class Scheduler:
             result, finished_at, after = await run.wait_done(entry.handle, task.deadline)
         except BaseException as e:
             if isinstance(e, JobLate) and job is not None:  # it needed more than its time could burn
-                self.learn(job, self._burnt(entry, self.clock()))
+                now = self.clock()
+                self.learn(job, self._burnt(entry, now), self._held_ms(entry, now))
             self._refund(entry)
             raise
         finally:
@@ -426,7 +431,8 @@ class Scheduler:
         if job is not None:  # its submitter was charged the budget at the start: now what it used
             self.usage.charge(job.submitter, min(result.fuel_used, job.fuel) - job.fuel, finished_at)
         if job is not None:  # a run stopped by the wall clock used an unknown count: count its budget
-            self.learn(job, result.fuel_limit if result.status is Status.TIMEOUT else result.fuel_used)
+            fuel = result.fuel_limit if result.status is Status.TIMEOUT else result.fuel_used
+            self.learn(job, fuel, None if entry.paused else finished_at - started_at)
         if job is not None and not entry.paused:  # a paused run's elapsed time says nothing of the rate
             self.calibration = self.calibration.ran(job.profile, result.fuel_used, finished_at - started_at)
         return record
@@ -448,9 +454,13 @@ class Scheduler:
         job = entry.job
         if job is None:
             return 0
+        return min(job.fuel, self._held_ms(entry, now) * self.calibration.rate(job.profile) // 1000)
+
+    @staticmethod
+    def _held_ms(entry: _Entry, now: int) -> int:
+        """The time a job has held its worker up to `now`, less the time it was paused there."""
         entry.unpause(now)
-        held_ms = max(0, now - entry.started_at - entry.paused_ms) if entry.started_at else 0
-        return min(job.fuel, held_ms * self.calibration.rate(job.profile) // 1000)
+        return max(0, now - entry.started_at - entry.paused_ms) if entry.started_at else 0
 
 
 class _Run:

@@ -1,6 +1,6 @@
-"""The executor's queue learns, from real runs on a real sandbox pool, the fuel each module uses: a job
-of a module run often enough is estimated at that, not at its budget; a heavier run raises it at once,
-and a run stopped at its deadline counts its whole budget."""
+"""The executor's queue learns, from real runs on a real sandbox pool, the fuel each module uses and the
+time its runs take: a job of a module run often enough is estimated at that, not at its budget; a
+heavier run raises it at once, and a run stopped at its deadline counts what its time could burn."""
 
 from __future__ import annotations
 
@@ -57,9 +57,20 @@ async def test_a_modules_runs_teach_its_jobs_estimate_and_a_heavier_run_raises_i
         used.append(record.result.fuel_used)
     planned = scheduler.history.fuel(PROFILE, ROOT, BUDGET)
     assert used[-1] * HEADROOM <= planned <= max(used) * HEADROOM  # (a decayed maximum)
+    by_fuel = scheduler.estimate_ms(PROFILE, BUDGET, WALL_MS, ROOT)
+    assert by_fuel < scheduler.estimate_ms(PROFILE, BUDGET, WALL_MS)
+    assert by_fuel == scheduler.calibration.estimate_ms(PROFILE, planned, WALL_MS)
+    # once timed often enough (the first run's time, its compile's, is not counted), at most what its
+    # runs took here: a tiny run's time is mostly fixed cost, so the rate such runs teach is far too
+    # low and the fuel's estimate far too long
+    assert scheduler.history.run_ms(PROFILE, ROOT) is None
+    record = await scheduler.execute(spec(7, 1000), tmp_path / "o7", estimate_ms=1, job=job(b"7", far))
+    used.append(record.result.fuel_used)
+    by_time = scheduler.history.run_ms(PROFILE, ROOT)
+    assert by_time is not None
+    planned = scheduler.history.fuel(PROFILE, ROOT, BUDGET)
     learned_ms = scheduler.estimate_ms(PROFILE, BUDGET, WALL_MS, ROOT)
-    assert learned_ms < scheduler.estimate_ms(PROFILE, BUDGET, WALL_MS)
-    assert learned_ms == scheduler.calibration.estimate_ms(PROFILE, planned, WALL_MS)
+    assert learned_ms == min(scheduler.calibration.estimate_ms(PROFILE, planned, WALL_MS), by_time)
     # the queue plans a waiting job of that module at the learned estimate
     scheduler.suspend()
     async with trio.open_nursery() as n:
