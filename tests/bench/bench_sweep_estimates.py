@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_jobs
 from e31.node.demo.net import LocalNetwork, LocalNode
 
-KINDS = ("offer", "bid", "decline", "award", "assign")
+KINDS = ("offer", "bid", "decline", "award", "assign", "withdraw")
 
 
 def scrape(node: LocalNode) -> dict[str, float]:
@@ -127,7 +127,8 @@ def main() -> int:
     )
     print(
         f"  node0 during the sweep: offers sent {sent['offer']:.0f}, bids received {got['bid']:.0f} "
-        f"(and its own), declines received {got['decline']:.0f}, awards sent {sent['award']:.0f}"
+        f"(and its own), declines received {got['decline']:.0f}, awards sent {sent['award']:.0f}, "
+        f"withdraws sent {sent['withdraw']:.0f}"
     )
     return 0
 
