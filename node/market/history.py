@@ -36,6 +36,10 @@ HEADROOM = 2.0
 """A job of a known module is planned for this many times its module's peak, at most its budget."""
 DECAY = 0.95
 """Per run, the peak shrinks to this share of itself unless the run used more."""
+RUN_MS_MIN = 50
+"""The time bound is never below this (ms): under it, what separates two nodes' run times of a tiny
+module is the noise of a busy host (runs of 3 ms took up to 30 here), and bids promising those
+differences would split a sweep unevenly among nodes equally idle."""
 MODULES_MAX = 1024
 """Modules (per profile) remembered; the least recently run is forgotten first."""
 
@@ -82,7 +86,7 @@ class History:
         seen = self._seen.get((profile, module))
         if seen is None or seen.timed < MIN_RUNS:
             return None
-        return max(1, math.ceil(seen.peak_ms * HEADROOM))
+        return max(RUN_MS_MIN, math.ceil(seen.peak_ms * HEADROOM))
 
     def ran(self, profile: bytes, module: bytes, fuel_used: int, elapsed_ms: int | None = None) -> bool:
         """Learn from one run of `module` that used `fuel_used` (for a run whose count is not known, a

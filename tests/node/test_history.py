@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from e31.node.market.history import DECAY, HEADROOM, LEARNED_AFTER, MIN_RUNS, History
+from e31.node.market.history import DECAY, HEADROOM, LEARNED_AFTER, MIN_RUNS, RUN_MS_MIN, History
 from e31.node.market.policy import Calibration
 from hypothesis import given
 from hypothesis import strategies as st
@@ -123,26 +123,29 @@ def test_a_modules_runs_time_bounds_its_estimate_once_timed_often_enough() -> No
     h = History()
     for i in range(LEARNED_AFTER):
         assert h.run_ms(P, M) is None  # not yet
-        h.ran(P, M, 100_000, 400 if i == 0 else 3)  # the first run compiled the module: not counted
-    assert h.run_ms(P, M) == 6  # twice what its runs took
-    h.ran(P, M, 100_000, 40)  # one slow run (a loaded moment) raises it at once, then fades
-    assert h.run_ms(P, M) == 80
+        h.ran(P, M, 100_000, 400 if i == 0 else 30)  # the first run compiled the module: not counted
+    assert h.run_ms(P, M) == 60  # twice what its runs took
+    h.ran(P, M, 100_000, 400)  # one slow run (a loaded moment) raises it at once, then fades
+    assert h.run_ms(P, M) == 800
     for _ in range(200):
+        h.ran(P, M, 100_000, 30)
+    assert h.run_ms(P, M) == 60
+    for _ in range(200):  # runs of a few ms: below RUN_MS_MIN, their differences are a busy host's noise
         h.ran(P, M, 100_000, 3)
-    assert h.run_ms(P, M) == 6
+    assert h.run_ms(P, M) == RUN_MS_MIN
     # a run whose time says nothing (paused) teaches its fuel only
     h.ran(P, M, 100_000, None)
     seen = h.seen(P, M)
-    assert seen is not None and seen.runs == LEARNED_AFTER + 202 and seen.timed == LEARNED_AFTER + 200
+    assert seen is not None and seen.runs == LEARNED_AFTER + 402 and seen.timed == LEARNED_AFTER + 400
     assert h.run_ms(P, b"n" * 32) is None and h.run_ms(b"q" * 32, M) is None
 
 
 def test_a_run_longer_than_its_modules_time_allows_raises_it_at_once() -> None:
     h = History()
     for _ in range(LEARNED_AFTER):
-        h.ran(P, M, 100_000, 5)
-    h.ran(P, M, 100_000, 10)  # within the headroom
-    assert h.run_ms(P, M) == 20
+        h.ran(P, M, 100_000, 50)
+    h.ran(P, M, 100_000, 100)  # within the headroom
+    assert h.run_ms(P, M) == 200
     # the same fuel, far longer (a loaded host): planned for it at once; no fuel miss
     assert not h.ran(P, M, 100_000, 500)
     assert h.run_ms(P, M) == 1000
