@@ -1,4 +1,4 @@
-"""What a job of a module this node has run before will use: the fuel its module's recent runs used.
+"""What a job of a module this node has run before will use: what its module's recent runs used and took.
 
 Pure: no trio, no I/O, no clock. A job's fuel budget is an upper bound its submitter chose, and the
 default one (10 Gfuel, docs/submitting.md) is thousands of times what a small job burns; planned at
@@ -9,7 +9,8 @@ times for `HEADROOM` times that, never more than its budget (`History.fuel`). A 
 that often, or forgotten, is planned at its budget, as before.
 
 It also keeps a decayed maximum of the time the module's runs held a core here (not paused), and a
-module timed `MIN_RUNS` times is planned for at most `HEADROOM` times that (`History.run_ms`). The
+module timed `MIN_RUNS` times is planned for at most `HEADROOM` times that, and no less than
+`RUN_MS_MIN` by it (`History.run_ms`). The
 fuel alone cannot say it: the calibrated rate is fuel over a run's time, and a tiny run's time is
 mostly its fixed cost (the first run of a module here compiles it), so a rate learned from such
 runs is far too low and the fuel's estimate far too long (0.5-3.7 s for runs of a few ms). The first
@@ -57,7 +58,8 @@ class Seen:
 
 @dataclass(slots=True)
 class History:
-    """Fuel used by the recent runs of each (profile, module), an LRU of `capacity` entries."""
+    """Fuel used and time taken by the recent runs of each (profile, module), an LRU of `capacity`
+    entries."""
 
     capacity: int = MODULES_MAX
     _seen: OrderedDict[tuple[bytes, bytes], Seen] = field(default_factory=OrderedDict)
@@ -82,7 +84,7 @@ class History:
 
     def run_ms(self, profile: bytes, module: bytes) -> int | None:
         """The longest a job of `module` is planned to hold a core, from its runs' time: `HEADROOM`
-        times its timed peak once `MIN_RUNS` runs were timed (at least 1 ms); None before."""
+        times its timed peak once `MIN_RUNS` runs were timed (at least RUN_MS_MIN); None before."""
         seen = self._seen.get((profile, module))
         if seen is None or seen.timed < MIN_RUNS:
             return None

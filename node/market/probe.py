@@ -1,8 +1,8 @@
 """Probes: a few jobs of a sweep's offer for a bidder the spread left idle, so it can learn the module.
 
 Pure, like spread.py. An executor plans a job of a module it has run `history.LEARNED_AFTER` times
-at what its runs use and take, and one of a module it has not run at its budget (with the default limits, its
-wall limit or the uncalibrated 12.5 s): that is all it knows. So in a sweep of tiny jobs the node
+at what its runs use and take, and one of a module it has not run at its budget (with the default
+limits, its wall limit or the uncalibrated 12.5 s): that is all it knows. So in a sweep of tiny jobs the node
 that has run the module bids finishes hundreds of times earlier than the others, the spread (which
 follows promised finishes) gives it every job, and the others never run the module, so never learn
 it: one bench run gave 996 of 1,000 jobs to the node that knew the module. Bids cannot be made

@@ -19,9 +19,10 @@ measured here from `suspend` to `resume`), which its receipt's meter records (me
 
 Calibration: each run teaches the policy's Calibration its profile's fuel rate (fuel over the time the
 run held its worker, not counting a pause) and the safety margin; a job stopped at its deadline raises
-the margin. Each run also teaches `history` the fuel its module used (history.py): a job of a module
-run here often enough is estimated at what its module's runs use, with headroom, not at its budget
-(`estimate_ms` with the module's root). Bids (bidding.py) plan with `promised()` and `slots()`.
+the margin. Each run also teaches `history` the fuel its module used and the time it took
+(history.py): a job of a module run here often enough is estimated at what its module's runs use
+and take, with headroom, not at its budget (`estimate_ms` with the module's root). Bids
+(bidding.py) plan with `promised()` and `slots()`.
 
 `suspend()` and `resume()` pause and continue every running job and hold back new ones (the
 owner of the machine needs it back); `backlog_ms` and `queue_length` feed the bid estimates.
