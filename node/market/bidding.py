@@ -282,9 +282,12 @@ class Bids:
         return admit(slots, list(promised.values()), offered, now)
 
     def task(self, manifest: JobManifest, now: int) -> Task:
-        """The job as the policy sees it, estimated at this node's calibrated rate and margin."""
+        """The job as the policy sees it, estimated at this node's calibrated rate and margin, for the
+        fuel its module's runs here use (history.py) when it has run here often enough."""
         lim = manifest.limits
-        estimate = self.scheduler.estimate_ms(manifest.profile.raw, lim.fuel, lim.wall_ms)
+        estimate = self.scheduler.estimate_ms(
+            manifest.profile.raw, lim.fuel, lim.wall_ms, manifest.module.root.raw
+        )
         return Task(manifest.job_id.raw, manifest.submitter.raw, manifest.deadline, estimate, now, lim.fuel)
 
     def _counted(self, now: int) -> list[JobManifest]:

@@ -309,7 +309,9 @@ class Executor:
         self._active.add(job_id)
         work = self.runs_dir / job_id.hex()
         lim = manifest.limits
-        estimate = self.scheduler.estimate_ms(manifest.profile.raw, lim.fuel, lim.wall_ms)
+        estimate = self.scheduler.estimate_ms(
+            manifest.profile.raw, lim.fuel, lim.wall_ms, manifest.module.root.raw
+        )
         held = self._held.hold(
             job_id,
             Held(trio.CancelScope(), manifest.deadline, estimate, submitter=submitter, fuel=lim.fuel),

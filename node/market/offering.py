@@ -28,6 +28,7 @@ from ..net.links import TokenBucket
 from ..store.db import Store, call
 from .context import MarketContext
 from .policy import UNMEASURED, Task, Usage, offer_key
+from .probe import probe
 from .rules import BidView, choose_bid, held_bytes
 from .spread import AWARD_MIN, Wanted, awards, spread
 from .submitted import Jobs, Joining, Round, SubmittedJob, in_round
@@ -326,7 +327,8 @@ class OfferLine:
         if group is not None and job.manifest.replicas == 1:
             if group.chosen is None:
                 wanted = self._wanted(rnd.offer_id, group)
-                group.chosen = spread(wanted, choice.load, now=now, known=choice.known)
+                chosen = spread(wanted, choice.load, now=now, known=choice.known)
+                group.chosen = probe(wanted, chosen, choice.load, now=now, known=choice.known)
                 # an offer with replica lanes gets no awards: a lane takes its own bid (choose_bid),
                 # so a bidder cannot be told which of its bid's jobs it will not be given
                 lanes = any(j.manifest.replicas > 1 for j in group.members.values())

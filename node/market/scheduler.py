@@ -21,7 +21,10 @@ measured here from `suspend` to `resume`), which its receipt's meter records (me
 
 Calibration: each run teaches the policy's Calibration its profile's fuel rate (fuel over the time the
 run held its worker, not counting a pause) and the safety margin; a job stopped at its deadline raises
-the margin. Bids (bidding.py) plan with `promised()` and `slots()`.
+the margin. Each run also teaches `history` the fuel its module used and the time it took
+(history.py): a job of a module run here often enough is estimated at what its module's runs use
+and take, with headroom, not at its budget (`estimate_ms` with the module's root). Bids
+(bidding.py) plan with `promised()` and `slots()`.
 
 `suspend()` and `resume()` pause and continue every running job and hold back new ones (the
 owner of the machine needs it back); `backlog_ms` and `queue_length` feed the bid estimates.
@@ -38,16 +41,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 import trio
 from e31.protocol.jobs import JobManifest
 from e31.sandbox.job import JobSpec
-from e31.sandbox.limits import RunResult
+from e31.sandbox.limits import RunResult, Status
 
 from .. import metrics
+from .history import History
 from .policy import Calibration, Slot, Task, Usage, pick
 
 log = logging.getLogger("e31.scheduler")
@@ -111,6 +115,8 @@ class JobInfo:
     fuel: int
     wall_ms: int
     profile: bytes
+    module: bytes = b""
+    """Its module's blob root (empty: unknown; the estimate is then its budget's)."""
 
     @classmethod
     def of(cls, manifest: JobManifest) -> JobInfo:
@@ -122,6 +128,7 @@ class JobInfo:
             lim.fuel,
             lim.wall_ms,
             manifest.profile.raw,
+            manifest.module.root.raw,
         )
 
 
@@ -191,6 +198,9 @@ class Scheduler:
     """Builds the worker pool (blocking: it starts processes); called in a thread when the service starts."""
     clock: Callable[[], int] = wall_ms
     calibration: Calibration = field(default_factory=Calibration)
+    history: History = field(default_factory=History)
+    """The fuel each module's recent runs used here (per profile): a known module's jobs are estimated
+    at that, with headroom, rather than at their budget."""
     weights: dict[bytes, float] = field(default_factory=dict)
     """Fair-share weight per submitter (1 for any not named)."""
     usage: Usage = field(default_factory=Usage)
@@ -211,6 +221,8 @@ class Scheduler:
     ahead_ms: int = AHEAD_MS
     short_runs: int = 0
     """Runs in a row, up to the last one, that held their worker at most `ahead_ms`."""
+    fuel_misses: int = 0
+    """Runs that used more fuel than their module's history planned them for."""
 
     def __post_init__(self) -> None:
         if self.workers < 0:
@@ -290,8 +302,28 @@ class Scheduler:
         busy += [Slot(now + e.task.estimate_ms) for e in self._running if not e.started_at]
         return busy + [Slot(now)] * max(0, self.workers - len(self._running))
 
-    def estimate_ms(self, profile: bytes, fuel: int, wall_ms: int) -> int:
-        return self.calibration.estimate_ms(profile, fuel, wall_ms)
+    def estimate_ms(self, profile: bytes, fuel: int, wall_ms: int, module: bytes = b"") -> int:
+        """How long a job may hold a core (policy.Calibration.estimate_ms) for the fuel it is planned
+        for: its budget `fuel`, or less when its `module` (blob root) has run here often enough; then
+        also at most what its module's runs took here (history.run_ms)."""
+        if not module:
+            return self.calibration.estimate_ms(profile, fuel, wall_ms)
+        estimate = self.calibration.estimate_ms(profile, self.history.fuel(profile, module, fuel), wall_ms)
+        by_time = self.history.run_ms(profile, module)
+        return estimate if by_time is None else min(estimate, by_time)
+
+    def learn(self, job: JobInfo, fuel_used: int, elapsed_ms: int | None = None) -> None:
+        """Teach the history the fuel a run of the job's module used and the time it held a core (None:
+        not known), and plan the module's waiting jobs anew (down as it is learned, up at once after a
+        miss)."""
+        if not job.module:
+            return
+        if self.history.ran(job.profile, job.module, fuel_used, elapsed_ms):
+            self.fuel_misses += 1
+        for e in self._waiting:
+            if (j := e.job) is not None and j.module == job.module and j.profile == job.profile:
+                e.estimate_ms = self.estimate_ms(j.profile, j.fuel, j.wall_ms, j.module)
+                e.task = replace(e.task, estimate_ms=e.estimate_ms)
 
     @property
     def suspended(self) -> bool:
@@ -385,7 +417,7 @@ class Scheduler:
         if job is None:
             task = Task(b"~%d" % next(_ids), b"", NO_DEADLINE, max(1, estimate_ms), queued_at)
         else:
-            est = self.calibration.estimate_ms(job.profile, job.fuel, job.wall_ms)
+            est = self.estimate_ms(job.profile, job.fuel, job.wall_ms, job.module)
             task = Task(job.key, job.submitter, job.deadline, est, queued_at, job.fuel)
         entry = _Entry(estimate_ms, task, job)
         self._waiting.append(entry)
@@ -424,7 +456,10 @@ class Scheduler:
                     raise
             entry.running = True
             result, finished_at, after = await run.wait_done(entry.handle, task.deadline)
-        except BaseException:
+        except BaseException as e:
+            if isinstance(e, JobLate) and job is not None:  # it needed more than its time could burn
+                now = self.clock()
+                self.learn(job, self._burnt(entry, now), self._held_ms(entry, now))
             self._refund(entry)
             raise
         finally:
@@ -443,6 +478,9 @@ class Scheduler:
         metrics.QUEUE_WAIT.observe((started_at - queued_at) / 1000)
         if job is not None:  # its submitter was charged the budget at the start: now what it used
             self.usage.charge(job.submitter, min(result.fuel_used, job.fuel) - job.fuel, finished_at)
+        if job is not None:  # a run stopped by the wall clock used an unknown count: count its budget
+            fuel = result.fuel_limit if result.status is Status.TIMEOUT else result.fuel_used
+            self.learn(job, fuel, None if entry.paused else finished_at - started_at)
         if job is not None and not entry.paused:  # a paused run's elapsed time says nothing of the rate
             self.calibration = self.calibration.ran(job.profile, result.fuel_used, finished_at - started_at)
         short = not entry.paused and finished_at - started_at <= self.ahead_ms
@@ -466,11 +504,22 @@ class Scheduler:
         if job is None or not entry.charged:
             return
         now = self.clock()
-        entry.unpause(now)
-        held_ms = max(0, now - entry.started_at - entry.paused_ms) if entry.started_at else 0
-        burnt = min(job.fuel, held_ms * self.calibration.rate(job.profile) // 1000)
-        self.usage.charge(job.submitter, burnt - job.fuel, now)
+        self.usage.charge(job.submitter, self._burnt(entry, now) - job.fuel, now)
         entry.charged = False
+
+    def _burnt(self, entry: _Entry, now: int) -> int:
+        """The fuel a job that ended with no fuel count could have burnt: the time it held its worker
+        up to `now`, less the time it was paused there, at the calibrated rate (at most its budget)."""
+        job = entry.job
+        if job is None:
+            return 0
+        return min(job.fuel, self._held_ms(entry, now) * self.calibration.rate(job.profile) // 1000)
+
+    @staticmethod
+    def _held_ms(entry: _Entry, now: int) -> int:
+        """The time a job has held its worker up to `now`, less the time it was paused there."""
+        entry.unpause(now)
+        return max(0, now - entry.started_at - entry.paused_ms) if entry.started_at else 0
 
 
 class _Run:
