@@ -25,6 +25,7 @@ from e31.protocol.messages import Accepted, Cancel, Release, Result
 from e31.protocol.receipts import UsageReceipt
 
 from ..store.db import Call, Store
+from ..store.rows import JobRow
 from .behind import Promise
 from .context import MarketContext, transition
 from .rules import BidView
@@ -221,6 +222,16 @@ def new_job(manifest: JobManifest, now: float) -> dict[str, Any]:
         "fuel_limit": manifest.limits.fuel,
         "blobs": [r.hex() for r in refs],
     }
+
+
+def stored_row(fields: dict[str, Any]) -> JobRow:
+    """The row Store.add_job stores for a new job from `fields` (new_job's)."""
+    f = fields
+    return JobRow(
+        job_id=f["job_id"], role=ROLE, manifest=f["manifest"], state=f["state"], submitter=f["submitter"],
+        executor=None, attempt=0, created=f["created"], deadline=f["deadline"], updated=f["created"],
+        started=None, finished=None, fuel_limit=f["fuel_limit"], fuel_used=None, reason=None,
+    )  # fmt: skip
 
 
 def executor_key(executor: NodeId | str | None) -> bytes | None:

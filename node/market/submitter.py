@@ -66,6 +66,7 @@ from .submitted import (
     set_submitted_state,
     signed_cancel,
     stored_assignments,
+    stored_row,
     submitted_transition,
 )
 from .transfer import BlobTransfer
@@ -161,7 +162,7 @@ class Submitter:
         fields = new_job(manifest, self.ctx.now_s())
         added = await self.ctx.store.run(Store.add_job, **fields)
         if added and job_id not in self.jobs:
-            self._drive_job(job_id, manifest, _stored_row(fields))
+            self._drive_job(job_id, manifest, stored_row(fields))
         return job_id
 
     async def submit_batch(self, manifests: list[JobManifest]) -> str:
@@ -685,16 +686,6 @@ class Submitter:
     async def handed_off(self, rows: list[JobRow]) -> set[bytes]:
         """The ids of the jobs among `rows` that no longer need this node online (handoff.py)."""
         return await self.handoff.handed_off(rows)
-
-
-def _stored_row(fields: dict[str, Any]) -> JobRow:
-    """The row Store.add_job stores for a new job from `fields` (submitted.new_job's)."""
-    f = fields
-    return JobRow(
-        job_id=f["job_id"], role=ROLE, manifest=f["manifest"], state=f["state"], submitter=f["submitter"],
-        executor=None, attempt=0, created=f["created"], deadline=f["deadline"], updated=f["created"],
-        started=None, finished=None, fuel_limit=f["fuel_limit"], fuel_used=None, reason=None,
-    )  # fmt: skip
 
 
 def _unpack(data: bytes) -> Any:
