@@ -9,13 +9,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
-from e31.node.market.bidding import LOSING_TEXT
+from e31.node.market import standing
+from e31.node.market.bidding import LOSING_TEXT, Promise
 from e31.node.market.standing import PROBE_MS
-from e31.protocol.envelope import VerifiedEnvelope, sign_message
+from e31.protocol.envelope import VerifiedEnvelope, sign_message, verify
 from e31.protocol.ids import NodeId
 from e31.protocol.messages import Award, Bid, Decline, Offer
-from market_nodes import NETWORK, Net, RealNode, until, wall_ms
+from market_nodes import NETWORK, Net, RealNode, start, until, wall_ms
+from test_awards import Bidder
 from test_market import Recorder, executor_and_peer, foreign_manifest
 
 Answers = list[VerifiedEnvelope[Any]]
@@ -143,3 +146,46 @@ async def test_a_node_with_a_core_free_always_bids(net: Net, nursery: trio.Nurse
     assert b.executor.bids.standing.lost(c.id) == 3
     assert b.executor.bids._promised_jobs(clock[0]) == 0
     assert kind(await offers.offer()) == "B"
+
+
+async def test_a_node_that_loses_a_sweeps_spread_declines_most_of_its_offers_unplanned(
+    net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real submitter spreads a sweep's offers between node b, whose core is promised to another
+    submitter's jobs for a minute, and a bidder that promises every job within a second: b's bids win
+    nothing, the submitter's awards say so, and b answers most of the later offers with an unplanned
+    decline, still answering every one (the submitter's bid window does not wait for it)."""
+    monkeypatch.setattr(standing, "PROBE_MS", 600_000)  # the probes by count only: the host's pace aside
+    a = RealNode(net, tmp_path, "a", 1)  # submits; runs none of its own jobs (SETTINGS)
+    b = RealNode(net, tmp_path, "b", 2)
+    fast = Bidder(net, 21)
+    await start(nursery, a, b)
+    other = Offers(b, Recorder(net, 13))  # another submitter, whose award keeps b's core promised
+    await other.award(bid_of(await other.offer()), won=4)
+
+    answers: list[VerifiedEnvelope[Any]] = []
+    handler = net.handlers[a.id]
+
+    async def tap(peer: bytes, raw: bytes) -> None:
+        if peer == b.id and isinstance((env := verify(raw)).message, Bid | Decline):
+            answers.append(env)
+        await handler(peer, raw)
+
+    net.handlers[a.id] = tap
+
+    def mine() -> list[Promise]:
+        """b's live bids for a's offers."""
+        return [p for p in b.executor.bids._promises.values() if p.offer.message.submitter.raw == a.id]
+
+    for batch in range(8):
+        await a.submitter.submit_batch([a.manifest(("s", str(batch), str(i)), 3600.0) for i in range(8)])
+        await until(lambda n=batch: len(fast.of(Offer)) > n)  # (each batch goes in an offer of its own)
+        await until(lambda: {e.message.offer_id for e in answers} >= {o.message_id for o in fast.of(Offer)})
+        await until(lambda: all(p.decided is not None for p in mine()))  # its award came
+
+    offers = [o.message_id for o in fast.of(Offer)]
+    by_offer = {o: [e for e in answers if e.message.offer_id == o] for o in offers}
+    assert all(by_offer.values()), "every offer is answered"
+    kinds = "".join(kind(by_offer[o]) for o in offers)
+    assert kinds == "BdBddBdd"  # lost 1, 2, 3 in a row: 1, 2, then (so far) 2 offers skipped
+    assert b.executor.bids.standing.lost(a.id) == 3
