@@ -219,23 +219,25 @@ class Bids:
         )
         if self.scheduler.workers == 0:  # a submit-only node: says so, and keeps no bid
             full, room = DeclinePlan("policy", SUBMIT_ONLY_TEXT, now + self.ctx.settings.bid_ttl_ms), False
+        # plan_bid's answer depends on the job's view and on whether the queue has room: the jobs of a
+        # sweep share one view, so it is asked once per (view, room), not once per job
+        plans: dict[tuple[tuple[bytes, int, int, int, int], bool], BidPlan | DeclinePlan] = {}
+        queued = me.queue_length
         for manifest in offer.manifests:
             job_id = manifest.job_id
             if job_id.raw in held:
                 continue
             limits = manifest.limits
-            view = OfferView(
-                manifest.profile.raw,
-                limits.fuel,
-                limits.memory_bytes,
-                limits.wall_ms,
-                manifest.deadline,
-                offer.expires,
-            )
-            # every live bid keeps its offer: their memory is bounded (PROMISED_BYTES_MAX)
-            plan = plan_bid(view, me, now, bid_ttl_ms=self.ctx.settings.bid_ttl_ms) if room else full
+            seen = (manifest.profile.raw, limits.fuel, limits.memory_bytes, limits.wall_ms, manifest.deadline)
+            asked = (seen, queued < me.max_queue)
+            plan = plans.get(asked) if room else full
+            if plan is None:  # every live bid keeps its offer: their memory is bounded (PROMISED_BYTES_MAX)
+                view = OfferView(*seen, offer.expires)
+                plan = plans[asked] = plan_bid(
+                    view, replace(me, queue_length=queued), now, bid_ttl_ms=self.ctx.settings.bid_ttl_ms
+                )
             if isinstance(plan, BidPlan):  # each job bid for takes a place in the queue
-                me = replace(me, queue_length=me.queue_length + 1)
+                queued += 1
             if isinstance(plan, DeclinePlan):
                 ids, text, expires = declined.get(plan.reason, ([], plan.text, plan.expires))
                 ids.append(job_id)
