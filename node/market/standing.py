@@ -26,7 +26,7 @@ SKIP_MAX = 8
 PROBE_MS = 1000
 """A node bids on a submitter's offer at least this long after its last bid to it, streak or not."""
 SUBMITTERS_KEPT = 1024
-"""Submitters whose streak is remembered (the least recently heard forgotten first)."""
+"""Submitters whose streak is remembered (the one least recently bid to or decided forgotten first)."""
 
 
 @dataclass(slots=True)
