@@ -42,7 +42,7 @@ from e31.protocol.messages import MAX_HELD, REASON_TEXT_MAX, Award, Bid, BidItem
 
 from ..store.db import Store
 from .context import MarketContext
-from .fetch_estimate import FetchRate, with_fetches
+from .fetch_estimate import FetchRate, fetch_shares
 from .policy import Admitted, Task, admit
 from .rules import BidPlan, DeclinePlan, ExecutorView, OfferView, plan_bid
 from .scheduler import Scheduler
@@ -327,18 +327,18 @@ class Bids:
         if not manifests:
             return Admitted({}, {})
         slots = sorted(self.scheduler.slots(now), key=lambda s: s.free_at)[: max(0, cores)]
-        offered = with_fetches(
-            [self.task(m, now) for m in manifests], manifests, self.ctx.blobs.has, self.fetch_rate, cores
-        )
+        shares = fetch_shares(manifests, self.ctx.blobs.has, self.fetch_rate, cores)  # as with_fetches
+        offered = [self.task(m, now, shares.get(m.job_id.raw, 0)) for m in manifests]
         keys = {t.key for t in offered}  # a job offered again replaces its earlier bid's promise
         bid_tasks = [self.task(m, now) for m in counted if m.deadline > now]
         promised = {t.key: t for t in (*bid_tasks, *self.held_tasks()) if t.key not in keys}
         return admit(slots, list(promised.values()), offered, now)
 
-    def task(self, manifest: JobManifest, now: int) -> Task:
-        """The job as the policy sees it, estimated at this node's calibrated rate and margin."""
+    def task(self, manifest: JobManifest, now: int, fetch_ms: int = 0) -> Task:
+        """The job as the policy sees it, estimated at this node's calibrated rate and margin (plus
+        `fetch_ms`, its share of fetching the blobs this node lacks)."""
         lim = manifest.limits
-        estimate = self.scheduler.estimate_ms(manifest.profile.raw, lim.fuel, lim.wall_ms)
+        estimate = self.scheduler.estimate_ms(manifest.profile.raw, lim.fuel, lim.wall_ms) + fetch_ms
         return Task(manifest.job_id.raw, manifest.submitter.raw, manifest.deadline, estimate, now, lim.fuel)
 
     def _counted(self, now: int) -> list[JobManifest]:
