@@ -15,6 +15,11 @@ whose jobs was assigned UNCHOSEN_MS after it was made (the submitter chose other
 window closed). Either way a late assignment of one is still taken while the bid lives. An offer gets
 bids for at most as many jobs as the queue has room for (`max_queue_per_core`, counting the jobs
 still promised); the rest are declined `busy`.
+A node whose last bids to a submitter won nothing answers that submitter's next offers with one
+unplanned `busy` decline each, and bids again on every few (standing.py: a probe at least every
+SKIP_MAX offers or PROBE_MS); a node with a core free always bids. The jobs still promised by live
+bids (`_counted`) are found once per offer, from the bids that may still count (`_counting`), not by
+a walk over every job of every live bid.
 A bid names the blobs of its jobs this node holds already (`held`: the submitter prefers such a bid
 when all else is equal), and its finish counts the time to fetch the others (fetch_estimate.py), so a
 node holding a job's large blobs bids an earlier finish. The offer is remembered under the bid's id
@@ -37,10 +42,11 @@ from e31.protocol.messages import MAX_HELD, REASON_TEXT_MAX, Award, Bid, BidItem
 
 from ..store.db import Store
 from .context import MarketContext
-from .fetch_estimate import FetchRate, with_fetches
+from .fetch_estimate import FetchRate, fetch_shares
 from .policy import Admitted, Task, admit
 from .rules import BidPlan, DeclinePlan, ExecutorView, OfferView, plan_bid
 from .scheduler import Scheduler
+from .standing import Standing
 
 log = logging.getLogger("e31.executor")
 
@@ -60,6 +66,7 @@ chooses among an offer's bids when its bid window closes (every expected bidder 
 WindowSettings.window, 1 s, after the offer); a bid not chosen by then held this node's queue until it
 lapsed (bid_ttl_ms, 30 s), declining later offers `busy` while idle."""
 SUBMIT_ONLY_TEXT = "this node runs no jobs (cores = 0: it only submits)"
+LOSING_TEXT = "this node's last {} bid(s) to this submitter won no job: it bids on some of its offers"
 ANSWERED_PRUNE_MIN = 1024
 """Answered offers held before the expired ones are first forgotten (an expired offer is refused anyway)."""
 
@@ -86,6 +93,8 @@ class Promise:
     awarded: frozenset[bytes] | None = None
     """The jobs its submitter's `award` said it will assign here (None: no award came): they count
     until assigned or the bid lapses, the others no more."""
+    decided: bool | None = None
+    """What `Bids.standing` was told of it: it won some job (True), none (False), nothing yet (None)."""
 
 
 class Bids:
@@ -118,6 +127,10 @@ class Bids:
         self._answered: dict[bytes, int] = {}
         """Offers (message id) answered, with their expiry: an offer heard again is not answered twice."""
         self._answered_prune_at = ANSWERED_PRUNE_MIN
+        self._counting: dict[bytes, None] = {}
+        """The live bids whose jobs may still count as promised (`_counted` drops the others)."""
+        self.standing = Standing()
+        """How this node's bids to each submitter fared lately: whether its next offer gets a bid."""
 
     def first_hearing(self, env: VerifiedEnvelope[Offer]) -> bool:
         """Whether the offer is new here (then it is remembered as answered, and is to be `answer`ed)."""
@@ -151,12 +164,15 @@ class Bids:
         ):
             return False
         promise.awarded = frozenset(j.raw for j in msg.job_ids)
+        self._counting[msg.bid_id.raw] = None  # its named jobs count again, whatever its timers said
+        self._decide(promise, bool(promise.awarded))
         return True
 
     def assigned(self, bid_id: bytes, promise: Promise, job_id: bytes) -> None:
         """A job of the bid was assigned (and stored): the bid keeps its other jobs, or goes."""
         promise.jobs.pop(job_id, None)
         self._chosen_at.setdefault(bid_id, self.ctx.clock())
+        self._decide(promise, True)
         if not promise.jobs and self._promises.get(bid_id) is promise:
             self._drop_promise(bid_id)  # (its bid may have lapsed and gone meanwhile)
 
@@ -169,6 +185,10 @@ class Bids:
         except ProtocolError:
             return
         offer = env.message
+        counted = self._counted(now)
+        if not self._worth_bidding(offer.submitter.raw, now, len(counted)):
+            await self._decline_unplanned(env, now)
+            return
         held = await self.ctx.store.run(Store.jobs_held, [m.job_id.raw for m in offer.manifests], ROLE)
         cores, memory = self.scheduler.workers, self.memory_bytes
         if self.capacity is not None:
@@ -181,7 +201,7 @@ class Bids:
             0 if self.scheduler.suspended else cores,
             memory,
             0,
-            self.scheduler.queue_length + self._promised_jobs(now),
+            self.scheduler.queue_length + len(counted),
             cores * self.ctx.settings.max_queue_per_core,
             self.scheduler.fuel_rate,
         )
@@ -199,23 +219,25 @@ class Bids:
         )
         if self.scheduler.workers == 0:  # a submit-only node: says so, and keeps no bid
             full, room = DeclinePlan("policy", SUBMIT_ONLY_TEXT, now + self.ctx.settings.bid_ttl_ms), False
+        # plan_bid's answer depends on the job's view and on whether the queue has room: the jobs of a
+        # sweep share one view, so it is asked once per (view, room), not once per job
+        plans: dict[tuple[tuple[bytes, int, int, int, int], bool], BidPlan | DeclinePlan] = {}
+        queued = me.queue_length
         for manifest in offer.manifests:
             job_id = manifest.job_id
             if job_id.raw in held:
                 continue
             limits = manifest.limits
-            view = OfferView(
-                manifest.profile.raw,
-                limits.fuel,
-                limits.memory_bytes,
-                limits.wall_ms,
-                manifest.deadline,
-                offer.expires,
-            )
-            # every live bid keeps its offer: their memory is bounded (PROMISED_BYTES_MAX)
-            plan = plan_bid(view, me, now, bid_ttl_ms=self.ctx.settings.bid_ttl_ms) if room else full
+            seen = (manifest.profile.raw, limits.fuel, limits.memory_bytes, limits.wall_ms, manifest.deadline)
+            asked = (seen, queued < me.max_queue)
+            plan = plans.get(asked) if room else full
+            if plan is None:  # every live bid keeps its offer: their memory is bounded (PROMISED_BYTES_MAX)
+                view = OfferView(*seen, offer.expires)
+                plan = plans[asked] = plan_bid(
+                    view, replace(me, queue_length=queued), now, bid_ttl_ms=self.ctx.settings.bid_ttl_ms
+                )
             if isinstance(plan, BidPlan):  # each job bid for takes a place in the queue
-                me = replace(me, queue_length=me.queue_length + 1)
+                queued += 1
             if isinstance(plan, DeclinePlan):
                 ids, text, expires = declined.get(plan.reason, ([], plan.text, plan.expires))
                 ids.append(job_id)
@@ -223,7 +245,7 @@ class Bids:
                 declined[plan.reason] = (ids, text if text == plan.text else "", min(expires, plan.expires))
                 continue
             candidates[job_id.raw] = (manifest, plan)
-        admitted = self._admit(now, cores, [m for m, _ in candidates.values()])
+        admitted = self._admit(now, cores, [m for m, _ in candidates.values()], counted)
         for key, (manifest, plan) in candidates.items():
             job_id = manifest.job_id
             if key not in admitted.accepted:
@@ -256,6 +278,8 @@ class Bids:
             signed = sign_verified(answer, self.ctx.identity)
             if isinstance(answer, Bid):
                 self._promises[signed.message_id.raw] = Promise(env, answer.expires, manifests, now)
+                self._counting[signed.message_id.raw] = None
+                self.standing.bid(offer.submitter.raw, now)
             await self.ctx.send_to(offer.submitter.raw, signed.raw)
 
     def _held_blobs(self, manifests: Iterable[JobManifest]) -> tuple[Digest, ...]:
@@ -267,43 +291,89 @@ class Bids:
         held = sorted((r for r in refs.values() if self.ctx.blobs.has(r.root.raw)), key=lambda r: -r.size)
         return tuple(sorted((r.root for r in held[:MAX_HELD]), key=lambda d: d.raw))
 
-    def _admit(self, now: int, cores: int, manifests: list[JobManifest]) -> Admitted:
+    async def _decline_unplanned(self, env: VerifiedEnvelope[Offer], now: int) -> None:
+        """Answer the offer with one `busy` decline of all its jobs, unplanned: this node's last bids
+        to its submitter won nothing (standing.py). No store call, no plan, no bid to keep."""
+        offer = env.message
+        text = clip(LOSING_TEXT.format(self.standing.lost(offer.submitter.raw)))
+        job_ids = tuple(sorted((m.job_id for m in offer.manifests), key=lambda d: d.raw))
+        expires = now + self.ctx.settings.bid_ttl_ms
+        decline = Decline(self.ctx.network, job_ids, env.message_id, self.ctx.node, expires, "busy", text)
+        await self.ctx.send_to(offer.submitter.raw, sign_verified(decline, self.ctx.identity).raw)
+
+    def _worth_bidding(self, submitter: bytes, now: int, promised: int) -> bool:
+        """Whether to plan a bid for the submitter's offer (standing.py); always while a core is free
+        here (fewer jobs queued, running and promised than cores), and on a submit-only or suspended
+        node (its own declines say why)."""
+        cores = self.scheduler.workers
+        if cores == 0 or self.scheduler.suspended or self.scheduler.queue_length + promised < cores:
+            return True
+        return self.standing.worth_bidding(submitter, now)
+
+    def _decide(self, promise: Promise, won: bool) -> None:
+        """Tell `standing` how the bid fared: a loss once, before anything else is known of it; a win
+        once (after a loss told, say an assignment after the award that named nothing, too)."""
+        if promise.decided is True or (promise.decided is False and not won):
+            return
+        self.standing.decided(promise.offer.message.submitter.raw, won)
+        promise.decided = won
+
+    def _admit(
+        self, now: int, cores: int, manifests: list[JobManifest], counted: list[JobManifest]
+    ) -> Admitted:
         """Plan the offered jobs, each with its share of fetching the blobs this node lacks
         (fetch_estimate.py), with every job promised here (policy.admit): those queued or held, and
         those named by live bids not yet assigned (a bid is a promise until it lapses)."""
         if not manifests:
             return Admitted({}, {})
         slots = sorted(self.scheduler.slots(now), key=lambda s: s.free_at)[: max(0, cores)]
-        offered = with_fetches(
-            [self.task(m, now) for m in manifests], manifests, self.ctx.blobs.has, self.fetch_rate, cores
-        )
+        shares = fetch_shares(manifests, self.ctx.blobs.has, self.fetch_rate, cores)  # as with_fetches
+        offered = [self.task(m, now, shares.get(m.job_id.raw, 0)) for m in manifests]
         keys = {t.key for t in offered}  # a job offered again replaces its earlier bid's promise
-        promised = {t.key: t for t in (*self._bid_tasks(now), *self.held_tasks()) if t.key not in keys}
+        bid_tasks = [self.task(m, now) for m in counted if m.deadline > now]
+        promised = {t.key: t for t in (*bid_tasks, *self.held_tasks()) if t.key not in keys}
         return admit(slots, list(promised.values()), offered, now)
 
-    def task(self, manifest: JobManifest, now: int) -> Task:
+    def task(self, manifest: JobManifest, now: int, fetch_ms: int = 0) -> Task:
         """The job as the policy sees it, estimated at this node's calibrated rate and margin, for the
-        fuel its module's runs here use (history.py) when it has run here often enough."""
+        fuel its module's runs here use (history.py) when it has run here often enough (plus
+        `fetch_ms`, its share of fetching the blobs this node lacks)."""
         lim = manifest.limits
-        estimate = self.scheduler.estimate_ms(
-            manifest.profile.raw, lim.fuel, lim.wall_ms, manifest.module.root.raw
-        )
+        module = manifest.module.root.raw
+        estimate = self.scheduler.estimate_ms(manifest.profile.raw, lim.fuel, lim.wall_ms, module) + fetch_ms
         return Task(manifest.job_id.raw, manifest.submitter.raw, manifest.deadline, estimate, now, lim.fuel)
 
     def _counted(self, now: int) -> list[JobManifest]:
         """The jobs of live bids not yet assigned that still count as promised: those an `award` named;
         with no award, all of a bid's jobs for UNCHOSEN_MS after it was
         made while none is assigned, and for CHOSEN_GRACE_MS after its first assignment (the
-        submitter's choice for that offer is made)."""
-        chosen = self._chosen_at
+        submitter's choice for that offer is made).
+
+        Only the bids in `_counting` are looked at, and a bid whose jobs count no more leaves it (an
+        award puts it back): an offer costs the bids still open, not every bid of the last bid_ttl_ms.
+        A bid that lapses unchosen, with no award, is told to `standing` as lost."""
+        chosen, promises, counting = self._chosen_at, self._promises, self._counting
         counted: list[JobManifest] = []
-        for bid_id, p in self._promises.items():
-            if p.bid_expires <= now:
-                continue
-            if p.awarded is not None:
-                counted += (m for key, m in p.jobs.items() if key in p.awarded)
-            elif now - chosen[bid_id] < CHOSEN_GRACE_MS if bid_id in chosen else now - p.made < UNCHOSEN_MS:
+        for bid_id in list(counting):
+            p = promises.get(bid_id)
+            if p is None or p.bid_expires <= now:
+                del counting[bid_id]
+            elif p.awarded is not None:
+                named = [p.jobs[key] for key in p.awarded if key in p.jobs]
+                if named:
+                    counted += named
+                else:
+                    del counting[bid_id]
+            elif bid_id in chosen:
+                if now - chosen[bid_id] < CHOSEN_GRACE_MS:
+                    counted += p.jobs.values()
+                else:
+                    del counting[bid_id]
+            elif now - p.made < UNCHOSEN_MS:
                 counted += p.jobs.values()
+            else:
+                del counting[bid_id]
+                self._decide(p, False)
         return counted
 
     def _bid_tasks(self, now: int) -> list[Task]:
@@ -328,6 +398,7 @@ class Bids:
     def _drop_promise(self, bid_id: bytes) -> None:
         promise = self._promises.pop(bid_id, None)
         self._chosen_at.pop(bid_id, None)
+        self._counting.pop(bid_id, None)
         if promise is not None:
             self._promised_bytes -= len(promise.offer.raw)
 

@@ -5,21 +5,45 @@
 Starts three (K) `e31 node run` processes on 127.0.0.1 (bench_jobs.py's `net()`: node0 submits, all three
 run jobs), runs a warm-up job, then one batch of N tiny jobs (montecarlo, 1,000 samples; what
 `e31 submit --batch` sends), and prints for each node the jobs it ran and its CPU per job of the
-batch (the node process and its sandbox workers, from /proc). A node that runs few of the jobs
-spends its CPU mostly on hearing and answering the sweep's offers (bidding). Bounded: one batch,
-bench_jobs.py's timeouts. Compare ratios measured in the same minutes (the host is shared).
+batch (the node process and its sandbox workers, from /proc), and the messages each received and sent
+during the batch by kind (offers heard, bids and declines made, awards and assignments: from each
+node's /metrics). A node that runs few of the jobs spends its CPU mostly on hearing and answering the
+sweep's offers (bidding). Bounded: one batch, bench_jobs.py's timeouts. Compare ratios measured in the
+same minutes (the host is shared).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import re
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_jobs
+from e31.node.api.client import ApiClient
+
+KINDS = ("offer", "bid", "decline", "award", "assign")
+"""The market's messages around an offer, counted per node."""
+SAMPLE = re.compile(r'^e31_messages_(received|sent)_total\{kind="([a-z_]+)"\} ([0-9.e+]+)$')
+
+
+def messages(api: ApiClient) -> collections.Counter[tuple[str, str]]:
+    """Signed messages the node received and sent on its links since it started, by (way, kind)."""
+    host, port, token = api._endpoint()
+    headers = {"Authorization": f"Bearer {token}"}
+    request = urllib.request.Request(f"http://{host}:{port}/metrics", headers=headers)
+    with urllib.request.urlopen(request, timeout=60) as response:
+        text = response.read().decode()
+    out: collections.Counter[tuple[str, str]] = collections.Counter()
+    for line in text.splitlines():
+        if m := SAMPLE.match(line):
+            out[m[1], m[2]] = int(float(m[3]))
+    return out
 
 
 def main() -> int:
@@ -34,10 +58,13 @@ def main() -> int:
         api = network.nodes[0].api(timeout=60)
         bench_jobs.wait(api, bench_jobs.submit(api, bench_jobs.tiny(0)))
         pids = [n.pid for n in network.nodes]
+        apis = [n.api(timeout=60) for n in network.nodes]
+        sent0 = [messages(a) for a in apis]
         before = [bench_jobs.cpu_seconds([p]) for p in pids]
         t0 = time.time()
         swept = bench_jobs.sweep(network, args.jobs, 300_000)
         cpu = [bench_jobs.cpu_seconds([p]) - b for p, b in zip(pids, before, strict=True)]
+        sent = [messages(a) - s0 for a, s0 in zip(apis, sent0, strict=True)]
         ids = {str(n.node_id): i for i, n in enumerate(network.nodes)}
         ran = [0] * len(pids)
         for doc in api.get("/v1/jobs"):
@@ -47,6 +74,8 @@ def main() -> int:
     print(f"sweep of {args.jobs} tiny jobs over {where}: {swept['seconds']:.1f} s")
     for i, (c, n) in enumerate(zip(cpu, ran, strict=True)):
         print(f"  node{i}: ran {n:5d} jobs, CPU {c * 1000 / args.jobs:6.2f} ms per job of the sweep")
+        counts = ", ".join(f"{k} {sent[i]['received', k]}/{sent[i]['sent', k]}" for k in KINDS)
+        print(f"    messages received/sent: {counts}")
     print(f"  all: {sum(cpu) * 1000 / args.jobs:.2f} ms per job")
     return 0
 

@@ -1,9 +1,9 @@
 """Where a sweep's CPU goes: 3 local nodes and their sandbox workers under py-spy during one batch.
 
-    .venv/bin/python tests/bench/profile_jobs.py [--jobs N] [--before K] [--rate HZ] [--out DIR]
+    .venv/bin/python tests/bench/profile_jobs.py [--jobs N] [--before K] [--rate HZ] [--nodes K] [--out DIR]
     .venv/bin/python tests/bench/profile_jobs.py --report DIR
 
-Starts three `e31 node run` processes on 127.0.0.1 (bench_jobs.py's `net()`), runs a few warm-up
+Starts three (--nodes) `e31 node run` processes on 127.0.0.1 (bench_jobs.py's `net()`), runs a few warm-up
 jobs, then records every node and sandbox worker with `py-spy record --format raw --gil --nonblocking`
 while one batch of N tiny jobs runs (bench_jobs.py's sweep; with --before K after K unrecorded
 sweeps of N jobs, so the stores hold their jobs and every node has run some), and writes
@@ -72,11 +72,11 @@ def _children(pid: int) -> list[int]:
     return sorted(out)
 
 
-def record(jobs: int, rate: int, out: Path, spy: str, before: int = 0) -> None:
+def record(jobs: int, rate: int, out: Path, spy: str, before: int = 0, nodes: int = 3) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    with bench_jobs.net() as network:
+    with bench_jobs.net(nodes=nodes) as network:
         api = network.nodes[0].api(timeout=120)
-        for seed in range(6):  # every node compiles the module and starts its workers
+        for seed in range(2 * nodes):  # every node compiles the module and starts its workers
             bench_jobs.wait(api, bench_jobs.submit(api, bench_jobs.tiny(seed)))
         for k in range(before):  # earlier sweeps: the recorded one runs with their jobs in the stores
             bench_jobs.sweep(network, jobs, 100_000 + k * jobs)
@@ -159,19 +159,22 @@ def main() -> int:
         "--before", type=int, default=0, help="sweeps of as many jobs run before the recorded one"
     )
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--nodes", type=int, default=3, help="nodes (node0 submits)")
     parser.add_argument("--out", type=Path, help="where the profiles go (default: a new temporary dir)")
     parser.add_argument("--report", type=Path, metavar="DIR", help="only print the report of DIR")
     args = parser.parse_args()
     if args.report is not None:
         report(args.report)
         return 0
+    if not 1 <= args.nodes <= 16:
+        parser.error("--nodes is 1 to 16")
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
         print("profile_jobs: py-spy not found (pip install py-spy)", file=sys.stderr)
         return 1
     out = args.out or Path(tempfile.mkdtemp(prefix="e31-profile-"))
     try:
-        record(args.jobs, args.rate, out, spy, args.before)
+        record(args.jobs, args.rate, out, spy, args.before, args.nodes)
     except (bench_jobs.ApiClientError, bench_jobs.BenchError) as e:
         print(f"profile_jobs: {e}", file=sys.stderr)
         return 1
