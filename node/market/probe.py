@@ -16,7 +16,12 @@ spread's own test); a job at risk (as the spread judges it) is never a probe; an
 take from keeps more than `PROBE_JOBS` jobs of the offer; strangers stay within STRANGER_WORK_SHARE
 of the jobs under way, as in the spread. What it costs is bounded: a bidder that is slow, not
 unlearned, gets probes only while fewer than `PROBE_JOBS` of this submitter's jobs are under way
-there, so at most that many at once, each finished by its promise.
+there, so at most that many at once, each finished by its promise. And only a bidder that is idle
+gets probes: one whose bid starts a job of the offer within PROBE_IDLE_MS. A node that has not run
+the module plans its jobs at their budget but can start at once; a node whose cores are promised to
+other work (another submitter's jobs, its owner's) would start the probes only after that, and a
+sweep that would be over in seconds would then wait for them: that node is left to the spread, and a
+node whose bids win nothing then stops planning them (standing.py).
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ from .spread import Wanted
 
 PROBE_JOBS = LEARNED_AFTER
 """Jobs under way a bidder is topped up to: the runs an executor needs to plan a module at its runs."""
+PROBE_IDLE_MS = 1000
+"""A bidder whose earliest promised start for the offer's jobs is later than this after the spread is
+busy, not new to the module: no probes for it."""
 PROBE_SWEEP_MIN = 2 * PROBE_JOBS
 """Jobs an offer's spread must give out before any is taken for a probe (an offer of a few jobs is
 no sweep: it goes where the bids say)."""
@@ -55,7 +63,7 @@ def probe(
     bidders = sorted({e for job in jobs for e, b in job.bids.items() if b.executor == e})
     for executor in bidders:
         room = PROBE_JOBS - load.get(executor, 0)
-        if given[executor] >= room:
+        if given[executor] >= room or not _idle(executor, jobs, now):
             continue
         mine = [(j, b) for j in jobs if (b := j.bids.get(executor)) is not None and b.executor == executor]
         for job, bid in sorted(mine, key=lambda jb: (-jb[0].deadline, jb[1].expected_finish, jb[0].key)):
@@ -76,6 +84,14 @@ def probe(
             given[holder.executor] -= 1
             given[executor] += 1
     return out
+
+
+def _idle(executor: bytes, jobs: Sequence[Wanted], now: int) -> bool:
+    """Whether the bidder's bid starts one of the offer's jobs within PROBE_IDLE_MS."""
+    starts = [
+        b.expected_start for j in jobs if (b := j.bids.get(executor)) is not None and b.executor == executor
+    ]
+    return bool(starts) and min(starts) <= now + PROBE_IDLE_MS
 
 
 def _in_time(bid: BidView, job: Wanted, now: int) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from e31.node.market.probe import PROBE_JOBS, PROBE_SWEEP_MIN, probe
+from e31.node.market.probe import PROBE_IDLE_MS, PROBE_JOBS, PROBE_SWEEP_MIN, probe
 from e31.node.market.rules import STRANGER_WORK_SHARE, BidView
 from e31.node.market.spread import Wanted, spread
 from hypothesis import given
@@ -135,3 +135,19 @@ def test_probes_never_add_or_drop_a_job_nor_make_one_late(
             assert after[e] + under_way.get(e, 0) <= PROBE_JOBS
         elif after[e] < before[e]:  # taken from: keeps PROBE_JOBS at least
             assert after[e] >= PROBE_JOBS
+
+
+def test_a_busy_bidder_gets_no_probes_an_idle_one_does() -> None:
+    """A node whose core is promised to other work for a minute starts nothing of the offer before
+    then: a probe would hold the sweep's end back that long. An idle node new to the module starts at
+    once, however long it plans each job."""
+    bids = {
+        b"a": plan(b"a", 64, each_ms=5),
+        b"busy": plan(b"busy", 64, each_ms=5, backlog_ms=60_000),
+        b"new": plan(b"new", 64, each_ms=60_000),
+    }
+    wanted = offer(bids, 64)
+    probed = probe(wanted, spread(wanted, {}, now=NOW), {}, now=NOW)
+    assert counts(probed) == {b"a": 64 - PROBE_JOBS, b"new": PROBE_JOBS}
+    just_idle = offer({**bids, b"busy": plan(b"busy", 64, each_ms=5, backlog_ms=PROBE_IDLE_MS)}, 64)
+    assert counts(probe(just_idle, spread(just_idle, {}, now=NOW), {}, now=NOW))[b"busy"] == PROBE_JOBS
