@@ -216,6 +216,22 @@ class JobHandle:
             limits = Limits() if self.spec is None else self.spec.limits
             self._finish(_host_result(limits, CANCELLED, "cancelled before it started", 0.0))
 
+    def cancel_unassigned(self) -> bool:
+        """Cancels the job only if no worker has been chosen for it yet: True if so, or if it ended
+        without one (it never runs), False if a worker has it (it runs on; nothing is changed). The
+        check and the cancel are one step under the job's lock, which a slot takes to choose it."""
+        with self._lock:
+            if self._assigned:
+                return False
+            if self._done.is_set():
+                return True
+            self._cancelled = True
+            pool = self._pool
+        if pool is not None and pool._unqueue(self):
+            limits = Limits() if self.spec is None else self.spec.limits
+            self._finish(_host_result(limits, CANCELLED, "cancelled before it started", 0.0))
+        return True
+
     def wait(self, timeout: float | None = None) -> RunResult:
         """The job's result. Raises TimeoutError if it has not ended within `timeout` seconds, the
         SandboxError (JobSpecError, ...) the worker raised for a job that could not be run, and what the

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
-from e31.protocol.assignments import assignment_of, assignments
+from e31.protocol.assignments import assignment_of
 from e31.protocol.envelope import VerifiedEnvelope, verify
 from e31.protocol.errors import BadProof, Mismatch, ProtocolError
 from e31.protocol.ids import Digest, NodeId
@@ -178,9 +178,9 @@ class _Audit:
         self.report.receipts = len(self.receipts)
         self.report.acks = len(self.acks)
         self.report.proofs = len(self.proofs)
-        self.report.jobs = len(
+        self.report.jobs = len(  # a set names jobs the bundle may not be about: those with a receipt
             {r.message.job_id for r in self.receipts}
-            | {a.job_id for env in self.assigns.values() for a in assignments(env)}
+            | {env.message.job_id for env in self.assigns.values() if isinstance(env.message, Assign)}
         )
 
     # 2. receipts against manifests and assignments

@@ -12,9 +12,10 @@ own writes, and whether the send reached the executor. A lone driver signs a set
 Sets never mix bids (so never executors or offers) and hold at most MAX_ASSIGNED jobs; more gathered
 under one bid than that (a bid names at most as many) would go in further sets. A job that ended while
 its set was gathered is left out of it (`wanted`); one that ends between the signature and the commit is
-in the signed set, but its own writes do not move it to `assigned`, and a result of it is answered with
-its cancel as for any late result (outcomes.py). A set is stored whole or not at all (a full disk: every
-driver of it gets the StoreError), and sent only once stored.
+in the signed set, but its own writes do not move it to `assigned`, and its driver sends the executor
+the job's cancel right after the set (submitted.cancel_at), so it is dropped there, or stopped. A set
+is stored whole or not at all (a full disk: every driver of it gets the StoreError), and sent only once
+stored.
 """
 
 from __future__ import annotations

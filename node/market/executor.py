@@ -33,10 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import secrets
 import shutil
-from collections import deque
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -62,7 +60,7 @@ from ..nursery import TaskSlot
 from ..store.blobs import BlobCorrupt, BlobError
 from ..store.db import Store, call
 from . import meter
-from .bidding import BidCapacity, Bids, clip
+from .bidding import BidCapacity, Bids, Promise, clip
 from .context import MarketContext, transition
 from .delivery import Delivery, OnAcked, Prover, retention_ms
 from .held import Held, HeldJobs
@@ -73,6 +71,7 @@ from .policy import Task
 from .scheduler import JobExpired, JobInfo, JobLate, Scheduler
 from .taken_back import WITHDRAWN_TEXT, give_back_withdrawn, take_back
 from .transfer import BlobTransfer, FetchError
+from .trash import Trash
 
 log = logging.getLogger("e31.executor")
 
@@ -87,8 +86,6 @@ Well under the submitter's first re-send of an unaccepted assignment (MarketSett
 STORE_IN_SLOT_MAX = 1 << 20
 """A run's outputs up to this size in all are stored in the thread that waited for it, while its worker
 is still reserved (a millisecond or so); larger ones in a hop of their own once the worker is free."""
-TRASH_PREFIX = ".trash-"
-"""Run directories moved aside to be deleted are named so (never a job id: GC removes them too)."""
 LEASE_LOST_TEXT = "the node stopped while holding the job and its lease ran out"
 GIVE_BACK_TEXT = "the machine's owner needs it back and the job would miss its deadline here"
 EXPIRED_TEXT = "its deadline passed before it could start here: it was never started"
@@ -123,8 +120,14 @@ class Executor:
             held_tasks=self._held_tasks,
             fetch_rate=transfer.rate,
         )
+        self._trash = Trash()
+        """Run directories moved aside, deleted at the delivery loop's next turn (trash.py)."""
         self.delivery = Delivery(
-            ctx, on_acked=on_acked, prover=prover, tidy=self._tidy, busy=lambda ids: bool(self._active - ids)
+            ctx,
+            on_acked=on_acked,
+            prover=prover,
+            tidy=self._trash.tidy,
+            busy=lambda ids: bool(self._active - ids),
         )
         self._active: set[bytes] = set()
         self._held = held
@@ -132,8 +135,6 @@ class Executor:
         self._accepts, self._marks = Later(ACCEPT_DELAY), Later(RUNNING_MARK_DELAY)
         """A job's `accepted` and its `running` mark, each made a moment after it began if it is still
         going then (later.py): a tiny job, over by then, costs neither a task nor a timer."""
-        self._trash: deque[Path] = deque()
-        """Run directories moved aside, to delete (_discard)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with self._tasks.open() as nursery:
@@ -174,19 +175,36 @@ class Executor:
             return
         promise = self.bids.live(given[0].bid_id.raw)
         taking: list[tuple[Assignment, JobManifest]] = []
-        for a in given:
+        answer: list[Assignment] = []
+        now_ms = self.ctx.clock()
+        for a in given:  # (no await until the jobs taken are stored)
             job_id = a.job_id.raw
             if self._held.was_withdrawn(job_id, a.submitter.raw):
                 continue
             manifest = None if promise is None else promise.jobs.get(job_id)
-            if manifest is None or a.lease_expires <= self.ctx.clock():  # never started now; asked
-                await self._redeliver(a)  # again, it is answered
+            if manifest is None or a.lease_expires <= now_ms:  # never started now; asked again, it is
+                answer.append(a)  # answered (after the jobs taken are stored and started)
             elif a.submitter != manifest.submitter:
                 log.info("ignoring an assignment that does not match our bid")
             else:
                 taking.append((a, manifest))
-        if not taking or promise is None:
-            return
+        runs = await self._take(env, promise, taking) if taking and promise is not None else []
+        if runs and (nursery := self._tasks.nursery) is not None:
+            for run in runs[1:]:
+                nursery.start_soon(run)
+        for a in answer:
+            await self._redeliver(a)
+        if runs and self._tasks.nursery is not None:
+            await runs[0]()  # (the first in this task)
+
+    async def _take(
+        self,
+        env: VerifiedEnvelope[Assign] | VerifiedEnvelope[AssignSet],
+        promise: Promise,
+        taking: list[tuple[Assignment, JobManifest]],
+    ) -> list[Callable[[], Awaitable[None]]]:
+        """Store the jobs of an assignment (or set) taken under our live bid `promise` in one commit
+        (the envelope once); returns the runs of those new here, to start."""
         now = self.ctx.now_s()
         offer = promise.offer
         job_ids = [a.job_id.raw for a, _ in taking]
@@ -222,17 +240,14 @@ class Executor:
             # after a sync (_accepted), or the result, whose commit is synced.
             durable=False,
         )
-        runs = []
+        runs: list[Callable[[], Awaitable[None]]] = []
         for (a, manifest), here, new in zip(taking, fetched, added, strict=True):
             if not new:
                 self.delivery.now()  # a repeated assignment: make sure the outcome goes out again
                 continue
             self.bids.assigned(a.bid_id.raw, promise, a.job_id.raw)
             runs.append(partial(self._execute, a.job_id.raw, manifest, a, fetched=here))
-        if runs and (nursery := self._tasks.nursery) is not None:
-            for run in runs[1:]:
-                nursery.start_soon(run)
-            await runs[0]()  # (the first in this task)
+        return runs
 
     async def _redeliver(self, assign: Assignment) -> None:
         """An assignment sent again, with no live bid of ours behind it. Held here: its submitter is
@@ -332,7 +347,7 @@ class Executor:
         finally:
             self._active.discard(job_id)
             self._held.pop(job_id, None)
-            self._discard(work)
+            self._trash.discard(work)
 
     async def _give_back_unstored(
         self, job_id: bytes, assign: Assignment, held: Held, error: StoreError
@@ -354,27 +369,6 @@ class Executor:
     def _held_tasks(self) -> list[Task]:
         """The jobs held here that have not started, as the policy sees them (for bids: held.py)."""
         return self._held.waiting(self.scheduler.promised(), self.ctx.clock())
-
-    def _discard(self, work: Path) -> None:
-        """Move a finished run's directory aside (one rename, here); the delivery loop deletes what was
-        moved aside at its next turn, in one thread hop for all (GC would too, after a stop)."""
-        trash = work.with_name(f"{TRASH_PREFIX}{work.name}-{secrets.token_hex(4)}")
-        try:
-            os.rename(work, trash)
-        except FileNotFoundError:
-            return
-        except OSError as e:  # left for GC, which removes run directories of jobs not running
-            log.warning("cannot move the run directory %s aside: %s", work, e)
-            return
-        self._trash.append(trash)
-
-    def _empty_trash(self) -> None:
-        while self._trash:
-            shutil.rmtree(self._trash.popleft(), ignore_errors=True)
-
-    async def _tidy(self) -> None:
-        if self._trash:
-            await trio.to_thread.run_sync(self._empty_trash)
 
     async def give_back_late(self) -> int:
         """Hand back every job held here that would now miss its deadline (held.py)."""
@@ -676,7 +670,7 @@ class Executor:
 
     def on_withdraw(self, env: VerifiedEnvelope[Withdraw]) -> None:
         """One assignment taken back: a job held under it with no worker yet is stopped (taken_back.py)."""
-        take_back(self._held, env, self.ctx.clock(), self.scheduler.has_worker)
+        take_back(self._held, env, self.ctx.clock(), lambda key: not self.scheduler.hold_back(key))
 
     def on_proof_request(self, peer: bytes, env: VerifiedEnvelope[ProofRequest]) -> None:
         msg = env.message

@@ -64,6 +64,7 @@ class Handle(Protocol):
     def suspend(self) -> None: ...
     def resume(self) -> None: ...
     def cancel(self) -> None: ...
+    def cancel_unassigned(self) -> bool: ...
     def wait(self, timeout: float | None = None) -> RunResult: ...
 
 
@@ -291,15 +292,20 @@ class Scheduler:
         """The jobs waiting here, as the policy sees them (the jobs bids must plan with)."""
         return [e.task for e in self._waiting]
 
-    def has_worker(self, key: bytes) -> bool:
-        """Whether the job with this key has been given a worker (it may have begun to run): from then a
-        withdrawal leaves it alone. One waiting for its turn, or not queued here, has none."""
-        return any(e.job is not None and e.job.key == key for e in self._running)
+    def hold_back(self, key: bytes) -> bool:
+        """Keep the job with this key from ever reaching a worker if none has it yet (a withdrawal):
+        True if it never will (waiting for its turn here, not queued here, or handed ahead to the pool
+        and taken out of its queue in the same step that checks no worker was chosen for it), False if
+        a worker has it or is about to (it may have begun to run: a withdrawal leaves it alone)."""
+        entry = next((e for e in self._running if e.job is not None and e.job.key == key), None)
+        if entry is None:
+            return True
+        return entry.ahead and entry.handle is not None and entry.handle.cancel_unassigned()
 
     def slots(self, now: int) -> list[Slot]:
         """The workers: each free now, or at its running job's estimated end (at least 1 ms from now)."""
         busy = [Slot(max(now + 1, e.started_at + e.task.estimate_ms)) for e in self._running if e.started_at]
-        busy += [Slot(now + e.task.estimate_ms) for e in self._running if not e.started_at]
+        busy += [Slot(now + e.task.estimate_ms) for e in self._running if not e.started_at and not e.ahead]
         return busy + [Slot(now)] * max(0, self.workers - len(self._running))
 
     def estimate_ms(self, profile: bytes, fuel: int, wall_ms: int, module: bytes = b"") -> int:
@@ -457,7 +463,8 @@ class Scheduler:
             entry.running = True
             result, finished_at, after = await run.wait_done(entry.handle, task.deadline)
         except BaseException as e:
-            if isinstance(e, JobLate) and job is not None:  # it needed more than its time could burn
+            if isinstance(e, JobLate) and job is not None and entry.started_at:  # it needed more than its
+                # time could burn (one stopped at its deadline before it was sent ran nothing)
                 now = self.clock()
                 self.learn(job, self._burnt(entry, now), self._held_ms(entry, now))
             self._refund(entry)

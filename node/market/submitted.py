@@ -206,6 +206,20 @@ async def signed_cancel(
     return env
 
 
+async def cancel_at(ctx: MarketContext, job_id: bytes, deadline_ms: int, executor: bytes) -> None:
+    """Tell an executor that an ended job it was sent is not to run: the job's stored cancel (that of
+    `e31 cancel`), or a new one, reason `done` (a job that ended while its assignment set was being
+    stored went out in the set: assigning.py)."""
+    stored = await ctx.store.run(Store.envelopes_for_job, job_id, "cancel")
+    if stored:
+        raw = stored[-1].raw
+    else:
+        raw = (
+            await signed_cancel(ctx, job_id, deadline_ms, "done", "the job ended before it was assigned")
+        ).raw
+    await ctx.send_to(executor, raw)
+
+
 def new_job(manifest: JobManifest, now: float) -> dict[str, Any]:
     """The fields of Store.add_job for a job this node submits."""
     refs = [manifest.module.root, *(f.blob.root for f in manifest.inputs)]

@@ -61,6 +61,7 @@ from .submitted import (
     Jobs,
     Joining,
     SubmittedJob,
+    cancel_at,
     executor_key,
     new_job,
     set_submitted_state,
@@ -536,7 +537,9 @@ class Submitter:
                 Store.update_job, job_id, ROLE, self.ctx.now_s(), expect_state="assigned", **changes
             )
         if job.finished.is_set() or (not lane and not moved):  # it ended meanwhile (an earlier attempt's
-            return False  # result completed it): its result is answered with a cancel (outcomes.py)
+            if done.sent:  # result completed it) and went out in its set: its executor drops it
+                await cancel_at(self.ctx, job_id, job.manifest.deadline, bid.executor)
+            return False
         if not done.sent:
             log.info("job %s: no link to %s to assign it", job_id.hex()[:12], NodeId(bid.executor))
             if not lane:
