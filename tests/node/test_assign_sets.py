@@ -4,15 +4,18 @@ receipted under the set's id; the items it cannot take answered one by one (exec
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 import trio
-from e31.node.store.db import Store
-from e31.protocol.assignments import assignment_of
+from e31.node.store.db import Store, call
+from e31.protocol.assignments import assignment_of, assignments
 from e31.protocol.envelope import sign_message, verify
 from e31.protocol.ids import Digest, NodeId
-from e31.protocol.messages import AssignItem, AssignSet, Bid, Release, Results, UsageReceipt
+from e31.protocol.messages import AssignItem, AssignSet, Bid, Cancel, Release, Results, UsageReceipt
 from e31.protocol.receipts import check_receipt_assignment
-from market_nodes import NETWORK, Net, until, wait_state, wall_ms
+from market_nodes import NETWORK, Net, RealNode, start, until, wait_state, wall_ms
+from test_awards import Bidder
 from test_market import executor_and_peer, foreign_manifest
 
 
@@ -86,3 +89,31 @@ async def test_a_set_for_another_executor_or_with_a_lapsed_bid_is_not_taken(
     assert all(env.message.reason == "unknown" for env in c.kinds(Release))
     for m in jobs:
         assert await b.store.run(Store.job, m.job_id.raw, "executor") is None
+
+
+async def test_a_job_that_ends_while_its_set_is_stored_is_cancelled_at_its_executor(
+    net: Net, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The set is signed with the job in it, then the job ends before the set's commit moves it to
+    `assigned` (here: the move finds it in another state, as when a late result or `e31 cancel`
+    came first): the set still goes out (it is one signed message for all its jobs), so the job's
+    executor is sent the job's cancel right after it, and drops the job."""
+    a = RealNode(net, tmp_path, "a", 1)  # submits; runs none of its own jobs (SETTINGS)
+    bidder = Bidder(net, 23)
+    await start(nursery, a)
+    transition = a.submitter._transition
+
+    def ends_meanwhile(job_id: bytes, old: str, new: str, **changes: Any) -> Any:
+        if new != "assigned":
+            return transition(job_id, old, new, **changes)
+        # the move to `assigned` finds the job in another state: it moves nothing (returns False)
+        return call(Store.update_job, job_id, "submitter", 0.0, expect_state="cancelled", state=new)
+
+    monkeypatch.setattr(a.submitter, "_transition", ends_meanwhile)
+    job_id = await a.submitter.submit(a.manifest(("41", "100")))
+    await until(lambda: bidder.of(Cancel), 10)
+    (assigned,) = bidder.of(AssignSet)
+    (cancel,) = bidder.of(Cancel)
+    assert [x.job_id.raw for x in assignments(assigned)] == [job_id]
+    assert cancel.message.job_id.raw == job_id and cancel.signer.raw == a.id
+    assert bidder.heard.index(assigned) < bidder.heard.index(cancel)

@@ -115,3 +115,46 @@ async def test_a_job_ahead_whose_deadline_passes_behind_a_long_run_never_starts(
             )
         assert wall_ms() >= deadline and started == ["long"] and scheduler.expired == 1
         n.cancel_scope.cancel()
+
+
+async def test_a_job_ahead_behind_a_long_run_is_held_back_for_a_withdraw_and_never_runs(
+    scheduler: Scheduler, tmp_path: Path
+) -> None:
+    """A withdraw is for a job no worker has yet (docs/protocol.md, `withdraw`): one handed ahead waits
+    in the pool's queue behind the running job, however long that runs, so it is taken back out of
+    it in the step that checks no worker was chosen for it (hold_back); the running job is left alone
+    (no withdrawal ever stops a started job)."""
+    started: list[str] = []
+
+    async def long() -> None:
+        spec = JobSpec(LOOP, limits=Limits(wall_seconds=600.0))
+        job = JobInfo(b"long", b"S", wall_ms() + 900_000, 10**8, 600_000, b"p" * 32)
+        await scheduler.execute(
+            spec, tmp_path / "long", estimate_ms=1, job=job, on_start=lambda at: started.append("long")
+        )
+
+    async with trio.open_nursery() as n:
+        n.start_soon(long)
+        await until(lambda: started == ["long"], 30)
+        ahead = JobInfo(b"ahead", b"S", wall_ms() + 600_000, 10**8, 30_000, b"p" * 32)
+        with trio.CancelScope() as scope:  # the executor's scope for the job (held.py)
+
+            async def withdraw_once_handed_ahead() -> None:
+                await until(lambda: any(e.ahead and e.handle is not None for e in scheduler._running), 30)
+                assert not scheduler.hold_back(b"long")  # a worker has it: left alone
+                assert scheduler.hold_back(b"ahead")  # taken out of the pool's queue
+                scope.cancel()
+
+            n.start_soon(withdraw_once_handed_ahead)
+            await scheduler.execute(
+                echo("never"),
+                tmp_path / "ahead",
+                estimate_ms=1,
+                job=ahead,
+                on_start=lambda at: started.append("x"),
+            )
+        assert scope.cancelled_caught
+        await trio.sleep(0.5)  # (were it still queued, the pool would hand it on only after the loop)
+        assert started == ["long"] and any(e.job and e.job.key == b"long" for e in scheduler._running)
+        assert scheduler.hold_back(b"not queued here")
+        n.cancel_scope.cancel()
