@@ -40,3 +40,15 @@ async def test_a_remembered_withdraw_by_another_signer_or_for_another_assignment
     jobs.take_back(b"k", b"a2", SUBMITTER, has_worker=never, expires=NOW + 1)
     assert not jobs.hold(b"j", held(), b"a1").moved  # not its submitter's
     assert not jobs.hold(b"k", held(), b"a3").moved  # another assignment of it
+
+
+async def test_a_withdraw_of_one_job_of_a_set_leaves_the_sets_other_jobs_alone() -> None:
+    """A set's jobs share its assignment id: a withdraw names the job with it, held or remembered."""
+    jobs = HeldJobs(lambda: NOW)
+    first, second = jobs.hold(b"j1", held(), b"set"), jobs.hold(b"j2", held(), b"set")
+    assert jobs.take_back(b"j1", b"set", SUBMITTER, has_worker=never, expires=NOW + 1)
+    assert first.moved and not second.moved and not second.scope.cancel_called
+    # remembered before its job is held: only that job is stopped when held, not its set's others
+    assert not jobs.take_back(b"j3", b"set2", SUBMITTER, has_worker=never, expires=NOW + 1)
+    assert not jobs.hold(b"j4", held(), b"set2").moved
+    assert jobs.hold(b"j3", held(), b"set2").moved
