@@ -181,8 +181,8 @@ async def wait_state(
 
 
 async def until(check: Callable[[], object], seconds: float = 5.0) -> None:
-    """Poll `check` (a function, or one returning an awaitable) every 50 ms until it is true or
-    `seconds` have passed; the caller asserts what it waited for."""
+    """Poll `check` (a function, or one returning an awaitable) every 50 ms until it is true; fail the
+    test (AssertionError) if it is not within `seconds`, so a check written only as a wait still fails."""
     for _ in range(int(seconds / 0.05)):
         value = check()
         if inspect.isawaitable(value):
@@ -190,3 +190,7 @@ async def until(check: Callable[[], object], seconds: float = 5.0) -> None:
         if value:
             return
         await trio.sleep(0.05)
+    value = check()
+    if inspect.isawaitable(value):
+        value = await value
+    assert value, f"still not true after {seconds:g} s: {getattr(check, '__qualname__', check)}"

@@ -48,10 +48,12 @@ def _receipts(store: Store, executor: bytes, count: int, tag: bytes) -> list[tup
 
 
 async def until(check: Callable[[], bool]) -> None:
+    """Poll `check` every 10 ms; fail the test if it is not true within 5 s."""
     for _ in range(500):
         if check():
             return
         await trio.sleep(0.01)
+    assert check(), "still not true after 5 s"
 
 
 @pytest.fixture

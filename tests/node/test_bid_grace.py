@@ -12,7 +12,7 @@ import trio
 from e31.node.market.bidding import CHOSEN_GRACE_MS, UNCHOSEN_MS
 from e31.protocol.envelope import sign_message
 from e31.protocol.ids import NodeId
-from e31.protocol.messages import Assign, Award, Bid, Decline, Release, Result
+from e31.protocol.messages import Assign, Award, Bid, Decline, Release, Results
 from market_nodes import NETWORK, Net, until, wait_state, wall_ms
 from test_market import Recorder, executor_and_peer, foreign_manifest
 
@@ -45,7 +45,7 @@ async def test_a_bids_unassigned_jobs_stop_counting_after_its_first_assignment(
     await b.market.message(c.id, sign_message(assign, c.key))
     await wait_state(b, late.raw, "done", 30, role="executor")
     assert not c.kinds(Release)
-    await until(lambda: {env.message.job_id for env in c.kinds(Result)} >= {first, late})
+    await until(lambda: {e.job_id for env in c.kinds(Results) for e in env.message.entries} >= {first, late})
 
 
 async def test_a_bid_that_won_nothing_stops_counting_once_the_submitter_has_chosen(
