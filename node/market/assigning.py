@@ -70,8 +70,6 @@ class AssignSets:
     def __init__(self, ctx: MarketContext) -> None:
         self.ctx = ctx
         self._open: dict[bytes, _Gathering] = {}
-        self.sets = 0
-        """Sets signed so far (a measure of how many jobs each carried)."""
 
     async def assign(
         self,
@@ -142,7 +140,6 @@ class AssignSets:
             items,
         )
         env = sign_verified(msg, ctx.identity)
-        self.sets += 1
         now = ctx.now_s()
         job_ids = [m.job_id for m in members]
         calls = [

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -51,11 +51,14 @@ class Node(NodeProcess):
 
 
 @contextmanager
-def linked_nodes(tmp: Path) -> Iterator[list[Node]]:
-    """Three nodes, b and c bootstrapped from a, each linked to the other two; stopped on exit."""
+def linked_nodes(tmp: Path, first: Callable[[Node], object] | None = None) -> Iterator[list[Node]]:
+    """Three nodes, b and c bootstrapped from a (after `first(a)`, if given), each linked to the other
+    two; stopped on exit."""
     nodes: list[Node] = []
     try:
         nodes.append(Node(tmp / "a"))
+        if first is not None:
+            first(nodes[0])
         for name in "bc":
             nodes.append(Node(tmp / name, "--bootstrap", nodes[0].address))
         for node in nodes:

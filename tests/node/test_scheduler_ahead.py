@@ -35,6 +35,14 @@ async def scheduler(tmp_path: Path, nursery: trio.Nursery) -> Scheduler:
     return s
 
 
+async def long_run(scheduler: Scheduler, tmp_path: Path, started: list[str], job: JobInfo | None) -> None:
+    """A loop of up to 600 s, recorded as "long" in `started` when it starts."""
+    spec = JobSpec(LOOP, limits=Limits(wall_seconds=600.0))
+    await scheduler.execute(
+        spec, tmp_path / "long", estimate_ms=1, job=job, on_start=lambda at: started.append("long")
+    )
+
+
 async def test_jobs_handed_ahead_start_in_arrival_order_each_after_the_last_ended(
     scheduler: Scheduler, tmp_path: Path
 ) -> None:
@@ -94,14 +102,8 @@ async def test_a_job_ahead_whose_deadline_passes_behind_a_long_run_never_starts(
 ) -> None:
     started: list[str] = []
 
-    async def long() -> None:
-        spec = JobSpec(LOOP, limits=Limits(wall_seconds=600.0))
-        await scheduler.execute(
-            spec, tmp_path / "long", estimate_ms=1, on_start=lambda at: started.append("long")
-        )
-
     async with trio.open_nursery() as n:
-        n.start_soon(long)
+        n.start_soon(long_run, scheduler, tmp_path, started, None)
         await until(lambda: started == ["long"], 30)
         deadline = wall_ms() + 300
         job = JobInfo(b"short", b"S", deadline, 10**8, 30_000, b"p" * 32)
@@ -126,15 +128,9 @@ async def test_a_job_ahead_behind_a_long_run_is_held_back_for_a_withdraw_and_nev
     (no withdrawal ever stops a started job)."""
     started: list[str] = []
 
-    async def long() -> None:
-        spec = JobSpec(LOOP, limits=Limits(wall_seconds=600.0))
-        job = JobInfo(b"long", b"S", wall_ms() + 900_000, 10**8, 600_000, b"p" * 32)
-        await scheduler.execute(
-            spec, tmp_path / "long", estimate_ms=1, job=job, on_start=lambda at: started.append("long")
-        )
-
     async with trio.open_nursery() as n:
-        n.start_soon(long)
+        job = JobInfo(b"long", b"S", wall_ms() + 900_000, 10**8, 600_000, b"p" * 32)
+        n.start_soon(long_run, scheduler, tmp_path, started, job)
         await until(lambda: started == ["long"], 30)
         ahead = JobInfo(b"ahead", b"S", wall_ms() + 600_000, 10**8, 30_000, b"p" * 32)
         with trio.CancelScope() as scope:  # the executor's scope for the job (held.py)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from e31.node.market.history import LEARNED_AFTER
 from e31.node.market.probe import PROBE_JOBS
-from test_jobs_e2e import ROOT, Node, e31, wait_for
+from test_jobs_e2e import ROOT, Node, e31, linked_nodes
 
 ECHO = ROOT / "sandbox" / "workloads" / "echo.wasm"
 WARM_UP = LEARNED_AFTER
@@ -35,30 +35,19 @@ BATCHES = 3
 @pytest.fixture(scope="module")
 def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
     """Node a runs the module WARM_UP times alone, then b and c join (and have run nothing)."""
-    tmp = tmp_path_factory.mktemp("learned")
-    nodes: list[Node] = []
-    try:
-        a = Node(tmp / "a")
-        nodes.append(a)
+
+    def warm(a: Node) -> None:
         for i in range(WARM_UP):
             cli = e31("submit", str(ECHO), "--", "warm", str(i), data_dir=a.data_dir)
             assert cli.returncode == 0, cli.stderr
             job = cli.stdout.strip().splitlines()[-1].split()[-1]
             waited = e31("wait", job, "--timeout", "60", data_dir=a.data_dir, timeout=90.0)
             assert waited.returncode == 0, waited.stdout + waited.stderr
-        warm = json.loads(e31("jobs", "--json", data_dir=a.data_dir).stdout)
-        assert [d["executor"] for d in warm] == [a.node_id] * WARM_UP
-        for name in "bc":
-            nodes.append(Node(tmp / name, "--bootstrap", a.address))
-        for node in nodes:
-            others = {n.node_id for n in nodes if n is not node}
-            wait_for(
-                f"{node.data_dir.name} to link to the others", lambda n=node, o=others: n.connected() == o
-            )
+        ran = json.loads(e31("jobs", "--json", data_dir=a.data_dir).stdout)
+        assert [d["executor"] for d in ran] == [a.node_id] * WARM_UP
+
+    with linked_nodes(tmp_path_factory.mktemp("learned"), first=warm) as nodes:
         yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 def sweep(a: Node, tmp_path: Path, batch: int) -> list[dict[str, object]]:
