@@ -412,6 +412,7 @@ class OfferLine:
                 holder = in_round(self.jobs, item.job_id.raw, offer_id)
                 if holder is None or (rnd := holder.round) is None:
                     continue
+                had_bids = bool(rnd.bids)
                 rnd.answered.add(executor)
                 if live:
                     rnd.bids[executor] = BidView(
@@ -423,7 +424,7 @@ class OfferLine:
                         held_bytes(holder.manifest, msg.held),
                     )
                     rnd.raw[env.message_id.raw] = env.raw
-                rnd.wake.set()
+                rnd.heard(had_bids)
             return
         why = f"{msg.reason}: {msg.text}" if msg.text else msg.reason
         if msg.reason == "policy":
@@ -438,4 +439,4 @@ class OfferLine:
             if holder.declined is None or msg.reason != "policy":  # a node that runs nothing says least
                 holder.declined = why
             log.debug("job %s: %s declined (%s)", job_id.hex()[:12], msg.executor, why)
-            rnd.wake.set()
+            rnd.heard(bool(rnd.bids))

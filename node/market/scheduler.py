@@ -326,10 +326,19 @@ class Scheduler:
             return
         if self.history.ran(job.profile, job.module, fuel_used, elapsed_ms):
             self.fuel_misses += 1
+        # a sweep's waiting jobs share their limits: each estimate is worked out once per run, and a
+        # job's task is made anew only when its estimate moved (seldom once the module is known)
+        estimates: dict[tuple[int, int], int] = {}
         for e in self._waiting:
             if (j := e.job) is not None and j.module == job.module and j.profile == job.profile:
-                e.estimate_ms = self.estimate_ms(j.profile, j.fuel, j.wall_ms, j.module)
-                e.task = replace(e.task, estimate_ms=e.estimate_ms)
+                estimate = estimates.get((j.fuel, j.wall_ms))
+                if estimate is None:
+                    estimate = estimates[j.fuel, j.wall_ms] = self.estimate_ms(
+                        j.profile, j.fuel, j.wall_ms, j.module
+                    )
+                e.estimate_ms = estimate
+                if estimate != e.task.estimate_ms:
+                    e.task = replace(e.task, estimate_ms=estimate)
 
     @property
     def suspended(self) -> bool:

@@ -46,6 +46,16 @@ class Round:
     raw: dict[bytes, bytes] = field(default_factory=dict)
     """The signed bids by message id (the chosen one is stored with the job)."""
     wake: trio.Event = field(default_factory=trio.Event)
+    expected: frozenset[bytes] | None = None
+    """The bidders its job waits to hear from (None until it starts to wait)."""
+
+    def heard(self, had_bids: bool) -> None:
+        """An answer was taken in: wake the job's wait only if the answer may end it (the round's
+        first bid, which shortens the wait to the bid window, or the last answer expected), so a
+        job of an offer that N nodes answer wakes once or twice, not N times (rules.window_state)."""
+        expected = self.expected
+        if expected is None or (self.bids and not had_bids) or expected <= self.answered:
+            self.wake.set()
 
 
 @dataclass(eq=False)
@@ -120,8 +130,11 @@ class SubmittedJob:
             self.waiting.cancel()
 
     def finish(self) -> None:
-        """The job (or this replica lane) has ended: set `finished` and end the wait for an outcome."""
+        """The job (or this replica lane) has ended: set `finished` and end its wait for bids or for
+        an outcome."""
         self.finished.set()
+        if self.round is not None:
+            self.round.wake.set()
         if self.waiting is not None:
             self.waiting.cancel()
 

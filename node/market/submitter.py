@@ -473,15 +473,17 @@ class Submitter:
         if self.offers.local:
             expected.add(self.ctx.local)
         expected -= job.rejected | avoid()
+        rnd.expected = frozenset(expected)
+        window = self.ctx.settings.window
         try:
             while not job.finished.is_set():
                 state = window_state(
                     now=trio.current_time(),
                     opened=rnd.opened,
-                    expected=frozenset(expected),
+                    expected=rnd.expected,
                     answered=frozenset(rnd.answered),
                     bids=len(rnd.bids),
-                    settings=self.ctx.settings.window,
+                    settings=window,
                 )
                 if state is Window.ASSIGN:
                     choice = Choice(frozenset(job.rejected) | avoid(), self.load, self.track)
@@ -493,7 +495,8 @@ class Submitter:
                     return bid, rnd.raw[bid.bid_id]
                 if state is Window.REOFFER:
                     return None
-                with trio.move_on_after(POLL * 4):
+                # until an answer that may end the wait (Round.heard), the job's end, or the time is up
+                with trio.move_on_at(rnd.opened + (window.window if rnd.bids else window.max_wait) + 1e-3):
                     await rnd.wake.wait()
                 rnd.wake = trio.Event()
             return None

@@ -1,19 +1,19 @@
 """What one tiny job costs, counted: messages, signatures, hops, tasks, store calls, commits, fsyncs, logs.
 
-    .venv/bin/python tests/bench/bench_job_costs.py [--jobs N] [--by-task]
+    .venv/bin/python tests/bench/bench_job_costs.py [--jobs N] [--by-task] [--executors K]
 
-Runs a submitting node and an executing node in one process (the market harness of
-tests/node/market_nodes.py: real stores, blob stores, sandbox pool and signatures; messages handed
-over in memory), first N jobs one after another, then N at once (each its own submit), then N as one batch
-(a sweep: `submit_batch`, its jobs offered in sets), and prints per job how many times
-each costly operation happened. "log lines" are the records written at the node's default level
-(info); "fsyncs" count the WAL's and the watermark's (two per watermark write); "trio tasks" include
-the one the in-memory harness starts per message, which a real link does not (peering hands a message
-on inline); "trio task steps" count every time a task runs (each wake-up costs the scheduler),
-with --by-task also by the task's coroutine. "CPU ms" is this process's CPU time per job (both
-nodes, not their sandbox workers): unlike the counts it moves with the host's load. The counts do
-not drift with the host's load, so they show what a change to the job path saved
-(docs/benchmarks.md, "Jobs at scale").
+Runs a submitting node and an executing node (K with --executors, each bidding on every offer) in one
+process (the market harness of tests/node/market_nodes.py: real stores, blob stores, sandbox pool and
+signatures; messages handed over in memory), first N jobs one after another, then N at once (each its
+own submit), then N as one batch (a sweep: `submit_batch`, its jobs offered in sets), and prints per job
+how many times each costly operation happened. "log lines" are the records written at the node's default
+level (info); "fsyncs" count the WAL's and the watermark's (two per watermark write); "trio tasks"
+include the one the in-memory harness starts per message, which a real link does not (peering hands a
+message on inline); "trio task steps" count every time a task runs (each wake-up costs the scheduler),
+with --by-task also by the task's coroutine. "CPU ms" is this process's CPU time per job (both nodes,
+not their sandbox workers): unlike the counts it moves with the host's load. The counts do not drift
+with the host's load, so they show what a change to the job path saved (docs/benchmarks.md, "Jobs at
+scale").
 Not counted: gossip (offers reach the executor in memory), the HTTP API, and the receipt log and its
 proofs (the harness has none).
 """
@@ -148,15 +148,16 @@ class CountTasks(trio.abc.Instrument):
             STEPS[task.coro.cr_code.co_qualname if hasattr(task.coro, "cr_code") else task.name] += 1
 
 
-async def _measure(jobs: int, by_task: bool) -> dict[str, dict[str, float]]:
+async def _measure(jobs: int, by_task: bool, executors: int) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     trio.lowlevel.add_instrument(CountTasks(by_task))
     async with trio.open_nursery() as nursery:
         net = harness.Net()
         net.nursery = nursery
         tmp = Path(tempfile.mkdtemp(prefix="e31-costs-"))
-        a, b = harness.RealNode(net, tmp, "a", 1), harness.RealNode(net, tmp, "b", 2)
-        await harness.start(nursery, a, b)
+        a = harness.RealNode(net, tmp, "a", 1)
+        others = [harness.RealNode(net, tmp, f"x{i}", 2 + i) for i in range(executors)]
+        await harness.start(nursery, a, *others)
         await harness.wait_state(a, await a.submitter.submit(a.manifest(("0", "1000"))), "done")  # warm-up
         await trio.sleep(1.0)
         seed = 1
@@ -195,11 +196,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=50, help="jobs in each of the two runs")
     parser.add_argument("--by-task", action="store_true", help="also count task steps by coroutine")
+    parser.add_argument("--executors", type=int, default=1, help="executing nodes, each bidding (default 1)")
     args = parser.parse_args()
     # production intervals: the harness re-sends every 0.2 s, which would count its own retries
     harness.SETTINGS = dataclasses.replace(harness.SETTINGS, delivery_interval=2.0)
     _instrument()
-    results = trio.run(_measure, args.jobs, args.by_task)
+    results = trio.run(_measure, args.jobs, args.by_task, args.executors)
     modes = list(results)
     totals = sorted(k for k in {k for r in results.values() for k in r} if not k.startswith(" "))
     kinds = sorted(k for k in {k for r in results.values() for k in r} if k.startswith("  ") and ":" not in k)
@@ -209,7 +211,10 @@ def main() -> int:
     )
     subs = {"direct messages": kinds, "trio task steps": steps}
     names = [n for t in totals for n in [t, *subs.get(t, [])]]
-    print(f"per tiny job (montecarlo 1,000 samples), submitter and executor together, {args.jobs} jobs each")
+    print(
+        f"per tiny job (montecarlo 1,000 samples), the submitter and {args.executors} executor(s) together, "
+        f"{args.jobs} jobs each"
+    )
     print(f"  {'':40}" + "".join(f"{m:>16}" for m in modes))
     for name in names:
         digits = 2 if name.startswith("CPU") else 1

@@ -2,14 +2,14 @@
 
     .venv/bin/python tests/bench/bench_sweep_cpu.py [--jobs N] [--cores C] [--nodes K]
 
-Starts three (K) `e31 node run` processes on 127.0.0.1 (bench_jobs.py's `net()`: node0 submits, all three
-run jobs), runs a warm-up job, then one batch of N tiny jobs (montecarlo, 1,000 samples; what
-`e31 submit --batch` sends), and prints for each node the jobs it ran and its CPU per job of the
-batch (the node process and its sandbox workers, from /proc), and the messages each received and sent
-during the batch by kind (offers heard, bids and declines made, awards and assignments: from each
-node's /metrics). A node that runs few of the jobs spends its CPU mostly on hearing and answering the
-sweep's offers (bidding). Bounded: one batch, bench_jobs.py's timeouts. Compare ratios measured in the
-same minutes (the host is shared).
+Starts three (K) `e31 node run` processes on 127.0.0.1 (bench_jobs.py's `net()`: node0 submits, all
+three run jobs), runs a warm-up job, then one batch of N tiny jobs (montecarlo, 1,000 samples; what `e31
+submit --batch` sends), and prints for each node the jobs it ran and its CPU per job of the batch (the
+node process and its sandbox workers, from /proc), and the messages each received and sent during the
+batch by kind (offers heard, bids and declines made, awards, assignment sets, results carriers and acks:
+from each node's /metrics). A node that runs few of the jobs spends its CPU mostly on hearing and
+answering the sweep's offers (bidding). Bounded: one batch, bench_jobs.py's timeouts. Compare ratios
+measured in the same minutes (the host is shared).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_jobs
 from e31.node.api.client import ApiClient
 
-KINDS = ("offer", "bid", "decline", "award", "assign")
+KINDS = ("offer", "bid", "decline", "award", "assigns", "results", "ack")
 """The market's messages around an offer, counted per node."""
 SAMPLE = re.compile(r'^e31_messages_(received|sent)_total\{kind="([a-z_]+)"\} ([0-9.e+]+)$')
 
