@@ -66,6 +66,7 @@ from .delivery import Delivery, OnAcked, Prover, retention_ms
 from .held import Held, HeldJobs
 from .inputs import blob_refs, inputs_unchanged
 from .later import Later, Pending
+from .module_bytes import ModuleBytes
 from .outputs import JobFailed, StoredOutputs, store_outputs
 from .policy import Task
 from .scheduler import JobExpired, JobInfo, JobLate, Scheduler
@@ -122,6 +123,7 @@ class Executor:
         )
         self._trash = Trash()
         """Run directories moved aside, deleted at the delivery loop's next turn (trash.py)."""
+        self.modules = ModuleBytes(ctx.blobs)
         self.delivery = Delivery(
             ctx,
             on_acked=on_acked,
@@ -512,7 +514,7 @@ class Executor:
                 max_output_bytes=lim.max_output_bytes,
             )
             return JobSpec(
-                module=blobs.read(manifest.module.root.raw),
+                module=self.modules.read(manifest.module.root.raw),  # one read and hash per module
                 args=manifest.args,
                 env=tuple((e.name, e.value) for e in manifest.env),
                 stdin=None if manifest.stdin is None else blobs.checked_path(manifest.stdin.root.raw),

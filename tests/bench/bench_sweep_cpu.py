@@ -76,6 +76,10 @@ def main() -> int:
         print(f"  node{i}: ran {n:5d} jobs, CPU {c * 1000 / args.jobs:6.2f} ms per job of the sweep")
         counts = ", ".join(f"{k} {sent[i]['received', k]}/{sent[i]['sent', k]}" for k in KINDS)
         print(f"    messages received/sent: {counts}")
+        others = sorted({k for _, k in sent[i]} - set(KINDS))
+        if others:
+            rest = ", ".join(f"{k} {sent[i]['received', k]}/{sent[i]['sent', k]}" for k in others)
+            print(f"    others: {rest}")
     print(f"  all: {sum(cpu) * 1000 / args.jobs:.2f} ms per job")
     return 0
 
