@@ -67,7 +67,9 @@ def test_a_missing_or_corrupt_module_raises_and_is_not_kept(tmp_path: Path) -> N
     assert memo.size == 0 and memo.reads == 0
 
 
-async def test_an_executor_reads_a_sweeps_module_once(net: Net, nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_an_executor_reads_a_sweeps_module_once(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
     a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
     await start(nursery, a, b)
     batch = [a.manifest((str(seed), "1000")) for seed in range(6)]
