@@ -304,6 +304,23 @@ class BlobStore:
         with self.open(digest) as f:
             return f.read()
 
+    def read_checked(self, digest: str | bytes) -> bytes:
+        """A whole blob's bytes, hashed in memory after one read of the file, so the bytes returned are the
+        very bytes checked (`read` checks the file, then reads it again): for a caller that keeps them.
+        Raises BlobNotFound, or BlobCorrupt (the blob quarantined)."""
+        h = hash_hex(digest)
+        try:
+            with open(self.path(h), "rb") as f:
+                stamp = _stamp(os.fstat(f.fileno()))
+                data = f.read()
+        except FileNotFoundError:
+            raise BlobNotFound(f"no blob {h}") from None
+        name = _BlobName()
+        name.update(data)
+        self._judge(h, name.hexdigest())
+        self._checked[h] = stamp
+        return data
+
     def read_chunk(self, digest: str | bytes, index: int) -> bytes:
         """Chunk `index` of a stored (checked) blob, for serving to a peer, who checks the chunk's hash
         too: a corrupt blob is quarantined here, not blamed on the peer there."""

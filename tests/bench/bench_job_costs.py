@@ -10,7 +10,7 @@ how many times each costly operation happened. "log lines" are the records writt
 level (info); "fsyncs" count the WAL's and the watermark's (two per watermark write); "trio tasks"
 include the one the in-memory harness starts per message, which a real link does not (peering hands a
 message on inline); "trio task steps" count every time a task runs (each wake-up costs the scheduler),
-with --by-task also by the task's coroutine. "CPU ms" is this process's CPU time per job (both nodes,
+with --by-task also by the task's coroutine. "CPU ms" is this process's CPU time per job (all nodes,
 not their sandbox workers): unlike the counts it moves with the host's load. The counts do not drift
 with the host's load, so they show what a change to the job path saved (docs/benchmarks.md, "Jobs at
 scale").
@@ -184,7 +184,7 @@ async def _measure(jobs: int, by_task: bool, executors: int) -> dict[str, dict[s
                 for m in batch:
                     await harness.wait_state(a, m.job_id.raw, "done", 300)
             await trio.sleep(1.0)  # the acknowledgements' proofs (batched) are part of the job
-            COUNTS["CPU ms, both nodes (this process)"] += (time.process_time() - cpu0) * 1000
+            COUNTS["CPU ms, all nodes (this process)"] += (time.process_time() - cpu0) * 1000
             out[mode] = {k: v / jobs for k, v in COUNTS.items()}
             if by_task:
                 out[mode].update({f"  step: {k}": v / jobs for k, v in STEPS.most_common(25)})
@@ -198,6 +198,8 @@ def main() -> int:
     parser.add_argument("--by-task", action="store_true", help="also count task steps by coroutine")
     parser.add_argument("--executors", type=int, default=1, help="executing nodes, each bidding (default 1)")
     args = parser.parse_args()
+    if not 1 <= args.executors <= 64:
+        parser.error("--executors is 1 to 64")
     # production intervals: the harness re-sends every 0.2 s, which would count its own retries
     harness.SETTINGS = dataclasses.replace(harness.SETTINGS, delivery_interval=2.0)
     _instrument()

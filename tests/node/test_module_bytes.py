@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -61,10 +63,63 @@ def test_a_missing_or_corrupt_module_raises_and_is_not_kept(tmp_path: Path) -> N
     root = _root(blobs, b"module bytes")
     path = blobs.path(root.hex())
     path.chmod(0o644)
-    path.write_bytes(b"module bytez")  # changed on disk before its first read
+    path.write_bytes(b"module bytes!")  # changed on disk before its first read
     with pytest.raises(BlobCorrupt):
         memo.read(root)
     assert memo.size == 0 and memo.reads == 0
+
+
+def test_threads_asking_at_once_share_one_read(tmp_path: Path) -> None:
+    blobs = BlobStore(tmp_path / "blobs")
+    root = _root(blobs, b"m" * 300_000)
+    memo = ModuleBytes(blobs)
+    start = threading.Barrier(4)
+    got: list[bytes] = []
+
+    def run() -> None:
+        start.wait()
+        got.append(memo.read(root))
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(got) == 4 and all(g is got[0] for g in got) and memo.reads == 1
+
+
+def test_the_bytes_kept_are_the_bytes_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check hashes the bytes read, not the file again: bytes that changed between a check of the
+    file and its read (here: a read that returns other bytes) are refused, and nothing is kept."""
+    blobs = BlobStore(tmp_path / "blobs")
+    root = _root(blobs, b"the module")
+    real_open = open
+
+    class Swapped:
+        def __init__(self, f: Any) -> None:
+            self.f = f
+
+        def __enter__(self) -> Any:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()
+
+        def fileno(self) -> int:
+            return int(self.f.fileno())
+
+        def read(self) -> bytes:
+            return b"the modulX"
+
+    def fake_open(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        f = real_open(path, mode, *args, **kwargs)
+        return Swapped(f) if str(path) == str(blobs.path(root.hex())) else f
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    memo = ModuleBytes(blobs)
+    with pytest.raises(BlobCorrupt):
+        memo.read(root)
+    assert memo.size == 0
 
 
 async def test_an_executor_reads_a_sweeps_module_once(
