@@ -9,15 +9,15 @@ Each job the node submitted and has not finished has one driver task, which runs
     new round without that executor; the deadline ends it all (`expired`).
 
 The parts a driver waits on have modules of their own, each given the shared table of jobs under way
-(submitted.py): the hand-off and assignments given back (handoff.py), outcomes, their receipts checked and
-acknowledged, and replicas judged (outcomes.py), and inclusion proofs of acknowledged receipts
+(submitted.py): the hand-off and assignments given back (handoff.py), outcomes, their receipts checked
+and acknowledged, and replicas judged (outcomes.py), and inclusion proofs of acknowledged receipts
 (inclusion.py).
 
 Cancel (`e31 cancel`): a signed `cancel` goes to the assigned executor and out on gossip, the job ends
-`cancelled` and its driver stops; an outcome arriving later is not taken, and its executor is sent the
-cancel again (outcomes.py). A job done with an earlier attempt's late result has its other assignments
-withdrawn the same way (reason `done`). An assignment whose executor falls behind its promise is taken back
-with a `withdraw` and the job offered again (replan.py).
+`cancelled` and its driver stops; an outcome arriving later is not taken, and its executor is sent
+the cancel again (outcomes.py). A job done with an earlier attempt's late result has its other
+assignments withdrawn the same way (reason `done`). An assignment whose executor falls behind its
+promise is taken back with a `withdraw` and the job offered again (replan.py).
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ log = logging.getLogger("e31.submitter")
 
 POLL = 0.05
 IN_FLIGHT = 128
-"""Jobs this node offers or has assigned at once; the rest of a sweep waits `queued`, its deadline running.
-Outcomes are verified one blob fetch at a time: thousands of jobs put out at once would let leases run out
-before their results were taken, and all be offered again."""
+"""Jobs this node offers or has assigned at once; the rest of a sweep waits `queued`, its deadline
+running. Outcomes are verified here one blob fetch at a time, so a node that put thousands of jobs out
+at once would let leases run out before it got to their results, and offer them all again."""
 ADMIT_STEP = 16
 """Waiting jobs are admitted this many at a time (node/admission.py), so they share an offer."""
 REOFFER_MAX = 8.0
