@@ -628,31 +628,27 @@ def _compile_to_wire(cls: type[Record]) -> Callable[[Any], tuple[Any, ...]]:
     out (a key or digest is its raw bytes; an optional, an array, a nested record by their own rules;
     a codec whose `enc` is the identity, as is, and any other by calling it), so a record is encoded
     with no call per field. It returns exactly what `to_wire_reference` does."""
-    ns: dict[str, Any] = {"tuple": tuple}
+    src = Source()
 
-    def expr(codec: Any, value: str, depth: int) -> str:
+    def expr(codec: Any, value: str) -> str:
         enc = type(codec).enc
         if enc is Key.enc or enc is Hash.enc:
             return f"{value}.raw"
         if enc is Opt.enc:
-            return f"(None if {value} is None else {expr(codec.inner, value, depth)})"
+            return f"(None if {value} is None else {expr(codec.inner, value)})"
         if enc is Seq.enc:
-            item = f"x{depth}"
-            return f"tuple([{expr(codec.inner, item, depth + 1)} for {item} in {value}])"
+            item = src.fresh("x")
+            return f"tuple([{expr(codec.inner, item)} for {item} in {value}])"
         if enc is Sub.enc:
             return f"{value}.to_wire()"
         if enc is Codec.enc:
             return value
-        name = f"enc{len(ns)}"
-        ns[name] = codec.enc
-        return f"{name}({value})"
+        return f"{src.bind(codec)}.enc({value})"
 
-    parts = [expr(codec, f"self.{name}", 0) for name, codec in cls._FIELDS]
-    body = "".join(f"{part}, " for part in parts)
-    code = f"def make({', '.join(ns)}):\n    def to_wire(self):\n        return ({body})\n    return to_wire"
-    scope: dict[str, Any] = {}
-    exec(compile(code, f"<{cls.__name__}.to_wire>", "exec"), scope)
-    fn: Callable[[Any], tuple[Any, ...]] = scope["make"](**ns)
+    with src.block("def to_wire(self):"):
+        parts = [expr(codec, "self." + name) for name, codec in cls._FIELDS]
+        src.emit(f"return ({''.join(part + ', ' for part in parts)})")
+    fn: Callable[[Any], tuple[Any, ...]] = src.make("to_wire", f"<{cls.__name__}.to_wire>")
     fn.__qualname__ = f"{cls.__name__}.to_wire"
     _ENCODERS[cls] = fn
     return fn
@@ -760,6 +756,14 @@ class Source:
             name = self._names[id(obj)] = f"k{len(self._names)}"
             self.ns[name] = obj
         return name
+
+    def make(self, name: str, label: str) -> Any:
+        """The function `name` the emitted lines define, compiled (`label` names its source in
+        tracebacks), seeing every bound object as a closure variable."""
+        code = "\n".join([f"def make({', '.join(self.ns)}):", *("    " + line for line in self.lines)])
+        scope: dict[str, Any] = {}
+        exec(compile(f"{code}\n    return {name}", label, "exec"), scope)
+        return scope["make"](**self.ns)
 
     def fresh(self, prefix: str) -> str:
         self._count += 1
@@ -874,11 +878,7 @@ def _generated_from_wire(cls: type[R]) -> Callable[[object], R]:
         with src.block("except InvalidMessage as e:"):
             src.emit(f"raise explain({src.bind(cls)}, wire, e) from None")
         src.emit(f"return {obj}")
-    names = ", ".join(src.ns)
-    code = "\n".join([f"def make({names}):", *("    " + line for line in src.lines), "    return from_wire"])
-    scope: dict[str, Any] = {}
-    exec(compile(code, f"<{cls.__name__}.from_wire>", "exec"), scope)
-    fn: Callable[[object], R] = scope["make"](**src.ns)
+    fn: Callable[[object], R] = src.make("from_wire", f"<{cls.__name__}.from_wire>")
     fn.__qualname__ = f"{cls.__name__}.from_wire"
     fn.__doc__ = Record.from_wire.__doc__
     return fn

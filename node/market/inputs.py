@@ -13,8 +13,7 @@ from .outputs import JobFailed
 def inputs_unchanged(blobs: BlobStore, manifest: JobManifest) -> None:
     """Raise JobFailed if an input or stdin file the sandbox read was written to, replaced or removed
     since it was checked before the run: the receipt would name bytes the run may not have seen."""
-    refs = [*(f.blob for f in manifest.inputs), *([] if manifest.stdin is None else [manifest.stdin])]
-    for ref in refs:
+    for ref in blob_refs(manifest)[1:]:  # (the module is read whole before the run: module_bytes.py)
         if not blobs.unchanged(ref.root.raw):
             raise JobFailed(f"input blob {ref.root.hex()} changed on disk during the run: no receipt for it")
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from e31.protocol.assignments import ASSIGN_KINDS
+
 from .rows import EnvelopeRow
 from .tables import Tables
 
@@ -86,7 +88,7 @@ class Envelopes(Tables):
         """The envelopes that assigned the job: `assign`s stored for it, then the `assigns` sets that
         name it, each group by arrival."""
         with self.reading() as c:
-            rows = c.execute(_ENVELOPES_FOR_JOB, (job_id, "assign", "assigns")).fetchall()
+            rows = c.execute(_ENVELOPES_FOR_JOB, (job_id, *ASSIGN_KINDS)).fetchall()
         return [EnvelopeRow(*r[1:]) for r in rows]
 
     def envelope_job_ids(self, kinds: Sequence[str]) -> set[bytes]:

@@ -5,9 +5,10 @@ current assignment), and the acknowledged receipt of each finished one."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from e31.protocol.assignments import reopen_assignment
-from e31.protocol.envelope import reopen_stored
+from e31.protocol.assignments import assignment_of
+from e31.protocol.envelope import VerifiedEnvelope, reopen_stored
 from e31.protocol.messages import Accepted
 
 from ..lifecycle import JobState
@@ -39,12 +40,16 @@ def handed_off(store: Store, rows: Sequence[JobRow]) -> set[bytes]:
             ).fetchall()
     assigns: set[tuple[bytes, bytes]] = set()
     accepted: set[tuple[bytes, bytes]] = set()
+    opened: dict[bytes, VerifiedEnvelope[Any]] = {}
     for kind, raw, job_id in found:
         if kind == "accepted":
             acc = reopen_stored(bytes(raw), Accepted).message
             accepted.add((acc.assignment_id.raw, acc.job_id.raw))
             continue
-        a = reopen_assignment(bytes(raw), bytes(job_id))
+        env = opened.get(bytes(raw))
+        if env is None:  # a set comes once per job it names: opened once
+            env = opened[bytes(raw)] = reopen_stored(bytes(raw))
+        a = assignment_of(env, bytes(job_id))
         if a is None:
             continue
         row = current[a.job_id.raw]
