@@ -55,16 +55,31 @@ class LinkHealth(enum.Enum):
     DEAD = "dead"
 
 
+RTT_REFRESH = 4
+"""Heartbeat intervals after which a link that keeps carrying messages is pinged all the same, so its
+round trip (`e31 peers`) stays current."""
+
+
 @dataclass(slots=True)
 class Liveness:
-    """Heartbeat bookkeeping for one link: which ping is outstanding, how many went unanswered."""
+    """Heartbeat bookkeeping for one link: which ping is outstanding, how many went unanswered, and
+    when the peer was last heard from.
+
+    Any message the peer sends over the link (its session is authenticated) shows it alive as a pong
+    does: `heard` clears the count of missed pings, and a ping outstanding when a message arrived
+    afterwards does not count as missed. So a ping is only worth sending on a link that has been
+    quiet (`ping_due`): a link busy with a sweep's offers, bids and results carries one heartbeat
+    every RTT_REFRESH intervals instead of one each, to keep its round trip current."""
 
     suspect_after: int
     dead_after: int
     missed: int = 0
     outstanding: bytes | None = None
-    sent_at: float = 0.0
+    sent_at: float = float("-inf")
+    """When the last ping went."""
     rtt: float | None = None
+    heard_at: float = float("-inf")
+    """When the last message from the peer arrived."""
 
     @property
     def health(self) -> LinkHealth:
@@ -74,10 +89,22 @@ class Liveness:
             return LinkHealth.SUSPECT
         return LinkHealth.ALIVE
 
+    def heard(self, now: float) -> None:
+        """A message from the peer arrived: it is alive."""
+        self.heard_at = now
+        self.missed = 0
+
+    def ping_due(self, now: float, interval: float) -> bool:
+        """Whether a heartbeat should go now: nothing was heard from the peer for half an `interval`
+        (the heartbeat task wakes about once an interval), or the last ping went RTT_REFRESH intervals
+        ago or more."""
+        return now - self.heard_at >= interval / 2 or now - self.sent_at >= RTT_REFRESH * interval
+
     def tick(self, nonce: bytes, now: float) -> LinkHealth:
-        """A heartbeat is due: the previous ping, if still unanswered, counts as missed; `nonce` is
-        the next ping's. Returns the health after counting (DEAD: close the link, send nothing)."""
-        if self.outstanding is not None:
+        """A heartbeat is due: the previous ping, if still unanswered and nothing was heard from the
+        peer since it went, counts as missed; `nonce` is the next ping's. Returns the health after
+        counting (DEAD: close the link, send nothing)."""
+        if self.outstanding is not None and self.heard_at < self.sent_at:
             self.missed += 1
         health = self.health
         if health is not LinkHealth.DEAD:

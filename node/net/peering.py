@@ -11,8 +11,10 @@ composition of the wing's link pieces: the Dialer (dialer.py), this node's OwnCo
   by the link's own peer; a peer that sends an invalid one loses the link. Every other kind goes, as
   raw bytes, to the LinkListeners other services add (gossip relays messages signed by others and
   checks its seen-cache before paying for a signature check), which also hear when links go up and down.
-- Heartbeats: every `heartbeat_interval` (jittered by +-10%) each side pings; `Liveness` makes the link
-  suspect after `suspect_after` unanswered pings and closes it after `dead_after`.
+- Heartbeats: every `heartbeat_interval` (jittered by +-10%) each side pings a link that has been quiet
+  (any message from the peer shows it alive as a pong does, so a busy link carries a ping only every
+  few intervals, for its round trip); `Liveness` makes the link suspect after `suspect_after`
+  unanswered pings and closes it after `dead_after`.
 """
 
 from __future__ import annotations
@@ -402,6 +404,7 @@ class PeerService:
 
     async def _read(self, link: Link) -> None:
         async for raw in link.conn:
+            link.liveness.heard(trio.current_time())  # (the session is the peer's: any frame is a life sign)
             kind = claimed_kind(raw)
             metrics.message_received(kind, len(raw))
             if kind is None:
@@ -448,11 +451,7 @@ class PeerService:
                 return False
         elif isinstance(message, Pong):
             if link.liveness.pong(message.nonce, trio.current_time()):
-                peer = self.table.peers.get(link.peer)
-                if peer is not None:
-                    if peer.suspect:
-                        log.info("%s answers again", NodeId(link.peer))
-                    peer.suspect, peer.rtt, peer.last_seen = False, link.liveness.rtt, self.wall()
+                self._alive(link)
         elif isinstance(message, Peers):
             if link.exchanges.allow(trio.current_time()):
                 learned = self.exchange.receive(link.peer, not link.outbound, message)
@@ -478,10 +477,21 @@ class PeerService:
     def _expiry(self, ttl_seconds: float) -> int:
         return int((self.wall() + ttl_seconds) * 1000)
 
+    def _alive(self, link: Link) -> None:
+        """The peer answered a ping, or spoke lately: no longer suspect; its sign of life and round trip."""
+        peer = self.table.peers.get(link.peer)
+        if peer is not None:
+            if peer.suspect:
+                log.info("%s answers again", NodeId(link.peer))
+            peer.suspect, peer.rtt, peer.last_seen = False, link.liveness.rtt, self.wall()
+
     async def _heartbeat(self, link: Link) -> None:
         interval = self.settings.heartbeat_interval
         while True:
             await trio.sleep(interval * (0.9 + 0.2 * self.rng.random()))
+            if not link.liveness.ping_due(trio.current_time(), interval):
+                self._alive(link)  # the link carries messages: the peer is alive, pinged lately
+                continue
             nonce = os.urandom(_NONCE_SIZE)
             health = link.liveness.tick(nonce, trio.current_time())
             peer = self.table.peers.get(link.peer)

@@ -18,7 +18,7 @@ from e31.node.config import Address, NodeConfig
 from e31.node.net.addresses import split_address
 from e31.node.net.contact import OwnContact
 from e31.node.net.exchange import Learned, PeerExchange
-from e31.node.net.links import Backoff, LinkHealth, Liveness, TokenBucket, keep_new_link
+from e31.node.net.links import RTT_REFRESH, Backoff, LinkHealth, Liveness, TokenBucket, keep_new_link
 from e31.node.net.peering import PeerService
 from e31.node.net.peers import Dial, PeerSettings, PeerState, PeerTable
 from e31.node.net.transport import Connection, ConnectionClosed, dial
@@ -93,6 +93,35 @@ def test_a_pong_answering_the_outstanding_ping_restores_health() -> None:
     assert live.rtt == pytest.approx(0.25)
     assert not live.pong(b"c" * 16, 2.5)  # answered once only
     assert live.tick(b"d" * 16, 3.0) is LinkHealth.ALIVE
+
+
+def test_any_message_from_the_peer_shows_it_alive_as_a_pong_does() -> None:
+    live = Liveness(suspect_after=2, dead_after=4)
+    live.tick(b"a" * 16, 0.0)
+    live.tick(b"b" * 16, 1.0)
+    assert live.tick(b"c" * 16, 2.0) is LinkHealth.SUSPECT
+    live.heard(2.5)  # an offer, a bid, anything over the link: not the pong
+    assert live.health is LinkHealth.ALIVE and live.missed == 0
+    # ping c was still unanswered at the next tick, but the peer spoke after it went: not missed
+    assert live.tick(b"d" * 16, 3.0) is LinkHealth.ALIVE and live.missed == 0
+    # ping d: unanswered, and nothing heard since it went: missed
+    assert live.tick(b"e" * 16, 4.0) is LinkHealth.ALIVE and live.missed == 1
+    assert live.pong(b"e" * 16, 4.25) and live.rtt == pytest.approx(0.25)
+
+
+def test_a_ping_is_due_on_a_quiet_link_or_when_the_round_trip_is_old() -> None:
+    live = Liveness(suspect_after=2, dead_after=4)
+    assert live.ping_due(0.0, 1.0)  # nothing heard yet
+    live.heard(10.0)
+    assert live.ping_due(10.25, 1.0)  # busy, but never pinged: its round trip is unknown
+    live.tick(b"a" * 16, 10.25)
+    assert live.pong(b"a" * 16, 10.5)
+    live.heard(11.0)
+    assert not live.ping_due(11.25, 1.0)  # heard a quarter interval ago, pinged lately
+    assert live.ping_due(11.5, 1.0)  # quiet for half an interval
+    live.heard(14.0)
+    assert not live.ping_due(14.0, 1.0)
+    assert live.ping_due(10.25 + RTT_REFRESH, 1.0)  # busy, but the last ping went RTT_REFRESH ago
 
 
 # --- duplicate links ---------------------------------------------------------------------------------
@@ -668,6 +697,56 @@ def service(tmp_path: Path, name: str, settings: PeerSettings | None = None) -> 
         store=store,
         settings=settings or PeerSettings(),
     )
+
+
+async def test_a_busy_link_carries_few_heartbeats_and_falls_suspect_once_it_goes_quiet(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A peer that answers no ping, silent at first (suspect), then sending a message every 5 s: alive
+    again while it speaks (pinged only every RTT_REFRESH intervals, for the round trip), then suspect
+    and dropped on the same count of missed heartbeats as a silent peer."""
+    a = service(tmp_path, "a")  # the production settings: a heartbeat every 15 s (+-10%)
+    chatty = SigningKey.generate()
+    key = bytes(chatty.verify_key)
+    mine, theirs = memory_pair(a.local, key)
+    kinds: list[str] = []
+    busy_for = 600.0
+    suspect_at = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(a.run_link, mine, outbound=True))
+
+        async def listen() -> None:
+            async for raw in theirs:
+                kinds.append(verify(raw).kind)
+
+        nursery.start_soon(listen)
+        with trio.fail_after(4 * 15):  # two heartbeats missed: suspect
+            while (peer := a.table.peers.get(key)) is None or not peer.suspect:  # noqa: ASYNC110 (polled)
+                await trio.sleep(0.5)
+        kinds.clear()
+        start = trio.current_time()
+        while trio.current_time() - start < busy_for:
+            expires = int(time.time() * 1000) + 60_000
+            cancel = Cancel("main", Digest(b"j" * 32), node_id_of(chatty), expires, "withdrawn", "")
+            await theirs.send(sign_message(cancel, chatty))
+            await trio.sleep(5.0)
+            assert not mine.closed
+            if trio.current_time() - start > 1.1 * 15:  # (its heartbeat task sees it alive again)
+                assert not a.table.peers[key].suspect
+        pings_while_busy = kinds.count("ping")
+        quiet_from = trio.current_time()
+        while not mine.closed:
+            await trio.sleep(0.5)
+            if a.table.peers[key].suspect and suspect_at is None:
+                suspect_at = trio.current_time()
+        closed_at = trio.current_time()
+        nursery.cancel_scope.cancel()
+    # a ping at the start, then one per RTT_REFRESH intervals: not one per 15 s (40)
+    assert 1 <= pings_while_busy <= busy_for / (RTT_REFRESH * 15 * 0.9) + 2
+    assert suspect_at is not None
+    assert quiet_from + 2 * 15 * 0.9 <= suspect_at <= quiet_from + 4 * 15 * 1.1 + 0.5
+    assert quiet_from + 4 * 15 * 0.9 <= closed_at <= quiet_from + 6 * 15 * 1.1 + 0.5
+    assert a.links == {}
 
 
 async def test_a_silent_peer_is_suspect_after_two_missed_heartbeats_and_dropped_after_four(

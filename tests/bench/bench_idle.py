@@ -1,0 +1,81 @@
+"""What an idle node costs: CPU per second of K linked nodes with nothing to do, per node.
+
+    .venv/bin/python tests/bench/bench_idle.py [--nodes K] [--seconds S] [--heartbeat H]
+
+Starts K `e31 node run` processes on 127.0.0.1 (bench_jobs.py's local network, every node linked to
+every other), runs one job so every path has run once, waits 3 s, then reads each node's CPU time
+over S seconds from /proc/<pid>/task/*/schedstat (nanoseconds on the CPU, every thread of the
+process: finer than the 10 ms ticks of /proc/<pid>/stat) and prints it per node and in all, in ms of
+CPU per second. `--heartbeat` is the links' heartbeat interval: the local network's 0.5 s (what the
+other benchmarks run with, so links form and fail fast) or a node's default of 15 s. Linux only.
+Bounded: one job, then S seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_jobs
+from e31.node.demo.net import HEARTBEAT, LocalNetwork
+
+
+def on_cpu_ns(pid: int) -> int:
+    """Nanoseconds every thread of `pid` has spent on a CPU (the threads alive now)."""
+    total = 0
+    tasks = Path(f"/proc/{pid}/task")
+    for task in tasks.iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            continue
+    return total
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=3, help="linked nodes (default 3)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long to measure (default 20)")
+    parser.add_argument(
+        "--heartbeat", type=float, default=HEARTBEAT, help=f"heartbeat interval, s (default {HEARTBEAT})"
+    )
+    args = parser.parse_args()
+    if not 1 <= args.nodes <= 16:
+        parser.error("--nodes is 1 to 16")
+    if not 1 <= args.seconds <= 600:
+        parser.error("--seconds is 1 to 600")
+    if not 0.1 <= args.heartbeat <= 600:
+        parser.error("--heartbeat is 0.1 to 600")
+    if not Path("/proc/self/task").is_dir():
+        parser.error("needs Linux's /proc")
+    with tempfile.TemporaryDirectory(prefix="e31-bench-") as tmp:
+        extra = ("--cores", "1", *bench_jobs.NODE_ARGS)
+        network = LocalNetwork(Path(tmp), args.nodes, extra_args=extra, heartbeat=args.heartbeat)
+        try:
+            network.start()
+            api = network.nodes[0].api(timeout=60)
+            bench_jobs.wait(api, bench_jobs.submit(api, bench_jobs.tiny(0)))
+            time.sleep(3)
+            pids = [n.pid for n in network.nodes]
+            before = [on_cpu_ns(p) for p in pids]
+            began = time.monotonic()
+            time.sleep(args.seconds)
+            spent = [on_cpu_ns(p) - b for p, b in zip(pids, before, strict=True)]
+            seconds = time.monotonic() - began
+        finally:
+            network.stop()
+    per_node = [ns / 1e6 / seconds for ns in spent]
+    shown = ", ".join(f"{x:.1f}" for x in per_node)
+    print(f"{args.nodes} idle nodes, heartbeat {args.heartbeat:g} s, {seconds:.0f} s measured")
+    total = sum(per_node)
+    print(f"  CPU per node: {shown} ms/s; all: {total:.1f} ms/s ({total / 10:.2f}% of a core)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
