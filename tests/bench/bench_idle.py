@@ -1,14 +1,15 @@
 """What an idle node costs: CPU per second of K linked nodes with nothing to do, per node.
 
-    .venv/bin/python tests/bench/bench_idle.py [--nodes K] [--seconds S] [--heartbeat H]
+    .venv/bin/python tests/bench/bench_idle.py [--nodes K] [--seconds S] [--heartbeat H] [--settle W]
 
 Starts K `e31 node run` processes on 127.0.0.1 (bench_jobs.py's local network, every node linked to
-every other), runs one job so every path has run once, waits 3 s, then reads each node's CPU time
+every other), runs one job so every path has run once, waits W s (default 10: the links' first
+messages and the capacity adverts each new link sets off are over), then reads each node's CPU time
 over S seconds from /proc/<pid>/task/*/schedstat (nanoseconds on the CPU, every thread of the
 process: finer than the 10 ms ticks of /proc/<pid>/stat) and prints it per node and in all, in ms of
 CPU per second. `--heartbeat` is the links' heartbeat interval: the local network's 0.5 s (what the
 other benchmarks run with, so links form and fail fast) or a node's default of 15 s. Linux only.
-Bounded: one job, then S seconds.
+Bounded: one job, then W + S seconds.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=3, help="linked nodes (default 3)")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long to measure (default 20)")
+    parser.add_argument("--settle", type=float, default=10.0, help="wait before measuring, s (default 10)")
     parser.add_argument(
         "--heartbeat", type=float, default=HEARTBEAT, help=f"heartbeat interval, s (default {HEARTBEAT})"
     )
@@ -49,6 +51,8 @@ def main() -> int:
         parser.error("--nodes is 1 to 16")
     if not 1 <= args.seconds <= 600:
         parser.error("--seconds is 1 to 600")
+    if not 0 <= args.settle <= 600:
+        parser.error("--settle is 0 to 600")
     if not 0.1 <= args.heartbeat <= 600:
         parser.error("--heartbeat is 0.1 to 600")
     if not Path("/proc/self/task").is_dir():
@@ -60,7 +64,7 @@ def main() -> int:
             network.start()
             api = network.nodes[0].api(timeout=60)
             bench_jobs.wait(api, bench_jobs.submit(api, bench_jobs.tiny(0)))
-            time.sleep(3)
+            time.sleep(args.settle)
             pids = [n.pid for n in network.nodes]
             before = [on_cpu_ns(p) for p in pids]
             began = time.monotonic()
