@@ -68,8 +68,8 @@ class Liveness:
     Any message the peer sends over the link (its session is authenticated) shows it alive as a pong
     does: `heard` clears the count of missed pings, and a ping outstanding when a message arrived
     afterwards does not count as missed. So a ping is only worth sending on a link that has been
-    quiet (`ping_due`): a link busy with a sweep's offers, bids and results carries one heartbeat
-    every RTT_REFRESH intervals instead of one each, to keep its round trip current."""
+    quiet (`ping_due`): a link busy with a sweep's offers, bids and results carries a heartbeat only
+    every RTT_REFRESH intervals or so, to keep its round trip current."""
 
     suspect_after: int
     dead_after: int

@@ -14,7 +14,8 @@ composition of the wing's link pieces: the Dialer (dialer.py), this node's OwnCo
 - Heartbeats: every `heartbeat_interval` (jittered by +-10%) each side pings a link that has been quiet
   (any message from the peer shows it alive as a pong does, so a busy link carries a ping only every
   few intervals, for its round trip); `Liveness` makes the link suspect after `suspect_after`
-  unanswered pings and closes it after `dead_after`.
+  unanswered pings with nothing heard since and closes it after `dead_after`: at most
+  `dead_after` + 2 intervals after the peer's last frame, under the transport's idle timeout.
 """
 
 from __future__ import annotations
@@ -158,7 +159,9 @@ class PeerService:
             timeouts=Timeouts(
                 connect=settings.dial_timeout,
                 handshake=settings.dial_timeout,
-                idle=max(heartbeat * (settings.dead_after + 2), 2 * settings.dial_timeout),
+                # above the latest the heartbeats close a dead link (dead_after + 2 intervals after
+                # the peer's last frame, jitter included), so that verdict, a failure, comes first
+                idle=max(heartbeat * (settings.dead_after + 3), 2 * settings.dial_timeout),
             ),
         )
         self.caps = ConnectionCaps(self.limits)
@@ -505,6 +508,8 @@ class PeerService:
             if peer is not None and health is LinkHealth.SUSPECT and not peer.suspect:
                 log.info("%s is suspect: %d heartbeats unanswered", NodeId(link.peer), link.liveness.missed)
                 peer.suspect = True
+            elif peer is not None and health is LinkHealth.ALIVE and peer.suspect:
+                self._alive(link)  # heard from since it fell suspect, though this tick pings
             ping = Ping(self.network, NodeId(self.local), nonce, self._expiry(self._ping_ttl()))
             try:
                 await link.conn.send(sign_message(ping, self.identity))

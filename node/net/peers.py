@@ -13,8 +13,8 @@ side that carries the decisions out is `e31.node.net.peering` (with its dialer, 
 - The dialer keeps up to `target_degree` links: bootstrap targets are always dialed (with backoff),
   other peers only while the node has fewer links than that, fewest failures first, then most recently
   seen, random among equals.
-- `Liveness` counts heartbeats without an answer: after `suspect_after` the link is suspect, after
-  `dead_after` it is closed.
+- `Liveness` counts heartbeats without an answer (and nothing else heard from the peer since): after
+  `suspect_after` the link is suspect, after `dead_after` it is closed.
 - Two links to one peer (both dialed at once): both ends keep the one initiated by the smaller node
   key, so they agree without a message; two links with the same initiator: the newer one stays.
   (Backoff, TokenBucket, Liveness and that rule live in `e31.node.net.links`.)

@@ -729,12 +729,12 @@ async def test_a_busy_link_carries_few_heartbeats_and_falls_suspect_once_it_goes
             expires = int(time.time() * 1000) + 60_000
             cancel = Cancel("main", Digest(b"j" * 32), node_id_of(chatty), expires, "withdrawn", "")
             await theirs.send(sign_message(cancel, chatty))
+            last_frame = trio.current_time()
             await trio.sleep(5.0)
             assert not mine.closed
             if trio.current_time() - start > 1.1 * 15:  # (its heartbeat task sees it alive again)
                 assert not a.table.peers[key].suspect
         pings_while_busy = kinds.count("ping")
-        quiet_from = trio.current_time()
         while not mine.closed:
             await trio.sleep(0.5)
             if a.table.peers[key].suspect and suspect_at is None:
@@ -743,10 +743,50 @@ async def test_a_busy_link_carries_few_heartbeats_and_falls_suspect_once_it_goes
         nursery.cancel_scope.cancel()
     # a ping at the start, then one per RTT_REFRESH intervals: not one per 15 s (40)
     assert 1 <= pings_while_busy <= busy_for / (RTT_REFRESH * 15 * 0.9) + 2
+    # from its last frame: a tick within half an interval of it skips its ping (up to 7.5 s, 1.1 with
+    # jitter), then two (four) pings go unanswered, a tick apart
     assert suspect_at is not None
-    assert quiet_from + 2 * 15 * 0.9 <= suspect_at <= quiet_from + 4 * 15 * 1.1 + 0.5
-    assert quiet_from + 4 * 15 * 0.9 <= closed_at <= quiet_from + 6 * 15 * 1.1 + 0.5
+    assert last_frame + 2 * 15 * 0.9 <= suspect_at <= last_frame + 7.5 * 1.1 + 3 * 15 * 1.1 + 0.5
+    assert last_frame + 4 * 15 * 0.9 <= closed_at <= last_frame + 7.5 * 1.1 + 5 * 15 * 1.1 + 0.5
     assert a.links == {}
+
+
+async def test_a_suspect_peer_heard_from_again_is_alive_at_the_next_heartbeat_even_one_that_pings(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A suspect peer that speaks once, right after a ping (so the next heartbeat, an interval later,
+    still pings: the link was quiet for over half an interval), is no longer suspect after that tick,
+    though it answers no ping."""
+    a = service(tmp_path, "a")
+    quiet = SigningKey.generate()
+    key = bytes(quiet.verify_key)
+    mine, theirs = memory_pair(a.local, key)
+    kinds: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(a.run_link, mine, outbound=True))
+
+        async def listen() -> None:
+            async for raw in theirs:
+                kinds.append(verify(raw).kind)
+
+        nursery.start_soon(listen)
+
+        async def next_ping() -> None:
+            seen = kinds.count("ping")
+            with trio.fail_after(2 * 15):
+                while kinds.count("ping") == seen:  # noqa: ASYNC110 (polled)
+                    await trio.sleep(0.1)
+
+        with trio.fail_after(4 * 15):
+            while (peer := a.table.peers.get(key)) is None or not peer.suspect:  # noqa: ASYNC110 (polled)
+                await trio.sleep(0.5)
+        await next_ping()
+        expires = int(time.time() * 1000) + 60_000
+        cancel = Cancel("main", Digest(b"j" * 32), node_id_of(quiet), expires, "withdrawn", "")
+        await theirs.send(sign_message(cancel, quiet))
+        await next_ping()  # this tick pings (nothing heard for an interval) and finds it heard since
+        assert not a.table.peers[key].suspect and not mine.closed
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_silent_peer_is_suspect_after_two_missed_heartbeats_and_dropped_after_four(
