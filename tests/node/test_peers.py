@@ -8,6 +8,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -699,48 +700,91 @@ def service(tmp_path: Path, name: str, settings: PeerSettings | None = None) -> 
     )
 
 
+@dataclass
+class ScriptedPeer:
+    """The far end of one of `a`'s links, played by the test: it answers no ping, records the kinds of
+    what `a` sends it, and speaks when told to."""
+
+    a: PeerService
+    key: SigningKey
+    mine: MemoryConnection
+    theirs: MemoryConnection
+    kinds: list[str]
+
+    @property
+    def peer(self) -> bytes:
+        return bytes(self.key.verify_key)
+
+    def suspect(self) -> bool:
+        row = self.a.table.peers.get(self.peer)
+        return row is not None and row.suspect
+
+    async def speak(self) -> float:
+        """Send `a` one message that is not a heartbeat (a `cancel`); returns when it went."""
+        expires = int(time.time() * 1000) + 60_000
+        cancel = Cancel("main", Digest(b"j" * 32), node_id_of(self.key), expires, "withdrawn", "")
+        await self.theirs.send(sign_message(cancel, self.key))
+        return trio.current_time()
+
+    async def until_suspect(self) -> None:
+        with trio.fail_after(4 * 15):  # two heartbeats missed
+            while not self.suspect():  # noqa: ASYNC110 (polled)
+                await trio.sleep(0.5)
+
+    async def until_closed(self) -> tuple[float | None, float]:
+        """Wait for `a` to close the link: when it fell suspect (None: never) and when it closed."""
+        suspect_at = None
+        while not self.mine.closed:
+            await trio.sleep(0.5)
+            if self.suspect() and suspect_at is None:
+                suspect_at = trio.current_time()
+        return suspect_at, trio.current_time()
+
+    async def next_ping(self) -> None:
+        seen = self.kinds.count("ping")
+        with trio.fail_after(2 * 15):
+            while self.kinds.count("ping") == seen:  # noqa: ASYNC110 (polled)
+                await trio.sleep(0.1)
+
+
+@asynccontextmanager
+async def scripted_peer(tmp_path: Path) -> AsyncIterator[ScriptedPeer]:
+    """`a` (the production settings: a heartbeat every 15 s, +-10%) linked to a ScriptedPeer."""
+    a = service(tmp_path, "a")
+    key = SigningKey.generate()
+    mine, theirs = memory_pair(a.local, bytes(key.verify_key))
+    far = ScriptedPeer(a, key, mine, theirs, [])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(a.run_link, mine, outbound=True))
+
+        async def listen() -> None:
+            async for raw in theirs:
+                far.kinds.append(verify(raw).kind)
+
+        nursery.start_soon(listen)
+        yield far
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_busy_link_carries_few_heartbeats_and_falls_suspect_once_it_goes_quiet(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     """A peer that answers no ping, silent at first (suspect), then sending a message every 5 s: alive
     again while it speaks (pinged only every RTT_REFRESH intervals, for the round trip), then suspect
     and dropped on the same count of missed heartbeats as a silent peer."""
-    a = service(tmp_path, "a")  # the production settings: a heartbeat every 15 s (+-10%)
-    chatty = SigningKey.generate()
-    key = bytes(chatty.verify_key)
-    mine, theirs = memory_pair(a.local, key)
-    kinds: list[str] = []
     busy_for = 600.0
-    suspect_at = None
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(partial(a.run_link, mine, outbound=True))
-
-        async def listen() -> None:
-            async for raw in theirs:
-                kinds.append(verify(raw).kind)
-
-        nursery.start_soon(listen)
-        with trio.fail_after(4 * 15):  # two heartbeats missed: suspect
-            while (peer := a.table.peers.get(key)) is None or not peer.suspect:  # noqa: ASYNC110 (polled)
-                await trio.sleep(0.5)
-        kinds.clear()
-        start = trio.current_time()
+    async with scripted_peer(tmp_path) as far:
+        await far.until_suspect()
+        far.kinds.clear()
+        start = last_frame = trio.current_time()
         while trio.current_time() - start < busy_for:
-            expires = int(time.time() * 1000) + 60_000
-            cancel = Cancel("main", Digest(b"j" * 32), node_id_of(chatty), expires, "withdrawn", "")
-            await theirs.send(sign_message(cancel, chatty))
-            last_frame = trio.current_time()
+            last_frame = await far.speak()
             await trio.sleep(5.0)
-            assert not mine.closed
+            assert not far.mine.closed
             if trio.current_time() - start > 1.1 * 15:  # (its heartbeat task sees it alive again)
-                assert not a.table.peers[key].suspect
-        pings_while_busy = kinds.count("ping")
-        while not mine.closed:
-            await trio.sleep(0.5)
-            if a.table.peers[key].suspect and suspect_at is None:
-                suspect_at = trio.current_time()
-        closed_at = trio.current_time()
-        nursery.cancel_scope.cancel()
+                assert not far.suspect()
+        pings_while_busy = far.kinds.count("ping")
+        suspect_at, closed_at = await far.until_closed()
     # a ping at the start, then one per RTT_REFRESH intervals: not one per 15 s (40)
     assert 1 <= pings_while_busy <= busy_for / (RTT_REFRESH * 15 * 0.9) + 2
     # from its last frame: a tick within half an interval of it skips its ping (up to 7.5 s, 1.1 with
@@ -748,7 +792,7 @@ async def test_a_busy_link_carries_few_heartbeats_and_falls_suspect_once_it_goes
     assert suspect_at is not None
     assert last_frame + 2 * 15 * 0.9 <= suspect_at <= last_frame + 7.5 * 1.1 + 3 * 15 * 1.1 + 0.5
     assert last_frame + 4 * 15 * 0.9 <= closed_at <= last_frame + 7.5 * 1.1 + 5 * 15 * 1.1 + 0.5
-    assert a.links == {}
+    assert far.a.links == {}
 
 
 async def test_a_suspect_peer_heard_from_again_is_alive_at_the_next_heartbeat_even_one_that_pings(
@@ -757,66 +801,24 @@ async def test_a_suspect_peer_heard_from_again_is_alive_at_the_next_heartbeat_ev
     """A suspect peer that speaks once, right after a ping (so the next heartbeat, an interval later,
     still pings: the link was quiet for over half an interval), is no longer suspect after that tick,
     though it answers no ping."""
-    a = service(tmp_path, "a")
-    quiet = SigningKey.generate()
-    key = bytes(quiet.verify_key)
-    mine, theirs = memory_pair(a.local, key)
-    kinds: list[str] = []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(partial(a.run_link, mine, outbound=True))
-
-        async def listen() -> None:
-            async for raw in theirs:
-                kinds.append(verify(raw).kind)
-
-        nursery.start_soon(listen)
-
-        async def next_ping() -> None:
-            seen = kinds.count("ping")
-            with trio.fail_after(2 * 15):
-                while kinds.count("ping") == seen:  # noqa: ASYNC110 (polled)
-                    await trio.sleep(0.1)
-
-        with trio.fail_after(4 * 15):
-            while (peer := a.table.peers.get(key)) is None or not peer.suspect:  # noqa: ASYNC110 (polled)
-                await trio.sleep(0.5)
-        await next_ping()
-        expires = int(time.time() * 1000) + 60_000
-        cancel = Cancel("main", Digest(b"j" * 32), node_id_of(quiet), expires, "withdrawn", "")
-        await theirs.send(sign_message(cancel, quiet))
-        await next_ping()  # this tick pings (nothing heard for an interval) and finds it heard since
-        assert not a.table.peers[key].suspect and not mine.closed
-        nursery.cancel_scope.cancel()
+    async with scripted_peer(tmp_path) as far:
+        await far.until_suspect()
+        await far.next_ping()
+        await far.speak()
+        await far.next_ping()  # this tick pings (nothing heard for an interval) and finds it heard since
+        assert not far.suspect() and not far.mine.closed
 
 
 async def test_a_silent_peer_is_suspect_after_two_missed_heartbeats_and_dropped_after_four(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    a = service(tmp_path, "a")  # the production settings: a heartbeat every 15 s (+-10%)
-    silent = SigningKey.generate()
-    mine, theirs = memory_pair(a.local, bytes(silent.verify_key))
-    kinds: list[str] = []
-    suspect_at = None
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(partial(a.run_link, mine, outbound=True))
-
-        async def listen() -> None:
-            async for raw in theirs:
-                kinds.append(verify(raw).kind)
-
-        nursery.start_soon(listen)
-        while not mine.closed:
-            await trio.sleep(0.5)
-            peer = a.table.peers[bytes(silent.verify_key)]
-            if peer.suspect and suspect_at is None:
-                suspect_at = trio.current_time()
-        closed_at = trio.current_time()
-        nursery.cancel_scope.cancel()
+    async with scripted_peer(tmp_path) as far:
+        suspect_at, closed_at = await far.until_closed()
     assert suspect_at is not None and 3 * 15 * 0.9 <= suspect_at <= 3 * 15 * 1.1 + 0.5
     assert 5 * 15 * 0.9 <= closed_at <= 5 * 15 * 1.1 + 0.5
-    assert kinds == ["ping"] * 4  # nothing to share yet: no contact record without a listen address
-    assert a.table.peers[bytes(silent.verify_key)].failures == 1
-    assert a.links == {}
+    assert far.kinds == ["ping"] * 4  # nothing to share yet: no contact record without a listen address
+    assert far.a.table.peers[far.peer].failures == 1
+    assert far.a.links == {}
 
 
 async def test_two_linked_services_stay_linked_for_an_hour_and_share_what_they_know(
