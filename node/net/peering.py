@@ -492,11 +492,12 @@ class PeerService:
         interval = self.settings.heartbeat_interval
         while True:
             await trio.sleep(interval * (0.9 + 0.2 * self.rng.random()))
-            if not link.liveness.ping_due(trio.current_time(), interval):
+            now = trio.current_time()
+            if not link.liveness.ping_due(now, interval):
                 self._alive(link)  # the link carries messages: the peer is alive, pinged lately
                 continue
             nonce = os.urandom(_NONCE_SIZE)
-            health = link.liveness.tick(nonce, trio.current_time())
+            health = link.liveness.tick(nonce, now)
             peer = self.table.peers.get(link.peer)
             if health is LinkHealth.DEAD:
                 log.warning(
