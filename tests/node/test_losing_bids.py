@@ -6,9 +6,11 @@ to decide."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import market_nodes
 import pytest
 import trio
 from e31.node.market import standing
@@ -156,6 +158,9 @@ async def test_a_node_that_loses_a_sweeps_spread_declines_most_of_its_offers_unp
     nothing, the submitter's awards say so, and b answers most of the later offers with an unplanned
     decline, still answering every one (the submitter's bid window does not wait for it)."""
     monkeypatch.setattr(standing, "PROBE_MS", 600_000)  # the probes by count only: the host's pace aside
+    # the fast bidder runs nothing: its leases must outlast the test, or a job whose lease ran out is
+    # offered again (an offer of its own, which b answers too) at a moment set by the host's pace
+    monkeypatch.setattr(market_nodes, "SETTINGS", replace(market_nodes.SETTINGS, lease_slack_ms=3_600_000))
     a = RealNode(net, tmp_path, "a", 1)  # submits; runs none of its own jobs (SETTINGS)
     b = RealNode(net, tmp_path, "b", 2)
     fast = Bidder(net, 21)
@@ -183,6 +188,7 @@ async def test_a_node_that_loses_a_sweeps_spread_declines_most_of_its_offers_unp
         await until(lambda: {e.message.offer_id for e in answers} >= {o.message_id for o in fast.of(Offer)})
         await until(lambda: all(p.decided is not None for p in mine()))  # its award came
 
+    assert [len(o.message.manifests) for o in fast.of(Offer)] == [8] * 8  # one offer per batch, no other
     offers = [o.message_id for o in fast.of(Offer)]
     by_offer = {o: [e for e in answers if e.message.offer_id == o] for o in offers}
     assert all(by_offer.values()), "every offer is answered"
