@@ -9,8 +9,10 @@ while one batch of N tiny jobs runs (bench_jobs.py's sweep; with --before K afte
 sweeps of N jobs, so the stores hold their jobs and every node has run some), and writes
 DIR/<process>.txt (the raw stacks) and DIR/result.json (CPU seconds per process from /proc, jobs
 per executor, load). Then, or later with --report, prints per process its CPU per job and the share
-of samples per bucket (the innermost frame that matches), the top innermost frames and the top
-node/ and sandbox/ functions.
+of samples per bucket (the innermost frame that matches), the top innermost frames, the top
+node/ and sandbox/ functions, and the samples by task: the coroutine each trio task started with (a
+thread by its first frame past the thread machinery), which shows what a node spends per message or
+per offer as well as per job.
 
 `--gil` counts only samples taken while the thread holds the GIL. Without it, on a loaded host py-spy
 counts threads waiting in fsync, epoll or a lock as busy. Shares are of samples, not exact CPU time:
@@ -121,6 +123,19 @@ def _bucket(frames: list[str]) -> str:
     return OTHER
 
 
+def _task(frames: list[str]) -> str:
+    """The trio task a stack ran in (the frame the event loop called), the event loop itself, or a
+    thread by its first frame past the thread machinery (threading, trio.to_thread, outcome)."""
+    for i, frame in enumerate(frames):
+        if frame.startswith("unrolled_run "):
+            return frames[i + 1] if i + 1 < len(frames) else "the event loop itself (between tasks)"
+    if any(f.startswith("run (trio/") for f in frames):
+        return "the event loop itself (between tasks)"
+    plumbing = r"\((threading|<frozen runpy>|trio/_core/_thread_cache|trio/_threads|outcome/)"
+    own = [f for f in frames if not re.search(plumbing, f)]
+    return f"thread: {own[0] if own else frames[0]}"
+
+
 def report(out: Path, top: int = 15) -> None:
     result = json.loads((out / "result.json").read_text())
     print(f"{result['jobs']} jobs, {result['date']}, load {', '.join(f'{x:.1f}' for x in result['load'])}")
@@ -129,6 +144,7 @@ def report(out: Path, top: int = 15) -> None:
         buckets: collections.Counter[str] = collections.Counter()
         leaves: collections.Counter[str] = collections.Counter()
         inclusive: collections.Counter[str] = collections.Counter()
+        tasks: collections.Counter[str] = collections.Counter()
         for line in (out / f"{name}.txt").read_text().splitlines():
             if not line.strip():
                 continue
@@ -137,6 +153,7 @@ def report(out: Path, top: int = 15) -> None:
             n = int(count)
             buckets[_bucket(frames)] += n
             leaves[frames[-1]] += n
+            tasks[_task(frames)] += n
             for f in set(frames):
                 if re.search(r"\((node|sandbox)/", f) and not re.search(r"\(node/(cli/|daemon|__main__)", f):
                     inclusive[f] += n
@@ -150,6 +167,9 @@ def report(out: Path, top: int = 15) -> None:
         print("  node/ and sandbox/ functions, inclusive:")
         for frame, n in inclusive.most_common(top):
             print(f"    {100 * n / total:5.1f}%  {frame}")
+        print("  by task (trio task or thread):")
+        for frame, n in tasks.most_common(top):
+            print(f"    {100 * n / total:5.1f}%  {cpu_ms * n / total:5.2f} ms  {frame}")
 
 
 def main() -> int:
