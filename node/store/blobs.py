@@ -36,6 +36,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -151,6 +152,7 @@ def _fsync_dir(path: Path) -> None:
 class BlobStore:
     def __init__(self, root: Path | str, *, ceiling: int | None = None) -> None:
         self.root = Path(root)
+        self._root = str(self.root)
         self.ceiling = ceiling
         self._lock = threading.Lock()
         self._total: int | None = None
@@ -168,8 +170,13 @@ class BlobStore:
         h = hash_hex(digest)
         return self.root / h[:2] / h[2:]
 
+    def _file(self, h: str) -> str:
+        """`path` as a str, for the calls made per job (`has`, `put` of a blob held already): a Path
+        is parsed again at every join, which costs more than the stat it is built for."""
+        return os.path.join(self._root, h[:2], h[2:])
+
     def has(self, digest: str | bytes) -> bool:
-        return self.path(digest).is_file()
+        return os.path.isfile(self._file(hash_hex(digest)))
 
     def size(self, digest: str | bytes) -> int:
         try:
@@ -202,7 +209,13 @@ class BlobStore:
         name = _BlobName()
         name.update(data)
         digest = name.hexdigest()
-        if self.has(digest):
+        try:
+            st = os.stat(self._file(digest))
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISREG(st.st_mode):
+            if self._checked.get(digest) == _stamp(st):  # held, and whole when its file last changed
+                return digest
             try:
                 self.checked_path(digest)
                 return digest

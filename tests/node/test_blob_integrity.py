@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e31.node.store.blobs import CHUNK_SIZE, BlobCorrupt, BlobNotFound, BlobStore
@@ -128,6 +129,34 @@ def test_a_checked_blob_is_hashed_once_while_its_file_is_unchanged(
     os.utime(fresh.path(h))  # touched: its identity changed, so it is hashed again
     fresh.read(h)
     assert hashed == [h, h]
+
+
+def test_putting_a_held_blob_again_opens_it_only_when_its_file_changed_since_its_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every run puts its (often empty) stderr: a blob checked since its file last changed is taken as
+    it is, with one stat; a file changed since (here only touched) is opened and checked again."""
+    blobs = BlobStore(tmp_path / "blobs")
+    data = _data()
+    h = blobs.put(data)
+    empty = blobs.put(b"")
+    opened: list[str] = []
+    real = BlobStore.open
+
+    def counting(self: BlobStore, digest: str | bytes, *, verify: bool = True) -> Any:
+        opened.append(str(digest))
+        return real(self, digest, verify=verify)
+
+    monkeypatch.setattr(BlobStore, "open", counting)
+    for _ in range(3):
+        assert blobs.put(data) == h
+        assert blobs.put(b"") == empty
+    assert opened == []
+    os.utime(blobs.path(h))
+    assert blobs.put(data) == h
+    assert opened == [h]
+    assert blobs.put(data) == h  # checked again just now: no second open
+    assert opened == [h]
 
 
 def test_unchanged_tells_a_reader_whether_the_file_it_used_was_touched(tmp_path: Path) -> None:
