@@ -8,8 +8,10 @@ submit --batch` sends), and prints for each node the jobs it ran and its CPU per
 node process and its sandbox workers, from /proc), and the messages each received and sent during the
 batch by kind (offers heard, bids and declines made, awards, assignment sets, results carriers and acks:
 from each node's /metrics). A node that runs few of the jobs spends its CPU mostly on hearing and
-answering the sweep's offers (bidding). Bounded: one batch, bench_jobs.py's timeouts. Compare ratios
-measured in the same minutes (the host is shared).
+answering the sweep's offers (bidding); the last line splits the executors' CPU into what each pays
+whatever it runs and what each run costs (a line through the executors' points: at six nodes five
+points, at three only two, so compare it within a run). Bounded: one batch, bench_jobs.py's
+timeouts. Compare ratios measured in the same minutes (the host is shared).
 """
 
 from __future__ import annotations
@@ -81,7 +83,29 @@ def main() -> int:
             rest = ", ".join(f"{k} {sent[i]['received', k]}/{sent[i]['sent', k]}" for k in others)
             print(f"    others: {rest}")
     print(f"  all: {sum(cpu) * 1000 / args.jobs:.2f} ms per job")
+    fit = per_run_fit(ran[1:], cpu[1:])
+    if fit is not None:
+        fixed, per_run = fit
+        print(
+            f"  executors (node1..): CPU = {fixed * 1000:.0f} ms whatever each runs + {per_run * 1000:.2f} ms"
+            " per run (least squares over the executors; compare within a run of this script)"
+        )
     return 0
+
+
+def per_run_fit(ran: list[int], cpu: list[float]) -> tuple[float, float] | None:
+    """(seconds an executor spends on the sweep whatever it runs, seconds per run it makes): the
+    least-squares line through (jobs run, CPU seconds) of the executors; None with fewer than two
+    executors or when they all ran the same number of jobs."""
+    n = len(ran)
+    if n < 2:
+        return None
+    mean_x, mean_y = sum(ran) / n, sum(cpu) / n
+    spread = sum((x - mean_x) ** 2 for x in ran)
+    if spread == 0:
+        return None
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(ran, cpu, strict=True)) / spread
+    return mean_y - slope * mean_x, slope
 
 
 if __name__ == "__main__":
