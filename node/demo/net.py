@@ -195,6 +195,34 @@ class LocalNetwork:
                 )
             time.sleep(0.1)
 
+    def wait_mesh(self, timeout: float | None = None) -> float:
+        """Until every node links to every other one; returns the seconds waited. `start` waits only for
+        the links to the first node: the others link to each other as peer exchange tells them about one
+        another, over the next few heartbeats. A benchmark waits for this so that it measures a settled
+        network, not links, handshakes and fresh capacity adverts made during its first run. A node dials
+        up to `PeerSettings.target_degree` peers, so a network of more nodes is refused (ValueError)."""
+        from ..net.peers import PeerSettings  # (here: `e31 demo --help` loads no more than it needs)
+
+        degree = PeerSettings().target_degree
+        if self.count - 1 > degree:
+            raise ValueError(
+                f"a node dials at most {degree} peers: {self.count} nodes may never form a full mesh"
+            )
+        began = time.monotonic()
+        deadline = began + (self.link_timeout if timeout is None else timeout)
+        everyone = {n.node_id for n in self.nodes}
+        while True:
+            self.check_alive()
+            unlinked = [n.name for n in self.nodes if everyone - {n.node_id} - self.connected(n)]
+            if not unlinked:
+                return time.monotonic() - began
+            if time.monotonic() > deadline:
+                raise NetworkError(
+                    f"{', '.join(unlinked)} did not link to every other node within "
+                    f"{deadline - began:g} s; the logs are in {self.root}/NODE/{LOG_FILE}"
+                )
+            time.sleep(0.1)
+
     def check_alive(self) -> None:
         for node in self.nodes:
             if node.process.poll() is not None and node.stopped_with is None:

@@ -53,11 +53,12 @@ its owner's and soon offer no core at all: the capacity monitor samples once, at
 
 @contextmanager
 def net(nodes: int = 3, cores: int = 1) -> Iterator[LocalNetwork]:
-    """`nodes` linked node processes in a temporary directory, stopped on exit."""
+    """`nodes` node processes in a temporary directory, each linked to every other, stopped on exit."""
     with tempfile.TemporaryDirectory(prefix="e31-bench-") as tmp:
         network = LocalNetwork(Path(tmp), nodes, extra_args=("--cores", str(cores), *NODE_ARGS))
         try:
             network.start()
+            network.wait_mesh()  # measured on a settled network: no links form during the runs
             yield network
         finally:
             network.stop()

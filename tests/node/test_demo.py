@@ -144,6 +144,27 @@ def test_a_node_that_cannot_start_is_named_with_its_log(tmp_path: Path) -> None:
     assert all(n.process.poll() is not None for n in net.nodes)  # stop() leaves nothing running
 
 
+def test_wait_mesh_returns_once_every_node_links_to_every_other(tmp_path: Path) -> None:
+    """`start` waits for the links to the first node only; `wait_mesh` (what benchmarks wait for) for
+    every pair, read back here through each node's own API."""
+    net = LocalNetwork(tmp_path, 4)
+    try:
+        net.start()
+        assert net.wait_mesh() >= 0
+        ids = {n.node_id for n in net.nodes}
+        for node in net.nodes:
+            assert net.connected(node) >= ids - {node.node_id}, node.name
+    finally:
+        net.stop()
+
+
+def test_wait_mesh_refuses_more_nodes_than_a_node_dials(tmp_path: Path) -> None:
+    net = LocalNetwork(tmp_path, 10)  # a node dials up to 8 peers (PeerSettings.target_degree)
+    with pytest.raises(ValueError, match="at most 8 peers"):
+        net.wait_mesh()
+    assert net.nodes == []  # refused before anything was asked of a node
+
+
 @contextlib.contextmanager
 def ctrl_c_not_ignored() -> Iterator[None]:
     """Children started inside get Ctrl-C's default action, whatever this process does with SIGINT.
