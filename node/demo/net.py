@@ -195,25 +195,36 @@ class LocalNetwork:
                 )
             time.sleep(0.1)
 
-    def wait_mesh(self, timeout: float | None = None) -> float:
-        """Until every node links to every other one; returns the seconds waited. `start` waits only for
-        the links to the first node: the others link to each other as peer exchange tells them about one
-        another, over the next few heartbeats. A benchmark waits for this so that it measures a settled
-        network, not links, handshakes and fresh capacity adverts made during its first run. A node dials
-        up to `PeerSettings.target_degree` peers, so a network of more nodes is refused (ValueError)."""
+    @property
+    def degree(self) -> int:
+        """The peers each node dials: its `--target-degree` when given, else PeerSettings'."""
         from ..net.peers import PeerSettings  # (here: `e31 demo --help` loads no more than it needs)
 
-        degree = PeerSettings().target_degree
-        if self.count - 1 > degree:
+        args = list(self.extra_args)
+        if "--target-degree" in args[:-1]:
+            return int(args[args.index("--target-degree") + 1])
+        return PeerSettings().target_degree
+
+    def wait_mesh(self, timeout: float | None = None) -> float:
+        """Until every running node links to every other one; returns the seconds waited. `start` waits
+        only for the links to the first node: the others link to each other as peer exchange tells them
+        about one another, over the next few heartbeats. A benchmark waits for this so that it measures
+        a settled network, not links, handshakes and fresh capacity adverts made during its first run.
+        A node dials up to `degree` peers, so a network of more nodes is refused (ValueError), as is one
+        not started."""
+        if self.count - 1 > self.degree:
             raise ValueError(
-                f"a node dials at most {degree} peers: {self.count} nodes may never form a full mesh"
+                f"a node dials at most {self.degree} peers: {self.count} nodes may never form a full mesh"
             )
+        if len(self.nodes) != self.count or any(not n.node_id for n in self.nodes):
+            raise ValueError("the network is not started: start() first")
         began = time.monotonic()
         deadline = began + (self.link_timeout if timeout is None else timeout)
-        everyone = {n.node_id for n in self.nodes}
+        running = [n for n in self.nodes if n.stopped_with is None]
+        everyone = {n.node_id for n in running}
         while True:
             self.check_alive()
-            unlinked = [n.name for n in self.nodes if everyone - {n.node_id} - self.connected(n)]
+            unlinked = [n.name for n in running if everyone - {n.node_id} - self.connected(n)]
             if not unlinked:
                 return time.monotonic() - began
             if time.monotonic() > deadline:

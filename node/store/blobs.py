@@ -32,6 +32,7 @@ thread-safe; the node calls them through trio.to_thread.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import secrets
@@ -136,6 +137,10 @@ class _BlobName:
 _Stamp = tuple[int, int, int, int, int]
 
 
+_NO_FILE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
+"""The errors of a stat that mean no file there (the ones Path.is_file takes for False)."""
+
+
 def _stamp(st: os.stat_result) -> _Stamp:
     """A file's identity: any write, truncation or replacement changes it (ctime moves on every one)."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -175,8 +180,19 @@ class BlobStore:
         is parsed again at every join, which costs more than the stat it is built for."""
         return os.path.join(self._root, h[:2], h[2:])
 
+    def _stat(self, h: str) -> os.stat_result | None:
+        """The blob's file's stat; None when there is none. As Path.is_file, other errors (a directory
+        this user may not read, an I/O error) are raised, not taken for a missing blob."""
+        try:
+            return os.stat(self._file(h))
+        except OSError as e:
+            if e.errno in _NO_FILE:
+                return None
+            raise
+
     def has(self, digest: str | bytes) -> bool:
-        return os.path.isfile(self._file(hash_hex(digest)))
+        st = self._stat(hash_hex(digest))
+        return st is not None and stat.S_ISREG(st.st_mode)
 
     def size(self, digest: str | bytes) -> int:
         try:
@@ -209,10 +225,7 @@ class BlobStore:
         name = _BlobName()
         name.update(data)
         digest = name.hexdigest()
-        try:
-            st = os.stat(self._file(digest))
-        except OSError:
-            st = None
+        st = self._stat(digest)
         if st is not None and stat.S_ISREG(st.st_mode):
             if self._checked.get(digest) == _stamp(st):  # held, and whole when its file last changed
                 return digest

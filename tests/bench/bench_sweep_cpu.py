@@ -87,7 +87,8 @@ def main() -> int:
     if fit is not None:
         fixed, per_run = fit
         print(
-            f"  executors (node1..): CPU = {fixed * 1000:.0f} ms whatever each runs + {per_run * 1000:.2f} ms"
+            f"  executors (node1..): CPU = {fixed * 1000:.0f} ms over the sweep whatever each runs"
+            f" + {per_run * 1000:.2f} ms"
             " per run (least squares over the executors; compare within a run of this script)"
         )
     return 0

@@ -126,11 +126,12 @@ def _bucket(frames: list[str]) -> str:
 def _task(frames: list[str]) -> str:
     """The trio task a stack ran in (the frame the event loop called), the event loop itself, or a
     thread by its first frame past the thread machinery (threading, trio.to_thread, outcome)."""
+    loop = "the event loop itself (between tasks)"
     for i, frame in enumerate(frames):
-        if frame.startswith("unrolled_run "):
-            return frames[i + 1] if i + 1 < len(frames) else "the event loop itself (between tasks)"
-    if any(f.startswith("run (trio/") for f in frames):
-        return "the event loop itself (between tasks)"
+        if frame.startswith("unrolled_run "):  # what it calls is a task's coroutine, or trio's own work
+            return frames[i + 1] if i + 1 < len(frames) and "(trio/_core/" not in frames[i + 1] else loop
+    if any(f.startswith("run (trio/_core/_run.py") for f in frames):
+        return loop
     plumbing = r"\((threading|<frozen runpy>|trio/_core/_thread_cache|trio/_threads|outcome/)"
     own = [f for f in frames if not re.search(plumbing, f)]
     return f"thread: {own[0] if own else frames[0]}"

@@ -149,8 +149,10 @@ def test_wait_mesh_returns_once_every_node_links_to_every_other(tmp_path: Path) 
     every pair, read back here through each node's own API."""
     net = LocalNetwork(tmp_path, 4)
     try:
+        with pytest.raises(ValueError, match="not started"):
+            net.wait_mesh()
         net.start()
-        assert net.wait_mesh() >= 0
+        net.wait_mesh()
         ids = {n.node_id for n in net.nodes}
         for node in net.nodes:
             assert net.connected(node) >= ids - {node.node_id}, node.name
