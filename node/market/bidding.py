@@ -185,9 +185,14 @@ class Bids:
         except ProtocolError:
             return
         offer = env.message
+        if self.scheduler.workers == 0:  # a submit-only node can never take a job: no plan, no store call
+            await self._decline_all(env, now, "policy", SUBMIT_ONLY_TEXT)
+            return
         counted = self._counted(now)
         if not self._worth_bidding(offer.submitter.raw, now, len(counted)):
-            await self._decline_unplanned(env, now)
+            await self._decline_all(
+                env, now, "busy", LOSING_TEXT.format(self.standing.lost(offer.submitter.raw))
+            )
             return
         held = await self.ctx.store.run(Store.jobs_held, [m.job_id.raw for m in offer.manifests], ROLE)
         cores, memory = self.scheduler.workers, self.memory_bytes
@@ -217,8 +222,6 @@ class Bids:
         full = DeclinePlan(
             "busy", "this node holds as many open bids as it keeps", now + self.ctx.settings.bid_ttl_ms
         )
-        if self.scheduler.workers == 0:  # a submit-only node: says so, and keeps no bid
-            full, room = DeclinePlan("policy", SUBMIT_ONLY_TEXT, now + self.ctx.settings.bid_ttl_ms), False
         # plan_bid's answer depends on the job's view and on whether the queue has room: the jobs of a
         # sweep share one view, so it is asked once per (view, room), not once per job
         plans: dict[tuple[tuple[bytes, int, int, int, int], bool], BidPlan | DeclinePlan] = {}
@@ -291,22 +294,24 @@ class Bids:
         held = sorted((r for r in refs.values() if self.ctx.blobs.has(r.root.raw)), key=lambda r: -r.size)
         return tuple(sorted((r.root for r in held[:MAX_HELD]), key=lambda d: d.raw))
 
-    async def _decline_unplanned(self, env: VerifiedEnvelope[Offer], now: int) -> None:
-        """Answer the offer with one `busy` decline of all its jobs, unplanned: this node's last bids
-        to its submitter won nothing (standing.py). No store call, no plan, no bid to keep."""
+    async def _decline_all(self, env: VerifiedEnvelope[Offer], now: int, reason: str, text: str) -> None:
+        """Answer the offer with one decline of all its jobs, unplanned: this node's last bids to its
+        submitter won nothing (standing.py: `busy`), or it runs no jobs at all (`policy`). No store
+        call, no plan, no bid to keep."""
         offer = env.message
-        text = clip(LOSING_TEXT.format(self.standing.lost(offer.submitter.raw)))
         job_ids = tuple(sorted((m.job_id for m in offer.manifests), key=lambda d: d.raw))
         expires = now + self.ctx.settings.bid_ttl_ms
-        decline = Decline(self.ctx.network, job_ids, env.message_id, self.ctx.node, expires, "busy", text)
+        decline = Decline(
+            self.ctx.network, job_ids, env.message_id, self.ctx.node, expires, reason, clip(text)
+        )
         await self.ctx.send_to(offer.submitter.raw, sign_verified(decline, self.ctx.identity).raw)
 
     def _worth_bidding(self, submitter: bytes, now: int, promised: int) -> bool:
         """Whether to plan a bid for the submitter's offer (standing.py); always while a core is free
-        here (fewer jobs queued, running and promised than cores), and on a submit-only or suspended
-        node (its own declines say why)."""
+        here (fewer jobs queued, running and promised than cores), and on a suspended node (its own
+        declines say why)."""
         cores = self.scheduler.workers
-        if cores == 0 or self.scheduler.suspended or self.scheduler.queue_length + promised < cores:
+        if self.scheduler.suspended or self.scheduler.queue_length + promised < cores:
             return True
         return self.standing.worth_bidding(submitter, now)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import trio
 from e31.node.market.bidding import SUBMIT_ONLY_TEXT
@@ -121,9 +122,18 @@ async def test_a_submit_only_node_declines_every_offer_and_runs_nothing(
     b.path = b.build(b.ctx.settings)
     c = Recorder(net, 9)
     await nursery.start(b.path.market.run)
-    manifest = job(b, c, 3, 100, fuel=10**8, deadline_ms=60_000)
-    b.path.executor.on_offer(c.offer(manifest))
+    asked: list[str] = []
+    real_run = b.store.run
+
+    async def run(method: Any, *args: Any, **kwargs: Any) -> Any:
+        asked.append(method.__name__)
+        return await real_run(method, *args, **kwargs)
+
+    b.store.run = run  # type: ignore[method-assign]
+    manifests = [job(b, c, seed, 100, fuel=10**8, deadline_ms=60_000) for seed in (3, 4, 5)]
+    b.path.executor.on_offer(c.offer(*manifests))
     decline = (await c.only(Decline)).message
     assert (decline.reason, decline.text) == ("policy", SUBMIT_ONLY_TEXT)
-    assert decline.job_ids == (manifest.job_id,)
+    assert decline.job_ids == tuple(sorted((m.job_id for m in manifests), key=lambda d: d.raw))  # one for all
     assert c.kinds(Bid) == [] and b.path.scheduler.worker_pids() == []
+    assert "jobs_held" not in asked and b.path.executor.bids._promises == {}  # answered unplanned, no bid
