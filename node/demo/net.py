@@ -205,6 +205,11 @@ class LocalNetwork:
             return int(args[args.index("--target-degree") + 1])
         return PeerSettings().target_degree
 
+    @property
+    def can_mesh(self) -> bool:
+        """Whether every node can link to every other: no more nodes than one dials, plus itself."""
+        return self.count - 1 <= self.degree
+
     def wait_mesh(self, timeout: float | None = None) -> float:
         """Until every running node links to every other one; returns the seconds waited. `start` waits
         only for the links to the first node: the others link to each other as peer exchange tells them
@@ -212,7 +217,7 @@ class LocalNetwork:
         a settled network, not links, handshakes and fresh capacity adverts made during its first run.
         A node dials up to `degree` peers, so a network of more nodes is refused (ValueError), as is one
         not started."""
-        if self.count - 1 > self.degree:
+        if not self.can_mesh:
             raise ValueError(
                 f"a node dials at most {self.degree} peers: {self.count} nodes may never form a full mesh"
             )

@@ -172,27 +172,27 @@ class BlobStore:
     # --- naming ---
 
     def path(self, digest: str | bytes) -> Path:
-        h = hash_hex(digest)
-        return self.root / h[:2] / h[2:]
+        return Path(self._file(hash_hex(digest)))
 
     def _file(self, h: str) -> str:
         """`path` as a str, for the calls made per job (`has`, `put` of a blob held already): a Path
         is parsed again at every join, which costs more than the stat it is built for."""
         return os.path.join(self._root, h[:2], h[2:])
 
-    def _stat(self, h: str) -> os.stat_result | None:
-        """The blob's file's stat; None when there is none. As Path.is_file, other errors (a directory
-        this user may not read, an I/O error) are raised, not taken for a missing blob."""
+    def _held(self, h: str) -> os.stat_result | None:
+        """The stat of the blob's file, a regular file; None when there is none. As Path.is_file, other
+        errors (a directory this user may not read, an I/O error) are raised, not taken for a missing
+        blob."""
         try:
-            return os.stat(self._file(h))
+            st = os.stat(self._file(h))
         except OSError as e:
             if e.errno in _NO_FILE:
                 return None
             raise
+        return st if stat.S_ISREG(st.st_mode) else None
 
     def has(self, digest: str | bytes) -> bool:
-        st = self._stat(hash_hex(digest))
-        return st is not None and stat.S_ISREG(st.st_mode)
+        return self._held(hash_hex(digest)) is not None
 
     def size(self, digest: str | bytes) -> int:
         try:
@@ -225,8 +225,8 @@ class BlobStore:
         name = _BlobName()
         name.update(data)
         digest = name.hexdigest()
-        st = self._stat(digest)
-        if st is not None and stat.S_ISREG(st.st_mode):
+        st = self._held(digest)
+        if st is not None:
             if self._checked.get(digest) == _stamp(st):  # held, and whole when its file last changed
                 return digest
             try:
