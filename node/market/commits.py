@@ -39,21 +39,27 @@ class SharedCommits:
     async def atomically(self, *calls: Call) -> list[Any]:
         """The results of `calls`, committed durably in one transaction with those of the tasks that
         call this at the same moment (all of a task's calls commit or none do)."""
+        (result,) = await self.each([calls])
+        if isinstance(result, StoreError):
+            raise result
+        return result
+
+    async def each(self, groups: Sequence[tuple[Call, ...]]) -> list[list[Any] | StoreError]:
+        """Each group's results, or the StoreError of its own commit: the groups of one caller (the
+        jobs of a carrier taken in one pass) committed as those of as many tasks calling `atomically`
+        at this moment, with theirs (each group all or nothing)."""
         batch = self._open
         leader = batch is None
         if batch is None:
             batch = self._open = _Batch()
-        index = len(batch.members)
-        batch.members.append(calls)
+        first = len(batch.members)
+        batch.members.extend(groups)
         if leader:
             with trio.CancelScope(shield=True):  # the others wait on this batch: it always commits
                 await self._lead(batch)
         else:
             await batch.done.wait()
-        result = batch.results[index]
-        if isinstance(result, StoreError):
-            raise result
-        return result
+        return batch.results[first : first + len(groups)]
 
     async def _lead(self, batch: _Batch) -> None:
         try:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import trio
-from e31.protocol.assignments import ASSIGN_KINDS, reopen_assignment
+from e31.protocol.assignments import ASSIGN_KINDS, Assignment, reopen_assignment
 from e31.protocol.blobs import BlobRef
 from e31.protocol.envelope import VerifiedEnvelope
 from e31.protocol.errors import Mismatch, ProtocolError
@@ -36,6 +36,7 @@ from e31.protocol.receipts import UsageReceipt, check_receipt_assignment, check_
 from e31.protocol.results import carried_outputs, check_result, outputs_of
 
 from .. import metrics
+from ..errors import StoreError
 from ..lifecycle import TERMINAL
 from ..store.db import Call, Store, call
 from ..store.rows import JobRow
@@ -67,6 +68,9 @@ class Carried(NamedTuple):
 
 Arrived = VerifiedEnvelope[Result] | Carried
 """A result as it arrived: alone (its own envelope) or in a carrier."""
+
+Opened = tuple[VerifiedEnvelope[UsageReceipt], dict[bytes, bytes]]
+"""A result's receipt, verified, and the outputs it carried, checked against their refs (`_open`)."""
 
 TAKES_PER_PEER = 2
 """`results` carriers from one peer taken in at once (each in one task); more wait their turn."""
@@ -153,12 +157,70 @@ class Outcomes:
         arrived = [Carried(carrier.result(entry), env.signer) for entry in carrier.entries]
         ours = [a for a in arrived if await self._names_ours(a.message) and self.admit(a)]
         opened = [(a, o) for a in ours if (o := self._open(a)) is not None]
+        if len(opened) > 1:
+            opened = await self._take_together(opened)
         if len(opened) == 1:
             await self._take_opened(*opened[0])
             return
         async with trio.open_nursery() as nursery:
             for a, o in opened:
                 nursery.start_soon(self._take_opened, a, o)
+
+    async def _take_together(self, opened: list[tuple[Arrived, Opened]]) -> list[tuple[Arrived, Opened]]:
+        """End in one pass, with one read and one shared commit, the jobs of a carrier's verified
+        receipts that need nothing more: each job under way here alone (no replicas, no other
+        outcome being taken), the receipt naming the assignment this node holds for it in memory and
+        checking out against it, every output carried or held. Returns the others, to be taken
+        each on its own (`_take_opened`: a fetch, a store read, a refusal, or an ended job's ack)."""
+        rows = await self.ctx.store.run(Store.jobs_by_id, [a.message.job_id.raw for a, _ in opened], ROLE)
+        rest: list[tuple[Arrived, Opened]] = []
+        taking: list[tuple[bytes, SubmittedJob, VerifiedEnvelope[UsageReceipt], tuple[Call, ...]]] = []
+        try:
+            for arrived, (receipt_env, carried) in opened:
+                job_id = arrived.message.job_id.raw
+                row, job = rows.get(job_id), self.jobs.get(job_id)
+                receipt = receipt_env.message
+                if row is None:
+                    continue  # (as _take_opened: no such job here)
+                assign = None if job is None else job.assign
+                if (
+                    job is None
+                    or row.state in TERMINAL
+                    or job.lanes is not None
+                    or job.manifest.replicas > 1
+                    or job.completing
+                    or assign is None
+                    or assign.assignment_id != receipt.assignment_id
+                ):
+                    rest.append((arrived, (receipt_env, carried)))
+                    continue
+                try:
+                    _check(receipt, job, assign, self.ctx.network)
+                except ProtocolError:  # refused on its own, as evidence (_take_opened checks it again)
+                    rest.append((arrived, (receipt_env, carried)))
+                    continue
+                small, missing = self._carried(outputs_of(receipt), carried)
+                if missing:  # an output to fetch
+                    rest.append((arrived, (receipt_env, carried)))
+                    continue
+                job.completing, job.settled = True, trio.Event()
+                calls = self._ending(job_id, job, row, receipt_env, assign.attempt, small)
+                taking.append((job_id, job, receipt_env, calls))
+            if taking:
+                results = await self._commits.each([calls for *_, calls in taking])
+                failed: StoreError | None = None
+                for (job_id, job, receipt_env, _), result in zip(taking, results, strict=True):
+                    if isinstance(result, StoreError):  # (raised, as a task of its own would have)
+                        failed = failed or result
+                        continue
+                    await self._ended(job_id, job, receipt_env, bool(result[-1]))
+                if failed is not None:
+                    raise failed
+        finally:
+            for _, job, _, _ in taking:
+                job.completing = False
+                job.settled.set()
+        return rest
 
     async def take(self, env: Arrived) -> None:
         """Take in a `result` that came alone (admitted: `admit`)."""
@@ -181,7 +243,7 @@ class Outcomes:
         )
         return False
 
-    def _open(self, env: Arrived) -> tuple[VerifiedEnvelope[UsageReceipt], dict[bytes, bytes]] | None:
+    def _open(self, env: Arrived) -> Opened | None:
         """The receipt a result carries, verified, and the outputs it carries; None (logged) if either
         is refused."""
         msg = env.message
@@ -203,9 +265,7 @@ class Outcomes:
             return None
         return receipt_env, carried
 
-    async def _take_opened(
-        self, env: Arrived, opened: tuple[VerifiedEnvelope[UsageReceipt], dict[bytes, bytes]]
-    ) -> None:
+    async def _take_opened(self, env: Arrived, opened: Opened) -> None:
         receipt_env, carried = opened
         job_id = env.message.job_id.raw
         row = await self.ctx.store.run(Store.job, job_id, ROLE)
@@ -286,57 +346,65 @@ class Outcomes:
             assign = reopen_assignment(assign_row.raw, receipt.job_id)
             if assign is None:
                 raise Mismatch("the receipt names an assignment of other jobs")
-        check_receipt_manifest(receipt, job.manifest)
-        check_receipt_assignment(receipt, assign)
-        if receipt.network != self.ctx.network:
-            raise Mismatch("the receipt is for another network")
-        executor = receipt.executor.raw
-        outputs = outputs_of(receipt)
-        small = await self._collect(executor, outputs, carried)
+        _check(receipt, job, assign, self.ctx.network)
+        small = await self._collect(receipt.executor.raw, outputs_of(receipt), carried)
+        calls = self._ending(job_id, job, row, receipt_env, assign.attempt, small)
+        if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)
+            await self._commits.atomically(*calls)
+            job.receipt = receipt_env
+            job.finish()
+            self.acks.add(receipt.executor.raw, receipt_env.message_id.raw, job_id)
+            return
+        # one commit: the receipt, outputs and ack, with the job's end
+        *_, moved = await self._commits.atomically(*calls)
+        await self._ended(job_id, job, receipt_env, moved)
+
+    def _ending(
+        self,
+        job_id: bytes,
+        job: SubmittedJob,
+        row: JobRow,
+        receipt_env: VerifiedEnvelope[UsageReceipt],
+        attempt: int,
+        small: list[Call],
+    ) -> tuple[Call, ...]:
+        """The writes that end the job with this verified receipt, to commit together: the carried
+        outputs (`small`), the receipt kept and recorded, and (not for a replica's lane) the job
+        moved from its state in `row` to `done` (the last call's result: whether it moved)."""
+        receipt = receipt_env.message
         if self.track is not None:  # (counted once verified, a moment before it is stored)
-            self.track.verified(executor)
+            self.track.verified(receipt.executor.raw)
+        now = self.ctx.now_s()
         recorded = call(
             Store.record_verified_receipt,
             receipt_digest=receipt_env.message_id.raw,
             job_id=job_id,
-            attempt=assign.attempt,
+            attempt=attempt,
             executor=str(receipt.executor),
-            now=self.ctx.now_s(),
-            blobs=[ref.root.hex() for ref in outputs],
+            now=now,
+            blobs=[ref.root.hex() for ref in outputs_of(receipt)],
         )
-        kept = call(
-            Store.put_envelope,
-            receipt_env.message_id.raw,
-            "receipt",
-            receipt_env.raw,
-            self.ctx.now_s(),
-            job_id,
-        )
-        if job.manifest.replicas > 1:  # a lane: the job ends when every replica is in (_replicas)
-            await self._commits.atomically(*small, kept, recorded)
-            job.receipt = receipt_env
-            job.finish()
-            self.acks.add(executor, receipt_env.message_id.raw, job_id)
-            return
-        outcome = receipt.outcome
-        end = {
-            "executor": str(receipt.executor),
-            "started": receipt.started_at / 1000,
-            "finished": receipt.finished_at / 1000,
-            "fuel_used": receipt.fuel_used,
-            "reason": outcome_text(outcome.status, outcome.exit_code, outcome.trap),
-        }
-        # one commit: the receipt, outputs and ack, with the job's end
-        *_, moved = await self._commits.atomically(
-            *small, kept, recorded, submitted_transition(self.ctx, job_id, row.state, "done", **end)
-        )
+        kept = call(Store.put_envelope, receipt_env.message_id.raw, "receipt", receipt_env.raw, now, job_id)
+        if job.manifest.replicas > 1:
+            return (*small, kept, recorded)
+        done = submitted_transition(self.ctx, job_id, row.state, "done", **_end_fields(receipt))
+        return (*small, kept, recorded, done)
+
+    async def _ended(
+        self, job_id: bytes, job: SubmittedJob, receipt_env: VerifiedEnvelope[UsageReceipt], moved: bool
+    ) -> None:
+        """After the commit that ended the job (`moved`: whether it moved to `done` from the state it
+        was read in): the job finished here, its other assignments withdrawn, its receipt to be acked."""
+        receipt = receipt_env.message
         for _ in range(3):  # it moved on while the outcome was verified (offered again, or assigned)
             if moved:
                 break
             now = await self.ctx.store.run(Store.job, job_id, ROLE)
             if now is None or now.state in TERMINAL:
                 break
-            method, args, kwargs = submitted_transition(self.ctx, job_id, now.state, "done", **end)
+            method, args, kwargs = submitted_transition(
+                self.ctx, job_id, now.state, "done", **_end_fields(receipt)
+            )
             moved = await self.ctx.store.run(method, *args, **kwargs)
         self.notify(job_id)
         job.finish()
@@ -345,10 +413,10 @@ class Outcomes:
             "job %s done on %s: %s, %d fuel",
             job_id.hex()[:12],
             receipt.executor,
-            outcome_text(outcome.status, outcome.exit_code, outcome.trap),
+            outcome_text(receipt.outcome.status, receipt.outcome.exit_code, receipt.outcome.trap),
             receipt.fuel_used,
         )
-        self.acks.add(executor, receipt_env.message_id.raw, job_id)
+        self.acks.add(receipt.executor.raw, receipt_env.message_id.raw, job_id)
 
     async def _withdraw_others(
         self, job_id: bytes, job: SubmittedJob, receipt_env: VerifiedEnvelope[UsageReceipt]
@@ -377,21 +445,32 @@ class Outcomes:
             log.info("job %s: withdrawing its assignment from %s", job_id.hex()[:12], NodeId(executor))
             await self.ctx.send_to(executor, env.raw)
 
-    async def _collect(
-        self, executor: bytes, outputs: Sequence[BlobRef], carried: dict[bytes, bytes]
-    ) -> list[Call]:
-        """Make every output of a receipt present here: those its result carried (already checked
-        against their BlobRefs) are returned as store calls, to keep them in the database in the commit
-        that ends the job; the others are fetched from the executor into the blob store."""
+    def _carried(
+        self, outputs: Sequence[BlobRef], carried: dict[bytes, bytes]
+    ) -> tuple[list[Call], list[BlobRef]]:
+        """The store calls keeping the outputs a result carried (already checked against their
+        BlobRefs), to keep them in the database in the commit that ends the job, and the outputs
+        neither carried nor held here (an empty stream's blob is), to fetch from the executor."""
         keep: list[Call] = []
+        missing: list[BlobRef] = []
         for ref in outputs:
             root = ref.root.raw
-            if self.ctx.blobs.has(root):  # (an empty stream's blob): no fetch, not even its lock
+            if self.ctx.blobs.has(root):
                 continue
             if root in carried:
                 keep.append(call(Store.put_small_blob, ref.root.hex(), carried[root]))
             else:
-                await self.transfer.fetch(executor, ref)
+                missing.append(ref)
+        return keep, missing
+
+    async def _collect(
+        self, executor: bytes, outputs: Sequence[BlobRef], carried: dict[bytes, bytes]
+    ) -> list[Call]:
+        """Make every output of a receipt present here: the carried ones as store calls to commit with
+        the job's end, the others fetched from the executor into the blob store (`_carried`)."""
+        keep, missing = self._carried(outputs, carried)
+        for ref in missing:
+            await self.transfer.fetch(executor, ref)
         return keep
 
     async def _resend_ack(self, receipt_env: VerifiedEnvelope[UsageReceipt]) -> None:
@@ -478,6 +557,27 @@ def _describe(env: VerifiedEnvelope[UsageReceipt]) -> str:
     r = env.message
     text = outcome_text(r.outcome.status, r.outcome.exit_code, r.outcome.trap)
     return f"{str(r.executor)[:16]} says {text}, {r.fuel_used} fuel, stdout {r.stdout.root.hex()[:12]}"
+
+
+def _check(receipt: UsageReceipt, job: SubmittedJob, assign: Assignment, network: str) -> None:
+    """Mismatch (or another ProtocolError) unless the verified receipt is for the job's manifest,
+    under `assign`, on this node's network."""
+    check_receipt_manifest(receipt, job.manifest)
+    check_receipt_assignment(receipt, assign)
+    if receipt.network != network:
+        raise Mismatch("the receipt is for another network")
+
+
+def _end_fields(receipt: UsageReceipt) -> dict[str, Any]:
+    """The job row's fields that a verified receipt ends it with."""
+    outcome = receipt.outcome
+    return {
+        "executor": str(receipt.executor),
+        "started": receipt.started_at / 1000,
+        "finished": receipt.finished_at / 1000,
+        "fuel_used": receipt.fuel_used,
+        "reason": outcome_text(outcome.status, outcome.exit_code, outcome.trap),
+    }
 
 
 def outcome_text(status: str, exit_code: int | None, trap: str | None) -> str:

@@ -43,6 +43,7 @@ INLINE_READS = frozenset(
     {
         "job",
         "jobs_held",
+        "jobs_by_id",
         "envelope",
         "envelopes_for_job",
         "assignments_for_job",

@@ -86,6 +86,19 @@ class Jobs(Tables):
             ).fetchone()
         return None if row is None else JobRow(*row)
 
+    def jobs_by_id(self, job_ids: Sequence[bytes], role: str) -> dict[bytes, JobRow]:
+        """The rows in `role` of those of `job_ids` this store holds, by job id (one query for the
+        entries of a results carrier: at most a few dozen ids)."""
+        if not job_ids:
+            return {}
+        with self.reading() as c:
+            marks = ", ".join("?" * len(job_ids))
+            rows = c.execute(
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE role = ? AND job_id IN ({marks})", (role, *job_ids)
+            ).fetchall()
+        found = (JobRow(*r) for r in rows)
+        return {bytes(row.job_id): row for row in found}
+
     def jobs_held(self, job_ids: Sequence[bytes], role: str) -> set[bytes]:
         """Which of `job_ids` this store holds a job row of in `role` (one query for an offer's jobs)."""
         with self.reading() as c:

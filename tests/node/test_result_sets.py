@@ -258,3 +258,50 @@ async def test_the_outcomes_of_jobs_ending_together_commit_together_and_one_that
     await until(lambda: carriers)
     sent = {e.receipt for c in carriers for e in c.entries}
     assert sent == {receipts[0].raw, receipts[2].raw}, "the outcome not stored is not sent"
+
+
+async def test_the_entries_of_a_carrier_end_their_jobs_in_one_pass(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A carrier whose receipts need nothing more (each job under way, its assignment held, its outputs
+    carried) ends all its jobs in the carrier's own task: one read of their rows, one shared commit,
+    no task and no read per entry (outcomes.Outcomes._take_together)."""
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    carriers = carriers_to(net, a.id)
+    await start(nursery, a, b)
+    await wait_state(a, await a.submitter.submit(a.manifest(("7", "1999"))), "done")  # fetches the empty
+    carriers.clear()  # stderr's blob, which every later job's receipt names
+    b.executor.delivery.busy = lambda ids: True  # results wait for each other: they share carriers
+    taker = a.submitter.outcomes
+    alone: list[bytes] = []
+    passes: list[int] = []
+    take_opened, take_together = taker._take_opened, taker._take_together
+
+    async def counted_alone(env: Any, opened: Any) -> None:
+        alone.append(env.message.job_id.raw)
+        await take_opened(env, opened)
+
+    async def counted_pass(opened: Any) -> Any:
+        rest = await take_together(opened)
+        passes.append(len(opened) - len(rest))
+        return rest
+
+    taker._take_opened = counted_alone  # type: ignore[method-assign]
+    taker._take_together = counted_pass  # type: ignore[method-assign]
+    tasks = OutcomeTasks()
+    trio.lowlevel.add_instrument(tasks)
+    try:
+        batch = [a.manifest(("7", str(2000 + i)), deadline_s=600) for i in range(8)]
+        await a.submitter.submit_batch(batch)
+        rows = [await wait_state(a, m.job_id.raw, "done") for m in batch]
+    finally:
+        trio.lowlevel.remove_instrument(tasks)
+    assert all(row.reason == "exited 0" for row in rows)
+    for m in batch:
+        (receipt,) = await a.store.run(Store.receipts_for_job, m.job_id.raw)
+        assert receipt.delivered is not None, "each receipt is recorded verified"
+    shared = [c for c in carriers if len(c.entries) > 1]
+    assert shared, f"results shared a carrier: {[len(c.entries) for c in carriers]}"
+    assert sorted(passes) == sorted(len(c.entries) for c in shared), "each such carrier's jobs in one pass"
+    assert len(alone) == len(carriers) - len(shared), "only a carrier of one takes its entry alone"
+    assert len(tasks.names) == len(carriers), f"one task per carrier, none per entry: {tasks.names}"
