@@ -166,6 +166,22 @@ def plan(slots: Sequence[Slot], tasks: Iterable[Task], now: int) -> dict[bytes, 
     return out
 
 
+def all_on_time(slots: Sequence[Slot], tasks: Sequence[Task], now: int) -> bool:
+    """Whether every plan that puts each task, in any order, on the core free soonest (as `plan` does,
+    and as `pick` plans with any one task started first on the free core) finishes every task by its
+    deadline, by a bound that needs no plan: a task started when the soonest core frees at `s` finds
+    every core busy until `s` at least, so `s` is at most (the cores' free times summed, plus the work
+    of the tasks before it) over the cores, and it ends at most `e_max` later. So when (free times +
+    all the work) / cores + the largest estimate is no later than the earliest deadline, none is late."""
+    if not slots or not tasks:
+        return not tasks
+    cores = len(slots)
+    free = sum(max(now, s.free_at) for s in slots)
+    work = sum(t.estimate_ms for t in tasks)
+    longest = max(t.estimate_ms for t in tasks)
+    return free + work + cores * longest <= cores * min(t.deadline for t in tasks)
+
+
 def late(tasks: Iterable[Task], planned: Mapping[bytes, tuple[int, int]]) -> frozenset[bytes]:
     """The tasks the plan finishes after their deadline (or does not plan at all)."""
     return frozenset(t.key for t in tasks if t.key not in planned or planned[t.key][1] > t.deadline)
@@ -350,8 +366,15 @@ def pick(
     by_edf = min(live, key=edf_key)
     if len(live) == 1:
         return by_edf
+
+    def order(t: Task) -> tuple[bool, float, float, int, int, bytes]:
+        return fair_key(t, now, usage, weights, bound=bound)
+
+    first = min(live, key=order)  # (the first of the fair order below: its keys end with the task's key)
+    if first is by_edf or all_on_time([Slot(now), *busy], live, now):
+        return first  # no plan needed: the loop below would take it at once
     base_late = late(live, plan([Slot(now), *busy], live, now))
-    fair = sorted(live, key=lambda t: fair_key(t, now, usage, weights, bound=bound))
+    fair = sorted(live, key=order)
     for task in fair[:PICK_CANDIDATES]:
         if task is by_edf:
             return task  # EDF's own choice keeps the EDF plan as it is

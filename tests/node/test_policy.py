@@ -14,8 +14,10 @@ from e31.node.market.policy import (
     Usage,
     admit,
     admit_each,
+    all_on_time,
     edf_key,
     expired,
+    fair_key,
     fluid_finish,
     late,
     pick,
@@ -146,6 +148,57 @@ def test_the_pick_never_makes_an_on_time_job_late_and_falls_back_to_edf(
     assert (
         after <= base and (NOW + task.estimate_ms <= task.deadline or task.key in base)
     ) or task is edf_first
+
+
+def pick_by_definition(waiting: list[Task], busy: list[Slot], now: int, usage: Usage) -> Task | None:
+    """policy.pick as its docstring defines it, with a plan for every candidate and no shortcut."""
+    live = [t for t in waiting if t.deadline > now]
+    if not live:
+        return None
+    by_edf = min(live, key=edf_key)
+    base_late = late(live, plan([Slot(now), *busy], live, now))
+    for task in sorted(live, key=lambda t: fair_key(t, now, usage, {}))[:32]:
+        if task is by_edf:
+            return task
+        finish = now + task.estimate_ms
+        rest = [t for t in live if t is not task]
+        rest_late = late(rest, plan([Slot(finish), *busy], rest, now))
+        if rest_late <= base_late and (finish <= task.deadline or task.key in base_late):
+            return task
+    return by_edf
+
+
+@given(slots_st, tasks(n=16) | sweep_tasks(b"s"))
+@settings(max_examples=500, deadline=None)
+def test_the_pick_without_a_plan_picks_as_with_one(busy: list[Slot], waiting: list[Task]) -> None:
+    """The shortcuts of `pick` (the fair order's first is EDF's own, or the bound of `all_on_time`
+    says no plan can be late) change no pick of its definition."""
+    usage = Usage()
+    usage.charge(b"b", 5000, NOW)
+    assert pick(waiting, busy, NOW, usage) is pick_by_definition(waiting, busy, NOW, usage)
+
+
+@given(slots_st, tasks(n=16) | sweep_tasks(b"s"))
+@settings(max_examples=500, deadline=None)
+def test_all_on_time_holds_only_where_no_order_of_the_plan_is_late(
+    busy: list[Slot], waiting: list[Task]
+) -> None:
+    live = [t for t in waiting if t.deadline > NOW]
+    slots = [Slot(NOW), *busy]
+    if not all_on_time(slots, live, NOW):
+        return
+    assert not late(live, plan(slots, live, NOW))
+    for first in live:  # any task started first on the free core: the rest still on time
+        rest = [t for t in live if t is not first]
+        assert NOW + first.estimate_ms <= first.deadline
+        assert not late(rest, plan([Slot(NOW + first.estimate_ms), *busy], rest, NOW))
+
+
+def test_all_on_time_on_a_sweep_with_slack_and_without() -> None:
+    sweep = [Task(bytes([i]), b"s", NOW + 10_000, 100, NOW) for i in range(40)]
+    assert all_on_time([Slot(NOW)], sweep, NOW)  # 4 s of work, 10 s to do it
+    assert not all_on_time([Slot(NOW)], sweep * 3, NOW)  # 12 s of work
+    assert all_on_time([Slot(NOW), Slot(NOW + 500)], sweep * 2, NOW)  # 8 s on two cores
 
 
 def test_edf_among_jobs_at_risk_and_fair_order_when_there_is_slack() -> None:
