@@ -43,8 +43,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,7 @@ from ..config import STORE_FILE
 from ..errors import StoreError
 from . import watermark
 from .blob_refs import BlobRefs
-from .connection import DiskFull, connect, connect_reader, is_disk_full, raise_as_store_error, translate
+from .connection import DiskFull, connect, connect_reader, is_disk_full, raise_as_store_error
 from .envelopes import Envelopes
 from .jobs import Jobs
 from .kv import Kv
@@ -257,62 +256,107 @@ class Store(Kv, Peers, Seen, Jobs, Receipts, Envelopes, BlobRefs, Pruning):
         (`with store.reading() as c:`)."""
         return _Reading(self)
 
-    @contextmanager
-    def transaction(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+    def transaction(self, *, durable: bool = True) -> _Transaction:
         """One write transaction: everything inside commits together or not at all.
 
         A durable commit is on disk when this returns, with every commit before it (when deferred: once
         `sync` has run after it); otherwise it survives a process crash but may be lost to a power cut
         until the next durable commit. A transaction opened inside another one (on the same thread: the
         lock is held) is part of it: it commits or rolls back with the outer one (see `many`). There
-        are no savepoints: an inner failure must fail the outer transaction, never be caught inside it."""
-        with self._lock, translate(self.path):
-            c = self._conn
-            if self._depth:
-                if self._grouping and not self._in_member:
-                    raise RuntimeError(
-                        "a store write from the event loop outside AsyncStore would join the "
-                        "open write group unseen: call it through AsyncStore.run"
-                    )
-                if durable and not self._outer_durable:
-                    raise ValueError("a durable write inside a transaction that is not durable")
-                self._inner_durable |= durable
-                self._depth += 1
-                try:
-                    yield c
-                finally:
-                    self._depth -= 1
-                return
-            deferred = getattr(self.deferring, "on", False)
-            full = durable and not deferred
-            if full is not self._durable:
-                c.execute("PRAGMA synchronous = FULL" if full else "PRAGMA synchronous = NORMAL")
-                self._durable = full
-            changes = c.total_changes
-            c.execute("BEGIN IMMEDIATE")
-            self._depth, self._outer_durable = 1, durable
-            try:
-                yield c
-                bump = durable and c.total_changes != changes
-                if bump:
-                    if deferred:
-                        self.unsynced += 1  # before COMMIT: a reader may see the commit as soon as it is made
-                    c.execute(BUMP_SEQ)
-                c.execute("COMMIT")
-                if bump:
-                    self.seq += 1
-            except BaseException:
-                if c.in_transaction:  # also after a failed COMMIT (disk full), which may leave it open
-                    c.execute("ROLLBACK")
-                raise
-            finally:
-                self._depth = 0
+        are no savepoints: an inner failure must fail the outer transaction, never be caught inside it.
+        (`with store.transaction() as c:`; a class, not a generator: every store write opens one, most
+        of them inside another, and a @contextmanager costs several times what its body does.)"""
+        return _Transaction(self, durable)
 
     def many(self, calls: Sequence[Call], *, durable: bool = True) -> list[Any]:
         """Run several of this store's methods as one transaction (durable unless told not: then no call
         may be durable either): all commit or none does. Returns their results in order."""
         with self.transaction(durable=durable):
             return [method(self, *args, **kwargs) for method, args, kwargs in calls]
+
+
+class _Transaction:
+    """Store.transaction's context: the lock held, sqlite3's errors translated (as `translate`), an
+    outer transaction begun and committed (or rolled back), an inner one joined to it."""
+
+    __slots__ = ("changes", "deferred", "durable", "nested", "store")
+
+    def __init__(self, store: Store, durable: bool) -> None:
+        self.store = store
+        self.durable = durable
+        self.nested = False
+
+    def __enter__(self) -> sqlite3.Connection:
+        store = self.store
+        store._lock.acquire()
+        try:
+            c = store._conn
+            if store._depth:
+                if store._grouping and not store._in_member:
+                    raise RuntimeError(
+                        "a store write from the event loop outside AsyncStore would join the "
+                        "open write group unseen: call it through AsyncStore.run"
+                    )
+                if self.durable and not store._outer_durable:
+                    raise ValueError("a durable write inside a transaction that is not durable")
+                store._inner_durable |= self.durable
+                store._depth += 1
+                self.nested = True
+                return c
+            self.deferred = getattr(store.deferring, "on", False)
+            full = self.durable and not self.deferred
+            if full is not store._durable:
+                c.execute("PRAGMA synchronous = FULL" if full else "PRAGMA synchronous = NORMAL")
+                store._durable = full
+            self.changes = c.total_changes
+            c.execute("BEGIN IMMEDIATE")
+            store._depth, store._outer_durable = 1, self.durable
+            return c
+        except BaseException as e:
+            store._lock.release()
+            raise_as_store_error(store.path, e)
+            raise
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
+        store = self.store
+        try:
+            if self.nested:
+                store._depth -= 1
+            else:
+                self._end(e)
+        except BaseException as err:
+            store._lock.release()
+            raise_as_store_error(store.path, err)
+            raise
+        store._lock.release()
+        raise_as_store_error(store.path, e)
+
+    def _end(self, e: BaseException | None) -> None:
+        """Commit the outer transaction (rolled back if the block raised `e`, or the commit failed)."""
+        store = self.store
+        c = store._conn
+        try:
+            if e is not None:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                return
+            try:
+                bump = self.durable and c.total_changes != self.changes
+                if bump:
+                    if self.deferred:
+                        store.unsynced += (
+                            1  # before COMMIT: a reader may see the commit as soon as it is made
+                        )
+                    c.execute(BUMP_SEQ)
+                c.execute("COMMIT")
+                if bump:
+                    store.seq += 1
+            except BaseException:
+                if c.in_transaction:  # also after a failed COMMIT (disk full), which may leave it open
+                    c.execute("ROLLBACK")
+                raise
+        finally:
+            store._depth = 0
 
 
 class _Reading:
