@@ -16,6 +16,7 @@ caller writes the rows in its transaction and adopts the new value only once the
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -140,6 +141,22 @@ def root_at(c: sqlite3.Connection, size: int) -> bytes:
 def inclusion_proof(c: sqlite3.Connection, index: int, size: int) -> tuple[bytes, ...]:
     """PATH(index, D[0:size]) of RFC 9162 §2.1.3.1, leaf side first (0 <= index < size)."""
     return merkle.inclusion_path(_stored(c), index, size)
+
+
+def inclusion_proofs(c: sqlite3.Connection, indexes: Sequence[int], size: int) -> list[tuple[bytes, ...]]:
+    """`inclusion_proof` of each of `indexes` against one size, each stored hash read once: the paths
+    of receipts acknowledged together (neighbours in the log) share most of their hashes, and the
+    ragged right edge of the tree is the same in every one of them."""
+    read: dict[tuple[int, int], bytes] = {}
+
+    def subtree(level: int, index: int) -> bytes:
+        key = (level, index)
+        found = read.get(key)
+        if found is None:
+            found = read[key] = _node(c, level, index)
+        return found
+
+    return [merkle.inclusion_path(subtree, index, size) for index in indexes]
 
 
 def consistency_proof(c: sqlite3.Connection, old_size: int, new_size: int) -> tuple[bytes, ...]:

@@ -108,12 +108,10 @@ class ReceiptLog:
             grown = self._tree
             out: list[int] = []
             with self._store.transaction() as c:
-                fresh: dict[bytes, int] = {}
+                fresh = _indexes_of(c, sorted({env.message_id.raw for env in envs}))
                 for env in envs:
                     receipt_id = env.message_id.raw
                     known = fresh.get(receipt_id)
-                    if known is None:
-                        known = _index_of(c, receipt_id)
                     if known is not None:
                         _mark_receipt(c, receipt_id, known)  # heals a row whose index was not set
                         out.append(known)
@@ -180,16 +178,18 @@ class ReceiptLog:
         wanted = sorted({bytes(r) for r in receipt_ids})
         with self._lock:
             with self._reading() as c:
-                found = [(r, idx) for r in wanted if (idx := _index_of(c, r)) is not None]
+                indexes = _indexes_of(c, wanted)
+            found = [(r, indexes[r]) for r in wanted if r in indexes]
             if not found:
                 return []
             head = self._head_locked(now)
             size = head.head.size
             with self._reading() as c:
-                entries = [
-                    ProofEntry(Digest(r), idx, tuple(map(Digest, tree.inclusion_proof(c, idx, size))))
-                    for r, idx in found
-                ]
+                paths = tree.inclusion_proofs(c, [idx for _, idx in found], size)
+            entries = [
+                ProofEntry(Digest(r), idx, tuple(map(Digest, path)))
+                for (r, idx), path in zip(found, paths, strict=True)
+            ]
             return [
                 sign_message(
                     InclusionProof(
@@ -243,9 +243,11 @@ class ReceiptLog:
 
     @contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:
-        """A store transaction in which a stored hash found missing is a ReceiptLogError."""
+        """The store's connection for reads (its lock held, no transaction: appends, the only writes to
+        the log's tables, take this log's lock too, and a stored subtree never changes), in which a
+        stored hash found missing is a ReceiptLogError."""
         try:
-            with self._store.transaction() as c:
+            with self._store.reading() as c:
                 yield c
         except tree.TreeStateError as e:
             raise ReceiptLogError(f"{self._store.path}: {e}") from None
@@ -320,6 +322,21 @@ def _stored_frontier(c: sqlite3.Connection, size: int) -> tree.StoredTree | None
 def _index_of(c: sqlite3.Connection, receipt_id: bytes) -> int | None:
     row = c.execute("SELECT idx FROM receipt_log WHERE receipt_id = ?", (receipt_id,)).fetchone()
     return None if row is None else int(row[0])
+
+
+def _indexes_of(c: sqlite3.Connection, receipt_ids: Sequence[bytes]) -> dict[bytes, int]:
+    """The log index of each of `receipt_ids` the log holds (one query per _IDS_PER_QUERY of them)."""
+    out: dict[bytes, int] = {}
+    for i in range(0, len(receipt_ids), _IDS_PER_QUERY):
+        part = receipt_ids[i : i + _IDS_PER_QUERY]
+        marks = ", ".join("?" * len(part))
+        rows = c.execute(f"SELECT receipt_id, idx FROM receipt_log WHERE receipt_id IN ({marks})", part)
+        out.update((bytes(r), int(idx)) for r, idx in rows)
+    return out
+
+
+_IDS_PER_QUERY = 500
+"""Receipt ids looked up in one query (under SQLite's oldest limit of 999 parameters)."""
 
 
 def _is_size(x: object) -> bool:

@@ -100,6 +100,34 @@ def test_a_batch_larger_than_a_proof_holds_takes_several(store: Store) -> None:
     assert sorted(e.receipt_id.raw for p in proofs for e in p.entries) == sorted(ids)
 
 
+def test_the_proofs_of_a_batch_read_each_stored_hash_once(store: Store) -> None:
+    """Receipts acknowledged together are neighbours in the log: their paths share most hashes, read
+    once for the batch (one query finds their indexes), and each path is the one proved alone."""
+    log = ReceiptLog(store, key("executor"), NET)
+    entries = receipts(200)
+    log.append_many(entries)
+    ids = [verify(r).message_id.raw for r in entries]
+    batch = ids[150:190]
+    alone = {
+        e.receipt_id.raw: e.path
+        for r in batch
+        for e in verify(log.inclusion(r, T0), InclusionProof).message.entries
+    }
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    try:
+        proofs = [verify(p, InclusionProof).message for p in log.inclusions(batch, T0)]
+    finally:
+        store._conn.set_trace_callback(None)
+    together = {e.receipt_id.raw: e.path for p in proofs for e in p.entries}
+    assert together == alone and len(together) == len(batch)
+    hashes = [s for s in statements if "receipt_log_nodes" in s or "leaf_hash FROM" in s]
+    assert len(hashes) == len(set(hashes)), "no stored hash is read twice"
+    assert len(hashes) < 2 * len(batch) + 16, f"a few reads per receipt, not one per level: {len(hashes)}"
+    assert sum("receipt_id IN" in s for s in statements) == 1
+    assert not [s for s in statements if s.startswith(("BEGIN", "PRAGMA"))], "reads open no transaction"
+
+
 def test_the_log_survives_reopening(tmp_path: Path) -> None:
     entries = receipts(3)
     with Store(tmp_path / "node.sqlite") as store:
