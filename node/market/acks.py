@@ -95,7 +95,13 @@ class Acknowledger:
                 env = sign_verified(Ack(ctx.network, ctx.node, NodeId(executor), now_ms, ids), ctx.identity)
                 try:
                     await ctx.store.run(
-                        Store.put_acks, env.message_id.raw, env.raw, now_ms / 1000, part, durable=False
+                        Store.put_acks,
+                        env.message_id.raw,
+                        env.raw,
+                        now_ms / 1000,
+                        part,
+                        durable=False,
+                        delivered=True,  # each recorded so when it was verified (outcomes.py)
                     )
                 except StoreError as e:
                     log.warning("could not store the acknowledgement of %d receipts: %s", len(part), e)

@@ -200,11 +200,13 @@ class Receipts(Envelopes, BlobRefs):
         receipts: Sequence[tuple[bytes, bytes]],
         *,
         durable: bool = True,
+        delivered: bool = False,
     ) -> None:
         """Keep a verified `ack` once, linked to the jobs it answers, as the acknowledgement of each of
         `receipts` ((receipt digest, job id) pairs, receipts already indexed) that has none yet, and mark
-        those receipts delivered. Not `durable` (an executor's copy, or a submitter's, which signs
-        another when the receipt is delivered again): a power cut may take it back."""
+        those receipts delivered (unless the caller knows they are: `delivered`, a submitter's receipts,
+        marked by `record_verified_receipt`). Not `durable` (an executor's copy, or a submitter's, which
+        signs another when the receipt is delivered again): a power cut may take it back."""
         with self.transaction(durable=durable) as c:
             self.put_shared_envelope(ack_id, "ack", ack_raw, now, sorted({job for _, job in receipts}))
             c.executemany(
@@ -212,11 +214,12 @@ class Receipts(Envelopes, BlobRefs):
                 "ON CONFLICT (receipt_digest) DO NOTHING",
                 [(digest, ack_id, now) for digest, _ in receipts],
             )
-            c.executemany(
-                "UPDATE receipts SET delivered = ?, next_delivery = NULL "
-                "WHERE digest = ? AND delivered IS NULL",
-                [(now, digest) for digest, _ in receipts],
-            )
+            if not delivered:
+                c.executemany(
+                    "UPDATE receipts SET delivered = ?, next_delivery = NULL "
+                    "WHERE digest = ? AND delivered IS NULL",
+                    [(now, digest) for digest, _ in receipts],
+                )
 
     def record_verified_receipt(
         self,
@@ -234,18 +237,11 @@ class Receipts(Envelopes, BlobRefs):
         with self.transaction() as c:
             for blob in blobs:
                 self.ref_blob(blob, f"job:{job_id.hex()}")
-            self.put_receipt(
-                digest=receipt_digest,
-                job_id=job_id,
-                attempt=attempt,
-                executor=executor,
-                message_id=receipt_digest,
-                now=now,
-            )
-            c.execute(
-                "UPDATE receipts SET delivered = ?, next_delivery = NULL WHERE digest = ? "
-                "AND delivered IS NULL",
-                (now, receipt_digest),
+            c.execute(  # indexed, or (seen before, not verified) marked delivered now
+                "INSERT INTO receipts (digest, job_id, attempt, executor, message_id, created, delivered) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO UPDATE SET "
+                "delivered = excluded.delivered, next_delivery = NULL WHERE receipts.delivered IS NULL",
+                (receipt_digest, job_id, attempt, executor, receipt_digest, now, now),
             )
 
     def ack_for(self, receipt_digest: bytes) -> EnvelopeRow | None:

@@ -364,6 +364,14 @@ def test_a_submitter_records_a_verified_receipt_and_its_outputs_in_one_commit(st
             receipt_digest=b"x" * 32, job_id=b"j1", attempt=1, executor=BOB, now=5.0, blobs=["ef" * 32]
         )
     assert store.receipt(b"x" * 32) is None and "ef" * 32 not in store.live_blobs(now=1e12)  # all or nothing
+    seen = hashlib.sha256(b"S").digest()  # indexed before it was verified (say, as delivery came due)
+    store.put_envelope(seen, "receipt", b"S", now=1.0, job_id=b"j1")
+    store.put_receipt(
+        digest=seen, job_id=b"j1", attempt=2, executor=BOB, message_id=seen, now=1.0, next_delivery=9.0
+    )
+    store.record_verified_receipt(receipt_digest=seen, job_id=b"j1", attempt=2, executor=BOB, now=7.0)
+    row = store.receipt(seen)
+    assert row is not None and (row.delivered, row.next_delivery, row.created) == (7.0, None, 1.0)
 
 
 def test_one_ack_acknowledges_a_batch_of_receipts_once(store: Store) -> None:
