@@ -367,8 +367,20 @@ def pick(
     if len(live) == 1:
         return by_edf
 
+    shares: dict[bytes, float] = {}
+
     def order(t: Task) -> tuple[bool, float, float, int, int, bytes]:
-        return fair_key(t, now, usage, weights, bound=bound)
+        """fair_key(t, now, usage, weights, bound=bound), each submitter's usage per weight found once
+        (a full queue is 64 jobs a core, most of one submitter, and `pick` runs once per job started)."""
+        share = shares.get(t.submitter)
+        if share is None:
+            share = shares[t.submitter] = usage.value(t.submitter, now) / max(
+                weights.get(t.submitter, 1.0), 1e-9
+            )
+        waited = now - t.arrived
+        if waited >= bound * t.estimate_ms:  # aged: the longest wait for its size first
+            return (False, share, -(waited + t.estimate_ms) / t.estimate_ms, t.estimate_ms, t.arrived, t.key)
+        return (True, share, 0.0, t.estimate_ms, t.arrived, t.key)
 
     first = min(live, key=order)  # (the first of the fair order below: its keys end with the task's key)
     if first is by_edf or all_on_time([Slot(now), *busy], live, now):

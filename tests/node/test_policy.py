@@ -150,14 +150,16 @@ def test_the_pick_never_makes_an_on_time_job_late_and_falls_back_to_edf(
     ) or task is edf_first
 
 
-def pick_by_definition(waiting: list[Task], busy: list[Slot], now: int, usage: Usage) -> Task | None:
+def pick_by_definition(
+    waiting: list[Task], busy: list[Slot], now: int, usage: Usage, weights: dict[bytes, float]
+) -> Task | None:
     """policy.pick as its docstring defines it, with a plan for every candidate and no shortcut."""
     live = [t for t in waiting if t.deadline > now]
     if not live:
         return None
     by_edf = min(live, key=edf_key)
     base_late = late(live, plan([Slot(now), *busy], live, now))
-    for task in sorted(live, key=lambda t: fair_key(t, now, usage, {}))[:32]:
+    for task in sorted(live, key=lambda t: fair_key(t, now, usage, weights))[:32]:
         if task is by_edf:
             return task
         finish = now + task.estimate_ms
@@ -168,14 +170,21 @@ def pick_by_definition(waiting: list[Task], busy: list[Slot], now: int, usage: U
     return by_edf
 
 
-@given(slots_st, tasks(n=16) | sweep_tasks(b"s"))
+@given(
+    slots_st,
+    tasks(n=16) | sweep_tasks(b"s"),
+    st.dictionaries(st.sampled_from([b"a", b"b", b"c", b"s"]), st.floats(0.1, 10.0), max_size=3),
+)
 @settings(max_examples=500, deadline=None)
-def test_the_pick_without_a_plan_picks_as_with_one(busy: list[Slot], waiting: list[Task]) -> None:
+def test_the_pick_without_a_plan_picks_as_with_one(
+    busy: list[Slot], waiting: list[Task], weights: dict[bytes, float]
+) -> None:
     """The shortcuts of `pick` (the fair order's first is EDF's own, or the bound of `all_on_time`
-    says no plan can be late) change no pick of its definition."""
+    says no plan can be late; each submitter's share found once) change no pick of its definition."""
     usage = Usage()
     usage.charge(b"b", 5000, NOW)
-    assert pick(waiting, busy, NOW, usage) is pick_by_definition(waiting, busy, NOW, usage)
+    usage.charge(b"c", 900, NOW - 50_000)
+    assert pick(waiting, busy, NOW, usage, weights) is pick_by_definition(waiting, busy, NOW, usage, weights)
 
 
 @given(slots_st, tasks(n=16) | sweep_tasks(b"s"))
