@@ -216,7 +216,15 @@ class Executor:
             else call(Store.put_shared_envelope, env.message_id.raw, env.kind, env.raw, now, job_ids)
         )
         # a job whose blobs are all here already (a sweep's module) is queued at once: no fetch to wait for
-        fetched = [all(self.ctx.blobs.has(ref.root.raw) for ref in blob_refs(m)) for _, m in taking]
+        # (each blob looked at once for the set: a sweep's jobs share their module)
+        held: dict[bytes, bool] = {}
+
+        def here(root: bytes) -> bool:
+            if root not in held:
+                held[root] = self.ctx.blobs.has(root)
+            return held[root]
+
+        fetched = [all(here(ref.root.raw) for ref in blob_refs(m)) for _, m in taking]
         _, _, *added = await self.ctx.store.atomically(
             kept,
             call(Store.put_shared_envelope, offer.message_id.raw, "offer", offer.raw, now, job_ids),

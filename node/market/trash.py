@@ -27,7 +27,10 @@ class Trash:
         self._moved: deque[Path] = deque()
 
     def discard(self, work: Path) -> None:
-        """Move a finished run's directory aside (one rename, here), to be deleted at the next `tidy`."""
+        """Move a finished run's directory aside (one rename, here), to be deleted at the next `tidy`.
+        A run that made none (a tiny job's) costs one stat."""
+        if not os.path.lexists(work):
+            return
         trash = work.with_name(f"{TRASH_PREFIX}{work.name}-{secrets.token_hex(4)}")
         try:
             os.rename(work, trash)
