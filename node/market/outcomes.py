@@ -210,10 +210,12 @@ class Outcomes:
                 results = await self._commits.each([calls for *_, calls in taking])
                 failed: StoreError | None = None
                 for (job_id, job, receipt_env, _), result in zip(taking, results, strict=True):
-                    if isinstance(result, StoreError):  # (raised, as a task of its own would have)
-                        failed = failed or result
-                        continue
-                    await self._ended(job_id, job, receipt_env, bool(result[-1]))
+                    try:
+                        if isinstance(result, StoreError):
+                            raise result
+                        await self._ended(job_id, job, receipt_env, bool(result[-1]))
+                    except StoreError as e:  # the others still end; raised after, as its own task would
+                        failed = failed or e
                 if failed is not None:
                     raise failed
         finally:
