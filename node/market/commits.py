@@ -1,13 +1,14 @@
 """Shared commits: the writes that several tasks make at the same moment go into one transaction.
 
-The entries of a `results` carrier whose receipts were verified are each taken in a task of their
-own, started in one turn (outcomes.py); each ends its job with a few writes that must commit
-together. `SharedCommits.atomically` stands for `AsyncStore.atomically`: the first task to call it
-leads a batch, lets every other task that is ready run (a checkpoint, again while more join), then
-commits all the calls of the batch in one transaction and hands each task its own results. A batch
-that fails is committed again one task at a time, so one task's failing write never takes the others'
-with it (each gets its own error): `commit_each`, which the executor's deliveries use too
-(delivery.py). A lone caller costs one checkpoint more than `AsyncStore.atomically`.
+Each job a submitter ends with a verified receipt takes a few writes that must commit together: the
+jobs of a `results` carrier taken in one pass (outcomes.py `_take_together`, through `each`, a group
+of writes per job), and those taken each in a task of its own at the same moment (`atomically`).
+`SharedCommits` stands for `AsyncStore.atomically`: the first caller leads a batch, lets every other
+task that is ready run (a checkpoint, again while more join), then commits all the groups of the batch
+in one transaction and hands each its own results. A batch that fails is committed again one group at
+a time, so one group's failing write never takes the others' with it (each gets its own error):
+`commit_each`, which the executor's deliveries use too (delivery.py). A lone caller costs one
+checkpoint more than `AsyncStore.atomically`.
 """
 
 from __future__ import annotations

@@ -219,12 +219,12 @@ class Executor:
         # (each blob looked at once for the set: a sweep's jobs share their module)
         held: dict[bytes, bool] = {}
 
-        def here(root: bytes) -> bool:
+        def blob_held(root: bytes) -> bool:
             if root not in held:
                 held[root] = self.ctx.blobs.has(root)
             return held[root]
 
-        fetched = [all(here(ref.root.raw) for ref in blob_refs(m)) for _, m in taking]
+        fetched = [all(blob_held(ref.root.raw) for ref in blob_refs(m)) for _, m in taking]
         _, _, *added = await self.ctx.store.atomically(
             kept,
             call(Store.put_shared_envelope, offer.message_id.raw, "offer", offer.raw, now, job_ids),

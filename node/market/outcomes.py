@@ -156,24 +156,22 @@ class Outcomes:
             return
         arrived = [Carried(carrier.result(entry), env.signer) for entry in carrier.entries]
         ours = [a for a in arrived if await self._names_ours(a.message) and self.admit(a)]
-        opened = [(a, o) for a in ours if (o := self._open(a)) is not None]
-        if len(opened) > 1:
-            opened = await self._take_together(opened)
+        opened: list[tuple[Arrived, Opened]] = [(a, o) for a in ours if (o := self._open(a)) is not None]
         if len(opened) == 1:
             await self._take_opened(*opened[0])
             return
-        async with trio.open_nursery() as nursery:
-            for a, o in opened:
-                nursery.start_soon(self._take_opened, a, o)
+        if opened:
+            async with trio.open_nursery() as nursery:
+                await self._take_together(opened, nursery)
 
-    async def _take_together(self, opened: list[tuple[Arrived, Opened]]) -> list[tuple[Arrived, Opened]]:
+    async def _take_together(self, opened: list[tuple[Arrived, Opened]], nursery: trio.Nursery) -> None:
         """End in one pass, with one read and one shared commit, the jobs of a carrier's verified
         receipts that need nothing more: each job under way here alone (no replicas, no other
         outcome being taken), the receipt naming the assignment this node holds for it in memory and
-        checking out against it, every output carried or held. Returns the others, to be taken
-        each on its own (`_take_opened`: a fetch, a store read, a refusal, or an ended job's ack)."""
+        checking out against it, every output carried or held. The others are each taken in a task
+        of their own in `nursery`, started before the commit (`_take_opened`: a fetch, a store read,
+        a refusal, or an ended job's ack)."""
         rows = await self.ctx.store.run(Store.jobs_by_id, [a.message.job_id.raw for a, _ in opened], ROLE)
-        rest: list[tuple[Arrived, Opened]] = []
         taking: list[tuple[bytes, SubmittedJob, VerifiedEnvelope[UsageReceipt], tuple[Call, ...]]] = []
         try:
             for arrived, (receipt_env, carried) in opened:
@@ -192,16 +190,16 @@ class Outcomes:
                     or assign is None
                     or assign.assignment_id != receipt.assignment_id
                 ):
-                    rest.append((arrived, (receipt_env, carried)))
+                    nursery.start_soon(self._take_opened, arrived, (receipt_env, carried))
                     continue
                 try:
                     _check(receipt, job, assign, self.ctx.network)
                 except ProtocolError:  # refused on its own, as evidence (_take_opened checks it again)
-                    rest.append((arrived, (receipt_env, carried)))
+                    nursery.start_soon(self._take_opened, arrived, (receipt_env, carried))
                     continue
                 small, missing = self._carried(outputs_of(receipt), carried)
                 if missing:  # an output to fetch
-                    rest.append((arrived, (receipt_env, carried)))
+                    nursery.start_soon(self._take_opened, arrived, (receipt_env, carried))
                     continue
                 job.completing, job.settled = True, trio.Event()
                 calls = self._ending(job_id, job, row, receipt_env, assign.attempt, small)
@@ -222,7 +220,6 @@ class Outcomes:
             for _, job, _, _ in taking:
                 job.completing = False
                 job.settled.set()
-        return rest
 
     async def take(self, env: Arrived) -> None:
         """Take in a `result` that came alone (admitted: `admit`)."""

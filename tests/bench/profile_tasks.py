@@ -7,7 +7,8 @@ and K `--before` sweeps, then measures one sweep of N tiny jobs (bench_jobs.py's
 process loads an instrument from a `sitecustomize` module this script writes to a temporary directory
 (put on the nodes' PYTHONPATH; no code of the node changes): a trio Instrument that adds up the thread
 CPU time (`time.thread_time`) of every task step by the coroutine the task started with, and an SQLite
-trace callback that counts every statement run, its literals folded. SIGUSR2 starts and stops the count;
+connection class that counts every statement its `execute` and `executemany` run, by its text (the
+parameters are not in it). SIGUSR2 starts and stops the count;
 the node writes what it counted to a file in that directory. Printed per node: the CPU per job of the
 sweep of its main thread (the event loop, in and between task steps) and of the whole process (its
 threads: the sandbox pool's supervisors, the store's syncs, the receipt log's appends and proofs; not
@@ -17,9 +18,9 @@ and the statements per job.
 Why this and not py-spy (profile_jobs.py): SQLite and libsodium release the GIL while they work, so
 `py-spy --gil` does not see that time, and without --gil, or with a wall-clock profiler, the time a
 thread waits to take the GIL back counts as its own. A task's thread CPU time is neither. The
-instrument costs about 1 us per task step (two clock reads): compare figures within one run of this
-script, or between two trees run the same way (docs/benchmarks.md). Bounded: one sweep of N jobs, each
-node given bench_jobs.py's timeouts.
+instrument costs about 1 us per task step (two clock reads) and about as much per statement, charged
+to the task that runs it: compare figures within one run of this script, or between two trees run the
+same way (docs/benchmarks.md). Bounded: one sweep of N jobs, each node given bench_jobs.py's timeouts.
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ import os
 if os.environ.get("{ENV}"):
     import collections
     import json
-    import re
     import signal
     import sqlite3
+    import threading
     import time
 
     import trio
@@ -60,9 +61,9 @@ if os.environ.get("{ENV}"):
     _cpu = collections.Counter()
     _steps = collections.Counter()
     _sql = collections.Counter()
+    _sql_lock = threading.Lock()  # statements run in the event loop's thread and in worker threads
     _state = {{"on": False, "t": 0.0, "main": 0.0, "process": 0.0}}
-    _literal = re.compile(r"'[^']*'|X'[0-9a-fA-F]*'|\\b\\d+(\\.\\d+)?\\b")
-    _space = re.compile(r"\\s+")
+    _folded = {{}}
 
     class _Tasks(trio.abc.Instrument):
         def before_task_step(self, task):
@@ -81,23 +82,41 @@ if os.environ.get("{ENV}"):
         return _run(*args, **kwargs)
 
     trio.run = _instrumented_run
+
+    def _count(sql, n):
+        key = _folded.get(sql)
+        if key is None:
+            key = _folded[sql] = " ".join(sql.split())[:160]
+        with _sql_lock:
+            _sql[key] += n
+
+    class _Counted(sqlite3.Connection):
+        """Counts each statement by its text as written (its parameters are not in it)."""
+
+        def execute(self, sql, *args):
+            if _state["on"]:
+                _count(sql, 1)
+            return super().execute(sql, *args)
+
+        def executemany(self, sql, params):
+            if _state["on"]:
+                params = list(params)
+                _count(sql, len(params))
+            return super().executemany(sql, params)
+
     _connect = sqlite3.connect
 
-    def _traced_connect(*args, **kwargs):
-        conn = _connect(*args, **kwargs)
+    def _counted_connect(*args, **kwargs):
+        kwargs.setdefault("factory", _Counted)
+        return _connect(*args, **kwargs)
 
-        def traced(statement):
-            if _state["on"]:
-                _sql[_literal.sub("?", _space.sub(" ", statement))[:160]] += 1
-
-        conn.set_trace_callback(traced)
-        return conn
-
-    sqlite3.connect = _traced_connect
+    sqlite3.connect = _counted_connect
 
     def _toggle(signum, frame):
         if not _state["on"]:
-            _cpu.clear(); _steps.clear(); _sql.clear()
+            _cpu.clear(); _steps.clear()
+            with _sql_lock:
+                _sql.clear()
             _state.update(on=True, main=time.thread_time(), process=time.process_time())
             return
         _state["on"] = False
@@ -106,7 +125,7 @@ if os.environ.get("{ENV}"):
             "process": time.process_time() - _state["process"],
             "cpu": dict(_cpu),
             "steps": dict(_steps),
-            "sql": dict(_sql),
+            "sql": dict(_sql),  # (a statement still running in a thread may be counted after)
         }}
         path = os.path.join(os.environ["{ENV}"], "%d.json" % os.getpid())
         with open(path + ".tmp", "w") as f:

@@ -281,10 +281,9 @@ async def test_the_entries_of_a_carrier_end_their_jobs_in_one_pass(
         alone.append(env.message.job_id.raw)
         await take_opened(env, opened)
 
-    async def counted_pass(opened: Any) -> Any:
-        rest = await take_together(opened)
-        passes.append(len(opened) - len(rest))
-        return rest
+    async def counted_pass(opened: Any, nursery: trio.Nursery) -> None:
+        passes.append(len(opened))
+        await take_together(opened, nursery)
 
     taker._take_opened = counted_alone  # type: ignore[method-assign]
     taker._take_together = counted_pass  # type: ignore[method-assign]
@@ -303,5 +302,65 @@ async def test_the_entries_of_a_carrier_end_their_jobs_in_one_pass(
     shared = [c for c in carriers if len(c.entries) > 1]
     assert shared, f"results shared a carrier: {[len(c.entries) for c in carriers]}"
     assert sorted(passes) == sorted(len(c.entries) for c in shared), "each such carrier's jobs in one pass"
-    assert len(alone) == len(carriers) - len(shared), "only a carrier of one takes its entry alone"
+    assert len(alone) == len(carriers) - len(shared), "only a carrier of one takes its entry alone, and"
+    # no entry of a shared carrier leaves the pass (each would be taken alone, in a task of its own)
     assert len(tasks.names) == len(carriers), f"one task per carrier, none per entry: {tasks.names}"
+
+
+async def test_a_job_of_a_carrier_whose_end_cannot_be_stored_leaves_the_others_ended(
+    net: Net, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """One job's writes fail in the shared commit of a carrier's pass: committed again alone, it fails
+    alone; every other job of the pass still ends, and the StoreError is raised after them."""
+    from e31.node.errors import StoreError
+    from e31.node.store.db import call
+
+    a, b = RealNode(net, tmp_path, "a", 1), RealNode(net, tmp_path, "b", 2)
+    carriers = carriers_to(net, a.id)
+    await start(nursery, a, b)
+    await wait_state(a, await a.submitter.submit(a.manifest(("7", "2999"))), "done")
+    carriers.clear()
+    b.executor.delivery.busy = lambda ids: True
+    taker = a.submitter.outcomes
+    batch = [a.manifest(("7", str(3000 + i)), deadline_s=600) for i in range(6)]
+    refused = min(m.job_id.raw for m in batch)  # first of its set in the carrier (BY_ENTRY order)
+    ending, take_carrier = taker._ending, taker.take_carrier
+    raised: list[StoreError] = []
+
+    def refuse(store: Store) -> None:
+        raise StoreError("this job's end cannot be stored")
+
+    def failing_ending(job_id: bytes, *args: Any) -> Any:
+        calls = ending(job_id, *args)
+        return (*calls, call(refuse)) if job_id == refused else calls
+
+    async def caught(env: Any) -> None:
+        try:
+            await take_carrier(env)
+        except* StoreError as group:
+            raised.extend(e for e in group.exceptions if isinstance(e, StoreError))
+
+    taker._ending = failing_ending  # type: ignore[method-assign]
+    taker.take_carrier = caught  # type: ignore[method-assign]
+    await a.submitter.submit_batch(batch)
+    for m in batch:
+        if m.job_id.raw != refused:
+            assert (await wait_state(a, m.job_id.raw, "done")).reason == "exited 0"
+    await until(lambda: raised)
+    (carrier,) = [c for c in carriers if any(e.job_id.raw == refused for e in c.entries)]
+    assert len(carrier.entries) > 1, "the refused job was taken with others"
+    assert [str(e) for e in raised] == ["this job's end cannot be stored"]
+    row = await a.store.run(Store.job, refused, "submitter")
+    assert row is not None and row.state not in ("done", "failed"), "its end was not stored"
+    assert not await a.store.run(Store.receipts_for_job, refused), "nor its receipt"
+    others = [m.job_id.raw for m in batch if m.job_id.raw != refused]
+
+    async def acked() -> bool:  # each other job ended here in full: its receipt acknowledged to b
+        rows = [r for job in others for r in await b.store.run(Store.receipts_for_job, job)]
+        return len(rows) == len(others) and all(r.delivered is not None for r in rows)
+
+    for _ in range(200):
+        if await acked():
+            break
+        await trio.sleep(0.05)
+    assert await acked(), "every other job of the pass ended, its receipt acknowledged"

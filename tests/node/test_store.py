@@ -1339,3 +1339,29 @@ async def test_a_synchronous_write_on_the_event_loop_cannot_join_an_open_write_g
         assert await db.run(Store.kv_get, "k") == b"v"
     finally:
         await db.aclose()
+
+
+def test_a_failed_transaction_rolls_back_whole_and_leaves_the_store_usable(store: Store) -> None:
+    """An SQLite error in a transaction inside another is a StoreError naming the file; the outer one is
+    rolled back with it, and the lock is free for the next write, from this thread or another."""
+    with pytest.raises(StoreError, match=re.escape(STORE_FILE)), store.transaction():
+        store.kv_set("kept?", b"no")
+        with store.transaction() as c:
+            c.execute("INSERT INTO no_such_table VALUES (1)")
+    assert store.kv_get("kept?") is None, "the outer transaction's write went with it"
+    refused = pytest.raises(ValueError, match="durable write inside")  # before anything is written
+    with refused, store.transaction(durable=False):
+        store.kv_set("inner", b"x")
+        with store.transaction():
+            pass
+    assert store.kv_get("inner") is None
+    done: list[bytes | None] = []
+
+    def write() -> None:
+        store.kv_set("after", b"yes")
+        done.append(store.kv_get("after"))
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    writer.join(10)
+    assert done == [b"yes"], "the lock was released: another thread writes at once"
