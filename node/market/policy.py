@@ -327,21 +327,32 @@ def aged(task: Task, now: int, bound: float = SLOWDOWN_BOUND) -> bool:
 
 
 def fair_key(
-    task: Task, now: int, usage: Usage, weights: Mapping[bytes, float], *, bound: float = SLOWDOWN_BOUND
+    task: Task,
+    now: int,
+    usage: Usage,
+    weights: Mapping[bytes, float],
+    *,
+    bound: float = SLOWDOWN_BOUND,
+    share: float | None = None,
 ) -> tuple[bool, float, float, int, int, bytes]:
     """Fair order: aged jobs first, then the least usage per weight, then (aged) the longest-waiting
-    relative to its size, then the smaller job, then arrival."""
-    weight = max(weights.get(task.submitter, 1.0), 1e-9)
+    relative to its size, then the smaller job, then arrival. `share`: the submitter's usage per weight
+    at `now`, if the caller has it (`share_of`)."""
     slowdown = (now - task.arrived + task.estimate_ms) / task.estimate_ms
     is_aged = aged(task, now, bound)
     return (
         not is_aged,
-        usage.value(task.submitter, now) / weight,
+        share_of(task.submitter, now, usage, weights) if share is None else share,
         -slowdown if is_aged else 0.0,
         task.estimate_ms,
         task.arrived,
         task.key,
     )
+
+
+def share_of(submitter: bytes, now: int, usage: Usage, weights: Mapping[bytes, float]) -> float:
+    """The submitter's usage per weight at `now`: what fair order ranks it by."""
+    return usage.value(submitter, now) / max(weights.get(submitter, 1.0), 1e-9)
 
 
 def pick(
@@ -367,20 +378,12 @@ def pick(
     if len(live) == 1:
         return by_edf
 
-    shares: dict[bytes, float] = {}
+    # each submitter's share found once (a full queue is 64 jobs a core, most of one submitter, and
+    # `pick` runs once per job started)
+    shares = {s: share_of(s, now, usage, weights) for s in {t.submitter for t in live}}
 
     def order(t: Task) -> tuple[bool, float, float, int, int, bytes]:
-        """fair_key(t, now, usage, weights, bound=bound), each submitter's usage per weight found once
-        (a full queue is 64 jobs a core, most of one submitter, and `pick` runs once per job started)."""
-        share = shares.get(t.submitter)
-        if share is None:
-            share = shares[t.submitter] = usage.value(t.submitter, now) / max(
-                weights.get(t.submitter, 1.0), 1e-9
-            )
-        waited = now - t.arrived
-        if waited >= bound * t.estimate_ms:  # aged: the longest wait for its size first
-            return (False, share, -(waited + t.estimate_ms) / t.estimate_ms, t.estimate_ms, t.arrived, t.key)
-        return (True, share, 0.0, t.estimate_ms, t.arrived, t.key)
+        return fair_key(t, now, usage, weights, bound=bound, share=shares[t.submitter])
 
     first = min(live, key=order)  # (the first of the fair order below: its keys end with the task's key)
     if first is by_edf or all_on_time([Slot(now), *busy], live, now):

@@ -343,10 +343,8 @@ class _Transaction:
             try:
                 bump = self.durable and c.total_changes != self.changes
                 if bump:
-                    if self.deferred:
-                        store.unsynced += (
-                            1  # before COMMIT: a reader may see the commit as soon as it is made
-                        )
+                    if self.deferred:  # counted before COMMIT: a reader may see the commit at once
+                        store.unsynced += 1
                     c.execute(BUMP_SEQ)
                 c.execute("COMMIT")
                 if bump:

@@ -140,7 +140,7 @@ def root_at(c: sqlite3.Connection, size: int) -> bytes:
 
 def inclusion_proof(c: sqlite3.Connection, index: int, size: int) -> tuple[bytes, ...]:
     """PATH(index, D[0:size]) of RFC 9162 §2.1.3.1, leaf side first (0 <= index < size)."""
-    return merkle.inclusion_path(_stored(c), index, size)
+    return inclusion_proofs(c, [index], size)[0]
 
 
 def inclusion_proofs(c: sqlite3.Connection, indexes: Sequence[int], size: int) -> list[tuple[bytes, ...]]:

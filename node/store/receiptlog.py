@@ -79,7 +79,7 @@ class ReceiptLog:
 
     def index_of(self, receipt_id: bytes) -> int | None:
         with self._reading() as c:
-            return _index_of(c, bytes(receipt_id))
+            return _indexes_of(c, [bytes(receipt_id)]).get(bytes(receipt_id))
 
     def root(self, size: int | None = None) -> bytes:
         """The tree hash of the first `size` receipts (default: all of them)."""
@@ -317,11 +317,6 @@ def _stored_frontier(c: sqlite3.Connection, size: int) -> tree.StoredTree | None
         return tree.StoredTree.load(c, size)
     except tree.TreeStateError:
         return None
-
-
-def _index_of(c: sqlite3.Connection, receipt_id: bytes) -> int | None:
-    row = c.execute("SELECT idx FROM receipt_log WHERE receipt_id = ?", (receipt_id,)).fetchone()
-    return None if row is None else int(row[0])
 
 
 def _indexes_of(c: sqlite3.Connection, receipt_ids: Sequence[bytes]) -> dict[bytes, int]:
