@@ -62,7 +62,7 @@ if os.environ.get("{ENV}"):
     _steps = collections.Counter()
     _sql = collections.Counter()
     _sql_lock = threading.Lock()  # statements run in the event loop's thread and in worker threads
-    _state = {{"on": False, "t": 0.0, "main": 0.0, "process": 0.0}}
+    _state = {{"on": False, "t": 0.0, "main": 0.0, "process": 0.0, "threads": {{}}}}
     _folded = {{}}
 
     class _Tasks(trio.abc.Instrument):
@@ -117,7 +117,7 @@ if os.environ.get("{ENV}"):
             _cpu.clear(); _steps.clear()
             with _sql_lock:
                 _sql.clear()
-            _state.update(on=True, main=time.thread_time(), process=time.process_time())
+            _state.update(on=True, main=time.thread_time(), process=time.process_time(), threads=_threads())
             return
         _state["on"] = False
         out = {{
@@ -126,11 +126,37 @@ if os.environ.get("{ENV}"):
             "cpu": dict(_cpu),
             "steps": dict(_steps),
             "sql": dict(_sql),  # (a statement still running in a thread may be counted after)
+            "threads": _by_kind({{
+                name: seconds - _state["threads"].get(name, 0.0) for name, seconds in _threads().items()
+            }}),
         }}
         path = os.path.join(os.environ["{ENV}"], "%d.json" % os.getpid())
         with open(path + ".tmp", "w") as f:
             json.dump(out, f)
         os.replace(path + ".tmp", path)
+
+    def _threads():
+        """CPU seconds of each of this process's threads so far, by name (/proc; the tick is 10 ms)."""
+        names = {{t.native_id: t.name for t in threading.enumerate()}}
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {{}}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open("/proc/self/task/%s/stat" % tid) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            name = names.get(int(tid), "thread %s" % tid)
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        return out
+
+    def _by_kind(threads):
+        """Threads' CPU by kind: numbered names (trio's worker threads, a pool's) folded into one."""
+        out = {{}}
+        for name, seconds in threads.items():
+            kind = name.rstrip("0123456789-_ ") or name
+            out[kind] = out.get(kind, 0.0) + seconds
+        return out
 
     signal.signal(signal.SIGUSR2, _toggle)
 '''
@@ -164,6 +190,11 @@ def report(counts: dict[str, Any], jobs: int, top: int) -> list[str]:
         lines.append(
             f"    {seconds * per:7.3f} {steps[name] / jobs:6.2f} {seconds * 1e6 / steps[name]:8.1f}  {name}"
         )
+    threads = sorted(counts["threads"].items(), key=lambda kv: -kv[1])
+    lines.append(
+        "  threads (ms per job, /proc's 10 ms ticks): "
+        + ", ".join(f"{name} {seconds * per:.3f}" for name, seconds in threads if seconds > 0)
+    )
     lines.append(f"  SQL: {sum(sql.values()) / jobs:.1f} statements per job")
     for statement, n in sorted(sql.items(), key=lambda kv: -kv[1])[:top]:
         lines.append(f"    {n / jobs:6.2f}  {statement[:110]}")
