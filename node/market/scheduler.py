@@ -34,6 +34,7 @@ A scheduler of 0 workers (a submit-only node) starts no pool and runs nothing.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import itertools
 import logging
 import math
@@ -303,10 +304,20 @@ class Scheduler:
         return entry.ahead and entry.handle is not None and entry.handle.cancel_unassigned()
 
     def slots(self, now: int) -> list[Slot]:
-        """The workers: each free now, or at its running job's estimated end (at least 1 ms from now)."""
-        busy = [Slot(max(now + 1, e.started_at + e.task.estimate_ms)) for e in self._running if e.started_at]
-        busy += [Slot(now + e.task.estimate_ms) for e in self._running if not e.started_at and not e.ahead]
-        return busy + [Slot(now)] * max(0, self.workers - len(self._running))
+        """The workers, earliest free first: each free now, or at the estimated end of its running job
+        (at least 1 ms from now) and of a job handed to the pool ahead for it. A job handed ahead that
+        has not started yet (`started_at` still 0: the pool sends it when a worker frees, and its task
+        learns of it a turn later) holds no worker of its own: it runs after the job that frees the
+        earliest one, so it moves that worker's end on by its estimate. Never fewer slots than workers:
+        a worker whose jobs are all ahead of it is still a core to plan on."""
+        ends = [max(now + 1, e.started_at + e.task.estimate_ms) for e in self._running if e.started_at]
+        ends += [now + e.task.estimate_ms for e in self._running if not e.started_at and not e.ahead]
+        ends += [now] * max(0, self.workers - len(ends))
+        heapq.heapify(ends)
+        for e in self._running:
+            if e.ahead and not e.started_at and ends:
+                heapq.heappush(ends, max(now, heapq.heappop(ends)) + e.task.estimate_ms)
+        return [Slot(end) for end in sorted(ends)]
 
     def estimate_ms(self, profile: bytes, fuel: int, wall_ms: int, module: bytes = b"") -> int:
         """How long a job may hold a core (policy.Calibration.estimate_ms) for the fuel it is planned
@@ -399,13 +410,10 @@ class Scheduler:
         return self.workers if self.short_runs >= SHORT_RUNS else 0
 
     def _others(self, now: int) -> list[Slot]:
-        """The cores other than the one the next pick is for: every core but a free one, or, when every
-        worker is busy (a pick ahead), every core but the one expected to be free first."""
-        slots = self.slots(now)
-        if len(self._running) < self.workers:
-            return slots[:-1]
-        ends = sorted(s.free_at for s in slots)[len(slots) - self.workers + 1 :]
-        return [Slot(end) for end in ends]
+        """The cores other than the one the next pick is for: every core but the one expected to be free
+        first (a free one; when every worker is busy, a pick ahead, the first to come free)."""
+        slots = self.slots(now)  # earliest first
+        return slots[len(slots) - self.workers + 1 :]
 
     async def execute(
         self,

@@ -154,3 +154,34 @@ async def test_a_job_ahead_behind_a_long_run_is_held_back_for_a_withdraw_and_nev
         assert started == ["long"] and any(e.job and e.job.key == b"long" for e in scheduler._running)
         assert scheduler.hold_back(b"not queued here")
         n.cancel_scope.cancel()
+
+
+async def test_a_job_handed_ahead_moves_its_workers_end_on_and_never_takes_the_worker_out_of_the_plan(
+    scheduler: Scheduler, tmp_path: Path
+) -> None:
+    """Bids plan on `slots()` (bidding.py): a job waiting in the pool for the busy worker runs after the
+    running one, so that worker comes free after both; and while a job handed ahead has not started
+    (its task learns that the pool sent it a turn later) the worker is still a core to plan on, not
+    gone from the plan (which would make every offered job look late)."""
+    started: list[str] = []
+    async with trio.open_nursery() as n:
+        n.start_soon(long_run, scheduler, tmp_path, started, None)  # estimated at 1 ms, runs 600 s
+        await until(lambda: started == ["long"], 30)
+
+        async def ahead() -> None:
+            await scheduler.execute(echo("ahead"), tmp_path / "ahead", estimate_ms=5_000)
+
+        n.start_soon(ahead)
+        await until(lambda: any(e.ahead and e.handle is not None for e in scheduler._running), 30)
+        now = wall_ms()
+        slots = scheduler.slots(now)
+        assert len(slots) == 1 and slots[0].free_at >= now + 5_000  # after the long run, then the one ahead
+        # the long run's entry gone, its worker taken by the job ahead (not started yet): one slot still
+        running = next(e for e in scheduler._running if not e.ahead)
+        scheduler._running.discard(running)
+        try:
+            slots = scheduler.slots(now)
+            assert len(slots) == 1 and now + 5_000 <= slots[0].free_at <= now + 5_001
+        finally:
+            scheduler._running.add(running)
+        n.cancel_scope.cancel()
