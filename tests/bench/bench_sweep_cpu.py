@@ -1,17 +1,19 @@
 """What a sweep costs each node, and how the sweep is spread: CPU per job of one batch, per node.
 
-    .venv/bin/python tests/bench/bench_sweep_cpu.py [--jobs N] [--cores C] [--nodes K]
+    .venv/bin/python tests/bench/bench_sweep_cpu.py [--jobs N] [--cores C] [--nodes K] [--before B]
 
-Starts three (K) `e31 node run` processes on 127.0.0.1 (bench_jobs.py's `net()`: node0 submits, all
-three run jobs), runs a warm-up job, then one batch of N tiny jobs (montecarlo, 1,000 samples; what `e31
-submit --batch` sends), and prints for each node the jobs it ran and its CPU per job of the batch (the
-node process and its sandbox workers, from /proc), and the messages each received and sent during the
-batch by kind (offers heard, bids and declines made, awards, assignment sets, results carriers and acks:
-from each node's /metrics). A node that runs few of the jobs spends its CPU mostly on hearing and
-answering the sweep's offers (bidding); the last line splits the executors' CPU into what each pays
-whatever it runs and what each run costs (a line through the executors' points: at six nodes five
-points, at three only two, so compare it within a run). Bounded: one batch, bench_jobs.py's
-timeouts. Compare ratios measured in the same minutes (the host is shared).
+Starts three (K) `e31 node run` processes on 127.0.0.1 (bench_jobs.py's `net()`: node0 submits, all three run
+jobs), runs a warm-up job and B unmeasured batches (default none), then one batch of N tiny jobs (montecarlo,
+1,000 samples; what `e31 submit --batch` sends), and prints for each node the jobs it ran and its CPU per job
+of the batch (the node process and its sandbox workers, from /proc), and the messages each received and sent
+during the batch by kind (offers heard, bids and declines made, awards, assignment sets, results carriers and
+acks: from each node's /metrics). A node that runs few of the jobs spends its CPU mostly on hearing and
+answering the sweep's offers (bidding); the last line splits the executors' CPU into what each pays whatever
+it runs and what each run costs (a line through the executors' points: at six nodes five points, at three only
+two, so compare it within a run). Without `--before`, a batch on a network just started also pays for its
+links, peer exchange and first adverts (at six nodes 30-40 `capacity` messages per node); `--before 1`
+measures one on links that are up. Bounded: B + 1 batches, bench_jobs.py's timeouts. Compare ratios measured
+in the same minutes (the host is shared).
 """
 
 from __future__ import annotations
@@ -53,12 +55,21 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--cores", type=int, default=1, help="--cores of each node")
     parser.add_argument("--nodes", type=int, default=3, help="nodes (node0 submits)")
+    parser.add_argument(
+        "--before",
+        type=int,
+        default=0,
+        help="unmeasured sweeps of --jobs first (default 0): the nodes' links, peer exchange and first "
+        "adverts are over by the measured one",
+    )
     args = parser.parse_args()
-    if not 1 <= args.nodes <= 16:
-        parser.error("--nodes is 1 to 16")
+    if not 1 <= args.nodes <= 16 or args.before < 0:
+        parser.error("--nodes is 1 to 16, --before 0 or more")
     with bench_jobs.net(nodes=args.nodes, cores=args.cores) as network:
         api = network.nodes[0].api(timeout=60)
         bench_jobs.wait(api, bench_jobs.submit(api, bench_jobs.tiny(0)))
+        for i in range(args.before):
+            bench_jobs.sweep(network, args.jobs, 100_000 + i * args.jobs)
         pids = [n.pid for n in network.nodes]
         apis = [n.api(timeout=60) for n in network.nodes]
         sent0 = [messages(a) for a in apis]

@@ -8,7 +8,7 @@ process loads an instrument from a `sitecustomize` module this script writes to 
 (put on the nodes' PYTHONPATH; no code of the node changes): a trio Instrument that adds up the thread
 CPU time (`time.thread_time`) of every task step by the coroutine the task started with, and an SQLite
 connection class that counts every statement its `execute` and `executemany` run, by its text (the
-parameters are not in it). SIGUSR2 starts and stops the count;
+parameters are not in it), with the CPU time of the thread that runs it. SIGUSR2 starts and stops the count;
 the node writes what it counted to a file in that directory. Printed per node: the CPU per job of the
 sweep of its main thread (the event loop, in and between task steps) and of the whole process (its
 threads: the sandbox pool's supervisors, the store's syncs, the receipt log's appends and proofs; not
@@ -83,26 +83,38 @@ if os.environ.get("{ENV}"):
 
     trio.run = _instrumented_run
 
-    def _count(sql, n):
+    _sql_cpu = collections.Counter()
+
+    def _count(sql, n, seconds):
         key = _folded.get(sql)
         if key is None:
             key = _folded[sql] = " ".join(sql.split())[:160]
         with _sql_lock:
             _sql[key] += n
+            _sql_cpu[key] += seconds
 
     class _Counted(sqlite3.Connection):
-        """Counts each statement by its text as written (its parameters are not in it)."""
+        """Counts each statement by its text as written (its parameters are not in it), and the CPU
+        time of the thread that runs it."""
 
         def execute(self, sql, *args):
-            if _state["on"]:
-                _count(sql, 1)
-            return super().execute(sql, *args)
+            if not _state["on"]:
+                return super().execute(sql, *args)
+            t = time.thread_time()
+            try:
+                return super().execute(sql, *args)
+            finally:
+                _count(sql, 1, time.thread_time() - t)
 
         def executemany(self, sql, params):
-            if _state["on"]:
-                params = list(params)
-                _count(sql, len(params))
-            return super().executemany(sql, params)
+            if not _state["on"]:
+                return super().executemany(sql, params)
+            params = list(params)
+            t = time.thread_time()
+            try:
+                return super().executemany(sql, params)
+            finally:
+                _count(sql, len(params), time.thread_time() - t)
 
     _connect = sqlite3.connect
 
@@ -117,6 +129,7 @@ if os.environ.get("{ENV}"):
             _cpu.clear(); _steps.clear()
             with _sql_lock:
                 _sql.clear()
+                _sql_cpu.clear()
             _state.update(on=True, main=time.thread_time(), process=time.process_time(), threads=_threads())
             return
         _state["on"] = False
@@ -126,6 +139,7 @@ if os.environ.get("{ENV}"):
             "cpu": dict(_cpu),
             "steps": dict(_steps),
             "sql": dict(_sql),  # (a statement still running in a thread may be counted after)
+            "sql_cpu": dict(_sql_cpu),
             "threads": _by_kind({{
                 name: seconds - _state["threads"].get(name, 0.0) for name, seconds in _threads().items()
             }}),
@@ -195,9 +209,13 @@ def report(counts: dict[str, Any], jobs: int, top: int) -> list[str]:
         "  threads (ms per job, /proc's 10 ms ticks): "
         + ", ".join(f"{name} {seconds * per:.3f}" for name, seconds in threads if seconds > 0)
     )
-    lines.append(f"  SQL: {sum(sql.values()) / jobs:.1f} statements per job")
-    for statement, n in sorted(sql.items(), key=lambda kv: -kv[1])[:top]:
-        lines.append(f"    {n / jobs:6.2f}  {statement[:110]}")
+    sql_cpu = counts["sql_cpu"]
+    lines.append(
+        f"  SQL: {sum(sql.values()) / jobs:.1f} statements per job, {sum(sql_cpu.values()) * per:.3f} ms CPU "
+        "per job (statements per job, us of CPU per statement; the costliest first)"
+    )
+    for statement, n in sorted(sql.items(), key=lambda kv: -sql_cpu[kv[0]])[:top]:
+        lines.append(f"    {n / jobs:6.2f} {sql_cpu[statement] * 1e6 / n:7.1f}  {statement[:100]}")
     return lines
 
 
