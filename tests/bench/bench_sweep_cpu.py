@@ -81,7 +81,7 @@ def main() -> int:
         ids = {str(n.node_id): i for i, n in enumerate(network.nodes)}
         ran = [0] * len(pids)
         for doc in api.get("/v1/jobs"):
-            if doc.get("created", 0) >= t0 - 1 and doc.get("executor") in ids:
+            if doc.get("created", 0) >= t0 and doc.get("executor") in ids:  # (one clock: one host)
                 ran[ids[doc["executor"]]] += 1
     where = f"{args.nodes} nodes (--cores {args.cores})"
     print(f"sweep of {args.jobs} tiny jobs over {where}: {swept['seconds']:.1f} s")

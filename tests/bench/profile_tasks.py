@@ -140,9 +140,10 @@ if os.environ.get("{ENV}"):
             "steps": dict(_steps),
             "sql": dict(_sql),  # (a statement still running in a thread may be counted after)
             "sql_cpu": dict(_sql_cpu),
-            "threads": _by_kind({{
-                name: seconds - _state["threads"].get(name, 0.0) for name, seconds in _threads().items()
-            }}),
+            "threads": _by_kind(
+                (name, seconds - _state["threads"].get(tid, ("", 0.0))[1])
+                for tid, (name, seconds) in _threads().items()
+            ),
         }}
         path = os.path.join(os.environ["{ENV}"], "%d.json" % os.getpid())
         with open(path + ".tmp", "w") as f:
@@ -150,7 +151,8 @@ if os.environ.get("{ENV}"):
         os.replace(path + ".tmp", path)
 
     def _threads():
-        """CPU seconds of each of this process's threads so far, by name (/proc; the tick is 10 ms)."""
+        """(name, CPU seconds so far) of each of this process's threads, by thread id (/proc; the tick
+        is 10 ms). By id, not name: trio renames its worker threads as they take on work."""
         names = {{t.native_id: t.name for t in threading.enumerate()}}
         tick = os.sysconf("SC_CLK_TCK")
         out = {{}}
@@ -160,14 +162,15 @@ if os.environ.get("{ENV}"):
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            name = names.get(int(tid), "thread %s" % tid)
-            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+            cpu = (int(fields[11]) + int(fields[12])) / tick
+            out[int(tid)] = (names.get(int(tid), "thread %s" % tid), cpu)
         return out
 
     def _by_kind(threads):
-        """Threads' CPU by kind: numbered names (trio's worker threads, a pool's) folded into one."""
+        """Threads' CPU, (name, seconds) pairs, by kind: numbered names (trio's worker threads, a pool's
+        supervisors) folded into one. A thread that ended during the sweep is not counted."""
         out = {{}}
-        for name, seconds in threads.items():
+        for name, seconds in threads:
             kind = name.rstrip("0123456789-_ ") or name
             out[kind] = out.get(kind, 0.0) + seconds
         return out
@@ -250,7 +253,7 @@ def main() -> int:
                 ids = {str(n.node_id): i for i, n in enumerate(network.nodes)}
                 ran = [0] * len(pids)
                 for doc in api.get("/v1/jobs"):
-                    if doc.get("created", 0) >= t0 - 1 and doc.get("executor") in ids:
+                    if doc.get("created", 0) >= t0 and doc.get("executor") in ids:  # (one clock: one host)
                         ran[ids[doc["executor"]]] += 1
         except (BenchError, ApiClientError, NetworkError, OSError) as e:
             print(f"profile_tasks: {e}", file=sys.stderr)
