@@ -217,14 +217,9 @@ class Executor:
         )
         # a job whose blobs are all here already (a sweep's module) is queued at once: no fetch to wait for
         # (each blob looked at once for the set: a sweep's jobs share their module)
-        held: dict[bytes, bool] = {}
-
-        def blob_held(root: bytes) -> bool:
-            if root not in held:
-                held[root] = self.ctx.blobs.has(root)
-            return held[root]
-
-        fetched = [all(blob_held(ref.root.raw) for ref in blob_refs(m)) for _, m in taking]
+        roots = {ref.root.raw for _, m in taking for ref in blob_refs(m)}
+        held = {root: self.ctx.blobs.has(root) for root in roots}
+        fetched = [all(held[ref.root.raw] for ref in blob_refs(m)) for _, m in taking]
         _, _, *added = await self.ctx.store.atomically(
             kept,
             call(Store.put_shared_envelope, offer.message_id.raw, "offer", offer.raw, now, job_ids),

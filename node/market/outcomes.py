@@ -184,8 +184,7 @@ class Outcomes:
                 if (
                     job is None
                     or row.state in TERMINAL
-                    or job.lanes is not None
-                    or job.manifest.replicas > 1
+                    or job.manifest.replicas > 1  # (lanes: only a job of replicas has them)
                     or job.completing
                     or assign is None
                     or assign.assignment_id != receipt.assignment_id

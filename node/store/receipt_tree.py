@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 
 from e31.protocol import merkle
 from e31.protocol.merkle import EMPTY_ROOT, HASH_SIZE, node_hash
@@ -147,15 +147,7 @@ def inclusion_proofs(c: sqlite3.Connection, indexes: Sequence[int], size: int) -
     """`inclusion_proof` of each of `indexes` against one size, each stored hash read once: the paths
     of receipts acknowledged together (neighbours in the log) share most of their hashes, and the
     ragged right edge of the tree is the same in every one of them."""
-    read: dict[tuple[int, int], bytes] = {}
-
-    def subtree(level: int, index: int) -> bytes:
-        key = (level, index)
-        found = read.get(key)
-        if found is None:
-            found = read[key] = _node(c, level, index)
-        return found
-
+    subtree = cache(partial(_node, c))
     return [merkle.inclusion_path(subtree, index, size) for index in indexes]
 
 
